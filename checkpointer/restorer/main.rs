@@ -1,0 +1,608 @@
+//! The restorer: a freestanding static-pie program (no libc, no allocation, no relocations)
+//! that turns itself into the checkpointed process.
+//!
+//! It is exec'd by the sandbox's restore child, which has already recreated the file descriptors
+//! and holds the target's PID. It then:
+//! 1. reads the plan header, picks a place for itself inside the hole the plan names (avoiding
+//!    its own current mappings), copies its image, the plan and its stacks there and jumps there;
+//! 2. unmaps everything else (its old image, stack, vDSO), maps the vDSO at the target's address,
+//!    recreates every mapping at its old address and fills the saved pages;
+//! 3. restores the process-wide state (mm layout, signal actions, umask, close-on-exec flags);
+//! 4. recreates the threads with their old TIDs (clone3 `set_tid`), sets each one's FS/GS base,
+//!    robust list, clear_child_tid, rseq and name, waits until all are ready, tells the supervisor
+//!    (which later unmaps this blob) and resumes every thread with `rt_sigreturn` on a frame
+//!    holding its saved registers, signal mask, alternate stack and XSAVE state.
+//!
+//! Invariants: the code must be position independent and self-contained — no statics holding
+//! pointers, no formatting, no panics that read their location (the panic handler only exits).
+//! It is built by `checkpointer/build.rs` with plain `rustc`, and the build fails if the linked
+//! binary has any relocation.
+
+#![no_std]
+#![no_main]
+#![allow(clippy::missing_safety_doc)]
+
+mod abi;
+
+use abi::*;
+use core::arch::{asm, global_asm};
+use core::sync::atomic::{AtomicU32, Ordering};
+
+const PAGE: u64 = 4096;
+/// End of the user address space with 4-level paging.
+const TASK_END: u64 = 0x7fff_ffff_f000;
+
+// Failure codes: the restorer's exit status and the `step` of the failure record it writes to
+// the notify descriptor. `checkpointer::restore` maps them to messages.
+const E_ARGS: u64 = 1;
+const E_PLAN: u64 = 2;
+const E_HOLE: u64 = 3;
+const E_UNMAP: u64 = 4;
+const E_VDSO: u64 = 5;
+const E_MMAP: u64 = 6;
+const E_PREAD: u64 = 7;
+const E_MPROTECT: u64 = 8;
+const E_MM: u64 = 9;
+const E_SIGACTION: u64 = 10;
+const E_CLONE: u64 = 11;
+const E_THREAD: u64 = 12;
+const E_RSEQ: u64 = 13;
+
+mod nr {
+    pub const READ: u64 = 0;
+    pub const WRITE: u64 = 1;
+    pub const CLOSE: u64 = 3;
+    pub const MMAP: u64 = 9;
+    pub const MPROTECT: u64 = 10;
+    pub const MUNMAP: u64 = 11;
+    pub const RT_SIGACTION: u64 = 13;
+    pub const RT_SIGPROCMASK: u64 = 14;
+    pub const RT_SIGRETURN: u64 = 15;
+    pub const PREAD64: u64 = 17;
+    pub const MADVISE: u64 = 28;
+    pub const EXIT: u64 = 60;
+    pub const FCNTL: u64 = 72;
+    pub const UMASK: u64 = 95;
+    pub const PRCTL: u64 = 157;
+    pub const ARCH_PRCTL: u64 = 158;
+    pub const FUTEX: u64 = 202;
+    pub const SET_TID_ADDRESS: u64 = 218;
+    pub const EXIT_GROUP: u64 = 231;
+    pub const SET_ROBUST_LIST: u64 = 273;
+    pub const RSEQ: u64 = 334;
+    pub const CLONE3: u64 = 435;
+}
+
+#[inline(always)]
+unsafe fn sc6(n: u64, a: u64, b: u64, c: u64, d: u64, e: u64, f: u64) -> i64 {
+    let r: i64;
+    // SAFETY: a raw system call; the caller guarantees the arguments are valid for `n`.
+    unsafe {
+        asm!("syscall", inlateout("rax") n as i64 => r, in("rdi") a, in("rsi") b, in("rdx") c,
+             in("r10") d, in("r8") e, in("r9") f, lateout("rcx") _, lateout("r11") _,
+             options(nostack));
+    }
+    r
+}
+#[inline(always)]
+unsafe fn sc(n: u64, a: u64, b: u64, c: u64) -> i64 {
+    // SAFETY: forwarded to the caller.
+    unsafe { sc6(n, a, b, c, 0, 0, 0) }
+}
+
+/// Reports a failure to the supervisor (a 24-byte record: u64::MAX, step, -errno) and exits.
+fn fail(notify_fd: i32, step: u64, err: i64) -> ! {
+    let rec = [u64::MAX, step, err as u64];
+    // SAFETY: writes from a valid local buffer, then exits the whole process.
+    unsafe {
+        if notify_fd >= 0 {
+            sc(nr::WRITE, notify_fd as u64, rec.as_ptr() as u64, 24);
+        }
+        sc(nr::EXIT_GROUP, 100 + step, 0, 0);
+    }
+    loop {}
+}
+
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // SAFETY: exit_group never returns.
+    unsafe { sc(nr::EXIT_GROUP, 199, 0, 0) };
+    loop {}
+}
+
+/// Copies `n` bytes (the regions must not overlap).
+#[inline(always)]
+unsafe fn copy(d: *mut u8, s: *const u8, n: usize) {
+    // SAFETY: the caller guarantees `n` bytes are valid at both addresses and do not overlap.
+    unsafe {
+        asm!("rep movsb", inout("rdi") d => _, inout("rsi") s => _, inout("rcx") n => _,
+             options(nostack, preserves_flags));
+    }
+}
+
+/// Fills `n` bytes with zero.
+#[inline(always)]
+unsafe fn zero(d: *mut u8, n: usize) {
+    // SAFETY: the caller guarantees `n` bytes at `d` are writable.
+    unsafe {
+        asm!("rep stosb", inout("rdi") d => _, inout("rcx") n => _, in("al") 0u8,
+             options(nostack, preserves_flags));
+    }
+}
+
+// The compiler may emit calls to these; there is no libc to provide them. Our own code calls
+// `copy`/`zero` directly (a call to an exported symbol would go through the GOT).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memcpy(d: *mut u8, s: *const u8, n: usize) -> *mut u8 {
+    // SAFETY: forwarded to the caller.
+    unsafe { copy(d, s, n) };
+    d
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memset(d: *mut u8, c: i32, n: usize) -> *mut u8 {
+    for i in 0..n {
+        // SAFETY: the caller guarantees `n` bytes at `d` are writable.
+        unsafe { core::ptr::write_volatile(d.add(i), c as u8) };
+    }
+    d
+}
+
+/// Start and end of our own loaded image, found RIP-relative (no GOT, no relocation).
+fn image_bounds() -> (u64, u64) {
+    let (s, e): (u64, u64);
+    // SAFETY: `lea` only computes addresses of linker-defined symbols.
+    unsafe {
+        asm!("lea {s}, [rip + __ehdr_start]", "lea {e}, [rip + _end]", s = out(reg) s,
+             e = out(reg) e, options(nostack, nomem, preserves_flags));
+    }
+    (s, e)
+}
+
+global_asm!(
+    ".globl _start",
+    "_start:",
+    "mov rdi, rsp",
+    "and rsp, -16",
+    "call {entry}",
+    "ud2",
+    entry = sym stage0,
+);
+
+fn round_up(x: u64, a: u64) -> u64 {
+    (x + a - 1) & !(a - 1)
+}
+
+fn overlaps(a: u64, b: u64, c: u64, d: u64) -> bool {
+    a < d && c < b
+}
+
+/// Stage 0: runs where the kernel loaded us. Finds a home in the hole and jumps there.
+unsafe extern "C" fn stage0(sp: *const u64) -> ! {
+    // SAFETY: `sp` is the initial stack the kernel built: argc, argv[], NULL, envp[], NULL, auxv.
+    unsafe {
+        // Block every signal: nothing may interrupt the restore. Each thread gets its own mask
+        // back from its sigreturn frame.
+        let all: u64 = !0;
+        sc(nr::RT_SIGPROCMASK, 2 /* SIG_SETMASK */, &all as *const u64 as u64, 0);
+        let argc = *sp;
+        if argc < 2 {
+            fail(-1, E_ARGS, 0);
+        }
+        let arg1 = *sp.add(2) as *const u8;
+        let mut plan_fd: u64 = 0;
+        let mut i = 0;
+        loop {
+            let c = *arg1.add(i);
+            if c == 0 {
+                break;
+            }
+            if !c.is_ascii_digit() {
+                fail(-1, E_ARGS, 0);
+            }
+            plan_fd = plan_fd * 10 + (c - b'0') as u64;
+            i += 1;
+        }
+        // Find AT_SYSINFO_EHDR (the current vDSO) past argv and envp.
+        let mut p = sp.add(1 + argc as usize + 1);
+        while *p != 0 {
+            p = p.add(1);
+        }
+        p = p.add(1);
+        let mut vdso_now = 0u64;
+        while *p != 0 {
+            if *p == 33 {
+                vdso_now = *p.add(1);
+            }
+            p = p.add(2);
+        }
+
+        let mut hdr = PlanHeader::default();
+        let sz = core::mem::size_of::<PlanHeader>() as u64;
+        if sc6(nr::PREAD64, plan_fd, &mut hdr as *mut PlanHeader as u64, sz, 0, 0, 0) != sz as i64
+            || hdr.magic != PLAN_MAGIC
+            || hdr.version != PLAN_VERSION
+        {
+            fail(-1, E_PLAN, 0);
+        }
+        let nfd = hdr.notify_fd;
+
+        let (img_start, img_raw_end) = image_bounds();
+        let img_end = round_up(img_raw_end, PAGE);
+        let img_len = img_end - img_start;
+        let plan_off = img_len;
+        let stacks_off = round_up(plan_off + hdr.size as u64, PAGE);
+        let total = stacks_off + RESTORER_STACK * (hdr.nr_threads as u64 + 1);
+
+        // Our own mappings that the new home must not overlap (stack: generous margin).
+        let sp_now = sp as u64;
+        let mine = [
+            (img_start, img_end),
+            (sp_now.saturating_sub(1 << 24), sp_now + (1 << 24)),
+            (vdso_now.saturating_sub(1 << 20), vdso_now + (1 << 20)),
+        ];
+        let (lo, hi) = (hdr.hole_start, hdr.hole_end);
+        if hi < lo + total + 2 * PAGE {
+            fail(nfd, E_HOLE, 0);
+        }
+        let span = hi - lo - total;
+        let mut base = 0u64;
+        for k in [4u64, 2, 6, 1, 7, 3, 5, 0] {
+            let cand = (lo + span / 8 * k) & !(PAGE - 1);
+            if cand < lo || cand + total > hi {
+                continue;
+            }
+            if mine.iter().any(|&(a, b)| overlaps(cand, cand + total, a, b)) {
+                continue;
+            }
+            let r = sc6(nr::MMAP, cand, total, 7 /* RWX */, 0x22 | 0x100000 /* NOREPLACE */,
+                        u64::MAX, 0);
+            if r as u64 == cand {
+                base = cand;
+                break;
+            }
+        }
+        if base == 0 {
+            fail(nfd, E_HOLE, 0);
+        }
+        copy(base as *mut u8, img_start as *const u8, (img_raw_end - img_start) as usize);
+        let plan = base + plan_off;
+        if sc6(nr::PREAD64, plan_fd, plan, hdr.size as u64, 0, 0, 0) != hdr.size as i64 {
+            fail(nfd, E_PLAN, 0);
+        }
+        sc(nr::CLOSE, plan_fd, 0, 0);
+        let target = base + (stage1 as *const () as usize as u64 - img_start);
+        let stack_top = base + total;
+        asm!("mov rsp, {st}", "xor ebp, ebp", "call {t}", st = in(reg) stack_top,
+             t = in(reg) target, in("rdi") plan, in("rsi") base, in("rdx") total,
+             options(noreturn));
+    }
+}
+
+/// Shared state of the threads during the final rendezvous (lives in the relocated image).
+#[repr(C)]
+struct Rendezvous {
+    arrived: AtomicU32,
+    go: AtomicU32,
+}
+
+struct Ctx {
+    plan: u64,
+    base: u64,
+    total: u64,
+    rv: *const Rendezvous,
+}
+
+unsafe fn hdr<'a>(plan: u64) -> &'a PlanHeader {
+    // SAFETY: the plan was read into our hole and validated in stage 0.
+    unsafe { &*(plan as *const PlanHeader) }
+}
+
+unsafe fn at<'a, T>(plan: u64, off: u32, i: u32) -> &'a T {
+    // SAFETY: offsets come from the validated plan; the supervisor lays arrays out in bounds.
+    unsafe { &*((plan + off as u64) as *const T).add(i as usize) }
+}
+
+/// Stage 1: runs from the hole on its own stack.
+unsafe extern "C" fn stage1(plan: u64, base: u64, total: u64) -> ! {
+    // SAFETY: everything below manipulates our own address space as the plan describes; the
+    // hole [base, base+total) holding this code, the plan and the stacks is never touched.
+    unsafe {
+        let h = hdr(plan);
+        let nfd = h.notify_fd;
+
+        // 1. Clear the address space around the hole.
+        let r = sc(nr::MUNMAP, 0, base, 0);
+        if r != 0 {
+            fail(nfd, E_UNMAP, r);
+        }
+        let r = sc(nr::MUNMAP, base + total, TASK_END - (base + total), 0);
+        if r != 0 {
+            fail(nfd, E_UNMAP, r);
+        }
+
+        // 2. The vDSO set at its old address: glibc cached pointers into it.
+        if h.vdso_base != 0 {
+            let r = sc(nr::ARCH_PRCTL, 0x2003 /* ARCH_MAP_VDSO_64 */, h.vdso_base, 0);
+            if r < 0 {
+                fail(nfd, E_VDSO, r);
+            }
+        }
+
+        // 3. Every mapping, then its saved pages.
+        for i in 0..h.nr_vmas {
+            let v: &VmaDesc = at(plan, h.vmas_off, i);
+            let len = v.end - v.start;
+            let fill = v.nr_runs > 0;
+            let prot = v.prot as u64 | if fill { 2 } else { 0 };
+            let mut flags: u64 = 0x10_0000; // MAP_FIXED_NOREPLACE
+            flags |= if v.flags & VMA_SHARED != 0 { 0x01 } else { 0x02 };
+            if v.flags & VMA_ANON != 0 {
+                flags |= 0x20;
+            }
+            if v.flags & VMA_GROWSDOWN != 0 {
+                flags |= 0x100;
+            }
+            let fd = if v.fd >= 0 { v.fd as u64 } else { u64::MAX };
+            let r = sc6(nr::MMAP, v.start, len, prot, flags, fd, v.file_off);
+            if r as u64 != v.start {
+                fail(nfd, E_MMAP, r);
+            }
+            for j in 0..v.nr_runs {
+                let run: &PageRun = at(plan, h.runs_off, v.first_run + j);
+                let mut done = 0u64;
+                while done < run.len {
+                    let r = sc6(nr::PREAD64, h.pages_fd as u64, run.addr + done,
+                                run.len - done, run.data_off + done, 0, 0);
+                    if r <= 0 {
+                        fail(nfd, E_PREAD, r);
+                    }
+                    done += r as u64;
+                }
+            }
+            if fill && v.prot & 2 == 0 {
+                let r = sc(nr::MPROTECT, v.start, len, v.prot as u64);
+                if r != 0 {
+                    fail(nfd, E_MPROTECT, r);
+                }
+            }
+            for (bit, advice) in [
+                (VMA_DONTFORK, 10u64),
+                (VMA_WIPEONFORK, 18),
+                (VMA_DONTDUMP, 16),
+                (VMA_HUGEPAGE, 14),
+                (VMA_NOHUGEPAGE, 15),
+            ] {
+                if v.flags & bit != 0 {
+                    sc(nr::MADVISE, v.start, len, advice);
+                }
+            }
+        }
+
+        // 4. Process-wide state.
+        #[repr(C)]
+        struct PrctlMmMap {
+            mm: MmMap,
+            auxv: u64,
+            auxv_size: u32,
+            exe_fd: u32,
+        }
+        let map = PrctlMmMap {
+            mm: h.mm,
+            auxv: plan + h.auxv_off as u64,
+            auxv_size: h.auxv_len,
+            exe_fd: h.exe_fd as u32,
+        };
+        let r = sc6(nr::PRCTL, 35 /* PR_SET_MM */, 14 /* PR_SET_MM_MAP */,
+                    &map as *const PrctlMmMap as u64, core::mem::size_of::<PrctlMmMap>() as u64,
+                    0, 0);
+        if r != 0 {
+            fail(nfd, E_MM, r);
+        }
+        for i in 0..h.nr_sigactions {
+            let s: &SigactionDesc = at(plan, h.sigactions_off, i);
+            let r = sc6(nr::RT_SIGACTION, s.signo as u64, &s.handler as *const u64 as u64, 0, 8,
+                        0, 0);
+            if r != 0 {
+                fail(nfd, E_SIGACTION, r);
+            }
+        }
+        sc(nr::UMASK, h.umask as u64, 0, 0);
+        for i in 0..h.nr_close {
+            let fd: &i32 = at(plan, h.close_off, i);
+            sc(nr::CLOSE, *fd as u64, 0, 0);
+        }
+        for i in 0..h.nr_cloexec {
+            let fd: &i32 = at(plan, h.cloexec_off, i);
+            sc(nr::FCNTL, *fd as u64, 2 /* F_SETFD */, 1 /* FD_CLOEXEC */);
+        }
+
+        // 5. Threads. The rendezvous sits at the bottom of the stacks area (below every stack).
+        let stacks = base + total - RESTORER_STACK * (h.nr_threads as u64 + 1);
+        let rv = stacks as *const Rendezvous;
+        let ctx = Ctx { plan, base, total, rv };
+        for i in 1..h.nr_threads {
+            let t: &ThreadDesc = at(plan, h.threads_off, i);
+            let tid: i64 = t.tid as i64;
+            #[repr(C)]
+            struct CloneArgs {
+                flags: u64,
+                pidfd: u64,
+                child_tid: u64,
+                parent_tid: u64,
+                exit_signal: u64,
+                stack: u64,
+                stack_size: u64,
+                tls: u64,
+                set_tid: u64,
+                set_tid_size: u64,
+                cgroup: u64,
+            }
+            // CLONE_VM|FS|FILES|SIGHAND|THREAD|SYSVSEM
+            let args = CloneArgs {
+                flags: 0x100 | 0x200 | 0x400 | 0x800 | 0x10000 | 0x40000,
+                pidfd: 0,
+                child_tid: 0,
+                parent_tid: 0,
+                exit_signal: 0,
+                stack: stacks + RESTORER_STACK * i as u64,
+                stack_size: RESTORER_STACK,
+                tls: 0,
+                set_tid: &tid as *const i64 as u64,
+                set_tid_size: 1,
+                cgroup: 0,
+            };
+            let r: i64;
+            asm!(
+                "syscall",
+                "test rax, rax",
+                "jnz 2f",
+                // Child: on its new stack, registers otherwise as in the parent.
+                "xor ebp, ebp",
+                "mov rdi, r12",
+                "mov rsi, r13",
+                "call r14",
+                "ud2",
+                "2:",
+                inlateout("rax") nr::CLONE3 as i64 => r,
+                in("rdi") &args as *const CloneArgs as u64,
+                in("rsi") core::mem::size_of::<CloneArgs>() as u64,
+                in("r12") t as *const ThreadDesc as u64,
+                in("r13") &ctx as *const Ctx as u64,
+                in("r14") thread_main as *const () as usize as u64,
+                lateout("rcx") _, lateout("r11") _,
+            );
+            if r < 0 {
+                fail(nfd, E_CLONE, r);
+            }
+        }
+        // The main thread's own state; then wait for the others.
+        let me: &ThreadDesc = at(plan, h.threads_off, 0);
+        let frame = prepare_thread(me, &ctx, stacks + RESTORER_STACK * h.nr_threads as u64);
+        let want = h.nr_threads - 1;
+        loop {
+            let n = (*rv).arrived.load(Ordering::Acquire);
+            if n == want {
+                break;
+            }
+            sc6(nr::FUTEX, &(*rv).arrived as *const AtomicU32 as u64, 0 /* WAIT */, n as u64,
+                0, 0, 0);
+        }
+        // Tell the supervisor where we are (so it can unmap us once every thread left).
+        let rec = [base, total, 0u64];
+        sc(nr::WRITE, nfd as u64, rec.as_ptr() as u64, 24);
+        sc(nr::CLOSE, nfd as u64, 0, 0);
+        (*rv).go.store(1, Ordering::Release);
+        sc6(nr::FUTEX, &(*rv).go as *const AtomicU32 as u64, 1 /* WAKE */, i32::MAX as u64, 0, 0, 0);
+        sigreturn(frame);
+    }
+}
+
+/// Entry of a recreated thread (on its restorer stack inside the hole).
+unsafe extern "C" fn thread_main(t: *const ThreadDesc, ctx: *const Ctx) -> ! {
+    // SAFETY: `t` and `ctx` point into the hole / the main thread's stack frame, which outlives
+    // the rendezvous (the main thread waits for every thread before leaving stage 1).
+    unsafe {
+        let ctx = &*ctx;
+        let t = &*t;
+        let h = hdr(ctx.plan);
+        let idx = (t as *const ThreadDesc as u64 - (ctx.plan + h.threads_off as u64))
+            / core::mem::size_of::<ThreadDesc>() as u64;
+        let stacks = ctx.base + ctx.total - RESTORER_STACK * (h.nr_threads as u64 + 1);
+        // The frame goes at the top of this thread's own stack area, below our current frame.
+        let frame = prepare_thread(t, ctx, stacks + RESTORER_STACK * idx);
+        let rv = &*ctx.rv;
+        rv.arrived.fetch_add(1, Ordering::AcqRel);
+        sc6(nr::FUTEX, &rv.arrived as *const AtomicU32 as u64, 1, 1, 0, 0, 0);
+        while rv.go.load(Ordering::Acquire) == 0 {
+            sc6(nr::FUTEX, &rv.go as *const AtomicU32 as u64, 0, 0, 0, 0, 0);
+        }
+        sigreturn(frame);
+    }
+}
+
+/// Sets the calling thread's kernel-side state and builds its sigreturn frame in the lower part
+/// of `area` (a RESTORER_STACK-sized region whose upper part is the current stack). Returns the
+/// address of the `ucontext` to `rt_sigreturn` on.
+unsafe fn prepare_thread(t: &ThreadDesc, ctx: &Ctx, area: u64) -> u64 {
+    // SAFETY: plain system calls on our own thread; the frame lies in the hole.
+    unsafe {
+        let nfd = hdr(ctx.plan).notify_fd;
+        let r = sc(nr::ARCH_PRCTL, 0x1002 /* ARCH_SET_FS */, t.regs.fs_base, 0);
+        if r != 0 {
+            fail(nfd, E_THREAD, r);
+        }
+        if t.regs.gs_base != 0 {
+            sc(nr::ARCH_PRCTL, 0x1001 /* ARCH_SET_GS */, t.regs.gs_base, 0);
+        }
+        if t.robust_list != 0 {
+            sc(nr::SET_ROBUST_LIST, t.robust_list, t.robust_len, 0);
+        }
+        sc(nr::SET_TID_ADDRESS, t.clear_child_tid, 0, 0);
+        sc(nr::PRCTL, 15 /* PR_SET_NAME */, t.comm.as_ptr() as u64, 0);
+        if t.rseq_addr != 0 {
+            let r = sc6(nr::RSEQ, t.rseq_addr, t.rseq_len as u64, 0, t.rseq_sig as u64, 0, 0);
+            if r != 0 {
+                fail(nfd, E_RSEQ, r);
+            }
+        }
+
+        // Layout inside `area`: [fpstate (64-aligned) | MAGIC2] ... [ucontext (16-aligned)].
+        let fp = round_up(area + 64, 64);
+        let xl = t.xstate_len as usize;
+        copy(fp as *mut u8, t.xstate.as_ptr(), xl);
+        // Software-reserved bytes of the FXSAVE area (offset 464): struct _fpx_sw_bytes.
+        let sw = (fp + 464) as *mut u32;
+        let xfeatures = if *sw == 0x4650_5853 {
+            *((fp + 464 + 8) as *const u64)
+        } else {
+            *((fp + 512) as *const u64) | 3
+        };
+        *sw = 0x4650_5853; // FP_XSTATE_MAGIC1
+        *sw.add(1) = xl as u32 + 4; // extended_size: area + MAGIC2
+        *((fp + 464 + 8) as *mut u64) = xfeatures;
+        *sw.add(4) = xl as u32; // xstate_size
+        *((fp + xl as u64) as *mut u32) = 0x4650_5845; // FP_XSTATE_MAGIC2
+
+        let uc = round_up(fp + xl as u64 + 4 + 64, 64);
+        let q = uc as *mut u64;
+        zero(q as *mut u8, 512);
+        *q = 1 | 2 | 4; // UC_FP_XSTATE | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS
+        // uc_stack at +16: ss_sp, ss_flags (int), ss_size
+        *q.add(2) = t.altstack_sp;
+        *(q.add(3) as *mut i32) = t.altstack_flags as i32;
+        *q.add(4) = t.altstack_size;
+        // uc_mcontext at +40 (word 5): struct sigcontext
+        let m = q.add(5);
+        let g = &t.regs;
+        let words = [
+            g.r8, g.r9, g.r10, g.r11, g.r12, g.r13, g.r14, g.r15, g.rdi, g.rsi, g.rbp, g.rbx,
+            g.rdx, g.rax, g.rcx, g.rsp, g.rip, g.eflags,
+        ];
+        for (k, w) in words.iter().enumerate() {
+            *m.add(k) = *w;
+        }
+        // cs, gs, fs, ss as four u16
+        let segs = m.add(18) as *mut u16;
+        *segs = 0x33;
+        *segs.add(1) = 0;
+        *segs.add(2) = 0;
+        *segs.add(3) = 0x2b;
+        // err, trapno, oldmask, cr2 (words 19..22), fpstate (word 23)
+        *m.add(23) = fp;
+        // uc_sigmask right after the 256-byte sigcontext: word 5 + 32 = 37
+        *q.add(37) = t.sigmask;
+        if uc + 38 * 8 > area + RESTORER_STACK / 2 {
+            fail(nfd, E_THREAD, 0);
+        }
+        uc
+    }
+}
+
+/// `rt_sigreturn` with the stack pointer at the ucontext (the kernel reads the frame at sp - 8).
+unsafe fn sigreturn(uc: u64) -> ! {
+    // SAFETY: `uc` points at a complete frame built by `prepare_thread`.
+    unsafe {
+        asm!("mov rsp, {uc}", "mov eax, 15", "syscall", "ud2", uc = in(reg) uc,
+             options(noreturn));
+    }
+}

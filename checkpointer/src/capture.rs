@@ -1,0 +1,499 @@
+//! Full checkpoint of a running process: stop every thread, read what changes while it runs
+//! (memory, registers, handles), resume, then finish the work that does not need it stopped.
+//!
+//! The pause covers: stopping threads, per-thread registers, the injected system calls, the
+//! memory copy and the descriptor table. Hashing mapped files and dropping zero pages happen
+//! after the process runs again.
+
+use crate::abi::{self, Regs};
+use crate::fds;
+use crate::image::*;
+use crate::procfs::{self, MapEntry};
+use crate::ptrace::{PtraceError, SCRATCH, Stopped};
+use crate::sys::{self, Pid};
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const PAGE: u64 = 4096;
+
+/// Why a checkpoint could not be taken. Every unsupported resource is named.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error(transparent)]
+    Ptrace(#[from] PtraceError),
+    #[error("reading {what} of process {pid}: {source}")]
+    Proc { pid: Pid, what: String, source: io::Error },
+    #[error("cannot checkpoint: {0}")]
+    Unsupported(String),
+    #[error("injected {call} in thread {tid} failed with errno {errno}")]
+    Injected { call: &'static str, tid: Pid, errno: i64 },
+}
+
+type Result<T> = std::result::Result<T, CaptureError>;
+
+fn proc_err(pid: Pid, what: impl Into<String>) -> impl FnOnce(io::Error) -> CaptureError {
+    let what = what.into();
+    move |source| CaptureError::Proc { pid, what, source }
+}
+
+/// Timings of one capture, for benchmarks and `--json` output.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CaptureStats {
+    /// Stopping every thread.
+    pub quiesce: Duration,
+    /// From the first stop request to the last thread resumed.
+    pub pause: Duration,
+    /// Copying memory (inside the pause).
+    pub memory_copy: Duration,
+    pub threads: usize,
+    pub saved_bytes: u64,
+}
+
+/// Takes a full checkpoint of process `pid` (a host PID). The process keeps running.
+pub fn checkpoint(pid: Pid, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
+    let mut stats = CaptureStats::default();
+    let t0 = Instant::now();
+    let mut st = Stopped::stop(pid)?;
+    stats.quiesce = t0.elapsed();
+    stats.threads = st.tids.len();
+    let captured = capture_stopped(&mut st, &mut stats);
+    let resumed = st.resume();
+    stats.pause = t0.elapsed();
+    let (mut image, mut data, file_ids) = captured?;
+    resumed?;
+    // Off the critical path: identify mapped files, drop all-zero anonymous pages.
+    image.files = file_ids.into_iter().map(|f| f.identify(pid)).collect::<Result<_>>()?;
+    image.exe = identify_path(pid, &format!("/proc/{pid}/exe"), &image.exe.path)?;
+    drop_zero_pages(&mut image, &mut data);
+    stats.saved_bytes = data.len() as u64;
+    Ok((Checkpoint { epoch, kind: Kind::Full, image, data }, stats))
+}
+
+/// A mapped file found during the pause, hashed after it.
+struct PendingFile {
+    path: String,
+    /// `/proc/PID/map_files/START-END` of one mapping of it.
+    map_file: String,
+}
+
+impl PendingFile {
+    fn identify(self, pid: Pid) -> Result<FileRef> {
+        identify_path(pid, &self.map_file, &self.path)
+    }
+}
+
+/// Hash cache: (dev, ino, size, mtime) → BLAKE3, so a file is hashed once per supervisor.
+static HASHES: Mutex<Option<HashMap<(u64, u64, u64, i64, i64), [u8; 32]>>> = Mutex::new(None);
+
+fn identify_path(pid: Pid, open_path: &str, path: &str) -> Result<FileRef> {
+    let f = std::fs::File::open(open_path).map_err(proc_err(pid, format!("mapped file {path}")))?;
+    let m = f.metadata().map_err(proc_err(pid, format!("mapped file {path}")))?;
+    let key = (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec());
+    if let Some(h) = HASHES.lock().unwrap().get_or_insert_default().get(&key) {
+        return Ok(FileRef { path: path.to_string(), size: m.size(), hash: *h });
+    }
+    let hash = hash_file(f).map_err(proc_err(pid, format!("hashing {path}")))?;
+    HASHES.lock().unwrap().get_or_insert_default().insert(key, hash);
+    Ok(FileRef { path: path.to_string(), size: m.size(), hash })
+}
+
+pub(crate) fn hash_file(mut f: std::fs::File) -> io::Result<[u8; 32]> {
+    let mut h = blake3::Hasher::new();
+    io::copy(&mut f, &mut h)?;
+    Ok(*h.finalize().as_bytes())
+}
+
+type Captured = (ProcessImage, Vec<u8>, Vec<PendingFile>);
+
+fn capture_stopped(st: &mut Stopped, stats: &mut CaptureStats) -> Result<Captured> {
+    let pid = st.pid;
+    let maps = procfs::smaps(pid).map_err(proc_err(pid, "smaps"))?;
+    check_pending_signals(pid, &st.tids)?;
+
+    // Threads: registers and what ptrace reads directly.
+    let mut threads = Vec::with_capacity(st.tids.len());
+    let mut max_tid = 0;
+    for &tid in &st.tids.clone() {
+        let regs = st.regs(tid)?;
+        let xstate = st.xstate(tid)?;
+        let (robust_list, robust_len) = st.robust_list(tid)?;
+        let rseq = st.rseq(tid)?.map(|(addr, len, sig)| Rseq { addr, len, sig });
+        let ns_tid = procfs::ns_pid(pid, tid).map_err(proc_err(pid, "NSpid"))?;
+        max_tid = max_tid.max(ns_tid);
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+            .map_err(proc_err(pid, "comm"))?;
+        // clear_child_tid and the alternate signal stack have no outside interface.
+        let (r, _, out) = st.inject(&maps, tid, libc::SYS_prctl, [libc::PR_GET_TID_ADDRESS as u64, SCRATCH, 0, 0, 0, 0], 8)?;
+        if r < 0 {
+            return Err(CaptureError::Injected { call: "prctl(PR_GET_TID_ADDRESS)", tid, errno: -r });
+        }
+        let clear_child_tid = u64::from_le_bytes(out[..8].try_into().unwrap());
+        let (r, _, out) = st.inject(&maps, tid, libc::SYS_sigaltstack, [0, SCRATCH, 0, 0, 0, 0], 24)?;
+        if r < 0 {
+            return Err(CaptureError::Injected { call: "sigaltstack", tid, errno: -r });
+        }
+        let altstack = AltStack {
+            sp: u64::from_le_bytes(out[..8].try_into().unwrap()),
+            flags: u32::from_le_bytes(out[8..12].try_into().unwrap()) & !1, // not SS_ONSTACK
+            size: u64::from_le_bytes(out[16..24].try_into().unwrap()),
+        };
+        threads.push(ThreadImage {
+            tid: ns_tid,
+            comm: comm.trim_end().to_string(),
+            regs: regs_to_vec(&regs),
+            xstate,
+            sigmask: st.sigmask(tid)?,
+            robust_list,
+            robust_len,
+            clear_child_tid,
+            rseq,
+            altstack,
+        });
+    }
+
+    // Process-wide state.
+    let leader = st.tids[0];
+    let sigactions = capture_sigactions(st, &maps, leader)?;
+    let (brk, _, _) = st.inject(&maps, leader, libc::SYS_brk, [0; 6], 0)?;
+    let (umask_now, _, _) = st.inject(&maps, leader, libc::SYS_umask, [0o022, 0, 0, 0, 0, 0], 0)?;
+    st.inject(&maps, leader, libc::SYS_umask, [umask_now as u64, 0, 0, 0, 0, 0], 0)?;
+    let stat = procfs::stat_fields(pid).map_err(proc_err(pid, "stat"))?;
+    // proc(5) numbers fields from 1.
+    let f = |n: usize| stat.get(n - 1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let mm = MmInfo {
+        start_code: f(26),
+        end_code: f(27),
+        start_stack: f(28),
+        start_data: f(45),
+        end_data: f(46),
+        start_brk: f(47),
+        brk: brk as u64,
+        arg_start: f(48),
+        arg_end: f(49),
+        env_start: f(50),
+        env_end: f(51),
+    };
+    let auxv_raw = std::fs::read(format!("/proc/{pid}/auxv")).map_err(proc_err(pid, "auxv"))?;
+    let auxv = auxv_raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"))
+        .map_err(proc_err(pid, "cwd"))?
+        .to_string_lossy()
+        .into_owned();
+    let exe_path = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map_err(proc_err(pid, "exe"))?
+        .to_string_lossy()
+        .into_owned();
+    let rlimits = capture_rlimits(pid)?;
+    let fds = fds::capture(pid)?;
+
+    // Memory.
+    let tm = Instant::now();
+    let (vmas, runs, data, files) = capture_memory(pid, &maps)?;
+    stats.memory_copy = tm.elapsed();
+
+    let image = ProcessImage {
+        pid: threads[0].tid,
+        comm: threads[0].comm.clone(),
+        exe: FileRef { path: exe_path, size: 0, hash: [0; 32] },
+        cwd,
+        umask: umask_now as u32,
+        rlimits,
+        mm,
+        auxv,
+        vmas,
+        runs,
+        files: Vec::new(),
+        threads,
+        sigactions,
+        fds,
+        max_tid,
+        sandbox: Vec::new(),
+    };
+    Ok((image, data, files))
+}
+
+fn regs_to_vec(r: &Regs) -> Vec<u64> {
+    // SAFETY: `Regs` is `repr(C)` of 27 u64 fields, no padding.
+    unsafe { std::slice::from_raw_parts((r as *const Regs).cast::<u64>(), 27) }.to_vec()
+}
+
+pub(crate) fn regs_from_slice(v: &[u64]) -> Regs {
+    let mut r = Regs::default();
+    // SAFETY: `Regs` is `repr(C)` of 27 u64 fields; `v` has 27 words (checked at decode).
+    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), (&raw mut r).cast::<u64>(), 27) };
+    r
+}
+
+/// Signals that are pending (queued but not yet delivered) would be lost: refuse them, naming
+/// the signal. (Capturing and re-queueing them is not implemented yet.)
+fn check_pending_signals(pid: Pid, tids: &[Pid]) -> Result<()> {
+    let parse = |path: String, key: &str| -> Result<u64> {
+        let v = procfs::status_field(&path, key).map_err(proc_err(pid, key.to_string()))?;
+        u64::from_str_radix(&v, 16).map_err(|e| CaptureError::Unsupported(format!("{key}: {e}")))
+    };
+    let shared = parse(format!("/proc/{pid}/status"), "ShdPnd")?;
+    let mut all = shared;
+    for &t in tids {
+        all |= parse(format!("/proc/{pid}/task/{t}/status"), "SigPnd")?;
+    }
+    if all != 0 {
+        let sigs: Vec<u32> = (0..64).filter(|b| all & (1 << b) != 0).map(|b| b + 1).collect();
+        return Err(CaptureError::Unsupported(format!(
+            "signals {sigs:?} are pending (not yet delivered); capturing pending signals is not implemented yet"
+        )));
+    }
+    Ok(())
+}
+
+fn capture_sigactions(st: &mut Stopped, maps: &[MapEntry], tid: Pid) -> Result<Vec<SigAction>> {
+    let pid = st.pid;
+    let path = format!("/proc/{pid}/status");
+    let mask = |k: &str| -> Result<u64> {
+        let v = procfs::status_field(&path, k).map_err(proc_err(pid, k.to_string()))?;
+        u64::from_str_radix(&v, 16).map_err(|e| CaptureError::Unsupported(format!("{k}: {e}")))
+    };
+    let interesting = mask("SigIgn")? | mask("SigCgt")?;
+    let mut out = Vec::new();
+    for signo in 1..=64u32 {
+        if interesting & (1 << (signo - 1)) == 0 || signo == 9 || signo == 19 {
+            continue;
+        }
+        let (r, _, buf) =
+            st.inject(maps, tid, libc::SYS_rt_sigaction, [signo as u64, 0, SCRATCH, 8, 0, 0], 32)?;
+        if r < 0 {
+            return Err(CaptureError::Injected { call: "rt_sigaction", tid, errno: -r });
+        }
+        let w = |i: usize| u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap());
+        out.push(SigAction { signo, handler: w(0), flags: w(1), restorer: w(2), mask: w(3) });
+    }
+    Ok(out)
+}
+
+fn capture_rlimits(pid: Pid) -> Result<Vec<(u32, u64, u64)>> {
+    let mut v = Vec::new();
+    for res in 0..16u32 {
+        let mut lim = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: prlimit64 with a NULL new limit only writes `lim`.
+        let r = unsafe { libc::prlimit64(pid, res as _, std::ptr::null(), &mut lim) };
+        if r == 0 {
+            v.push((res, lim.rlim_cur, lim.rlim_max));
+        }
+    }
+    Ok(v)
+}
+
+/// Walks the mappings, decides what each needs, and copies the saved pages.
+fn capture_memory(
+    pid: Pid,
+    maps: &[MapEntry],
+) -> Result<(Vec<Vma>, Vec<PageRun>, Vec<u8>, Vec<PendingFile>)> {
+    let mut vmas = Vec::new();
+    let mut files: Vec<PendingFile> = Vec::new();
+    let mut file_index: HashMap<String, u32> = HashMap::new();
+    // (addr, len, readable) of every range to save.
+    let mut want: Vec<(u64, u64, bool)> = Vec::new();
+    let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap"))
+        .map_err(proc_err(pid, "pagemap"))?;
+    let mut pm_buf: Vec<u64> = Vec::new();
+
+    for m in maps {
+        let name = m.name.as_str();
+        if name == "[vsyscall]" {
+            continue;
+        }
+        let vdso = matches!(name, "[vvar]" | "[vvar_vclock]" | "[vdso]");
+        for (flag, what) in [
+            ("ht", "hugetlb mapping"),
+            ("io", "I/O memory mapping"),
+            ("pf", "PFN mapping"),
+            ("ss", "shadow stack"),
+            ("um", "userfaultfd-registered mapping (missing mode)"),
+        ] {
+            if m.has_flag(flag) && !vdso {
+                return Err(CaptureError::Unsupported(format!(
+                    "{what} at {:#x}-{:#x} ({name})",
+                    m.start, m.end
+                )));
+            }
+        }
+        let mut flags = 0u32;
+        for (f, bit) in [
+            ("gd", abi::VMA_GROWSDOWN),
+            ("dc", abi::VMA_DONTFORK),
+            ("wf", abi::VMA_WIPEONFORK),
+            ("dd", abi::VMA_DONTDUMP),
+            ("hg", abi::VMA_HUGEPAGE),
+            ("nh", abi::VMA_NOHUGEPAGE),
+        ] {
+            if m.has_flag(f) {
+                flags |= bit;
+            }
+        }
+        let file_backed = m.inode != 0 && name.starts_with('/');
+        if m.shared && !file_backed {
+            return Err(CaptureError::Unsupported(format!(
+                "shared anonymous memory at {:#x}-{:#x} ({}) is not supported yet",
+                m.start,
+                m.end,
+                if name.is_empty() { "anonymous" } else { name }
+            )));
+        }
+        if file_backed && name.ends_with(" (deleted)") {
+            return Err(CaptureError::Unsupported(format!(
+                "mapping at {:#x} of a deleted file {name}",
+                m.start
+            )));
+        }
+        let backing = if vdso {
+            Backing::Vdso
+        } else if file_backed {
+            let next = files.len() as u32;
+            let index = *file_index.entry(name.to_string()).or_insert_with(|| {
+                files.push(PendingFile {
+                    path: name.to_string(),
+                    map_file: format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end),
+                });
+                next
+            });
+            Backing::File { index, offset: m.offset }
+        } else {
+            Backing::Anon
+        };
+        vmas.push(Vma {
+            start: m.start,
+            end: m.end,
+            prot: m.prot(),
+            shared: m.shared,
+            flags,
+            backing,
+            name: name.to_string(),
+        });
+        if vdso || m.shared {
+            continue; // recreated by the kernel, or the file holds the data
+        }
+        // Private memory: save pages that exist (present or swapped) and, for file mappings,
+        // only those that were copied on write (not backed by the file's page cache).
+        let n = ((m.end - m.start) / PAGE) as usize;
+        pm_buf.resize(n, 0);
+        read_pagemap(&pagemap, m.start, &mut pm_buf).map_err(proc_err(pid, "pagemap"))?;
+        let mut i = 0;
+        while i < n {
+            let keep = |e: u64| {
+                let present = e & (1 << 63) != 0;
+                let swapped = e & (1 << 62) != 0;
+                let file_page = e & (1 << 61) != 0;
+                swapped || (present && !(file_backed && file_page))
+            };
+            if !keep(pm_buf[i]) {
+                i += 1;
+                continue;
+            }
+            let s = i;
+            while i < n && keep(pm_buf[i]) {
+                i += 1;
+            }
+            want.push((m.start + s as u64 * PAGE, (i - s) as u64 * PAGE, m.read));
+        }
+    }
+
+    // Copy: readable ranges with process_vm_readv in large batches, the rest via /proc/PID/mem
+    // (which ignores protections).
+    let total: u64 = want.iter().map(|w| w.1).sum();
+    let mut data = vec![0u8; total as usize];
+    let mut runs = Vec::with_capacity(want.len());
+    let mut off = 0u64;
+    let mut batch: Vec<(u64, u64)> = Vec::new();
+    let mut batch_off = 0u64;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).map_err(proc_err(pid, "mem"))?;
+    let flush = |batch: &mut Vec<(u64, u64)>, at: u64, data: &mut [u8]| -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let len: u64 = batch.iter().map(|b| b.1).sum();
+        let dst = &mut data[at as usize..(at + len) as usize];
+        if sys::read_remote_vectored(pid, batch, dst).is_err() {
+            // Some page turned unreadable: read each range through /proc/PID/mem instead.
+            let mut o = 0usize;
+            for &(a, l) in batch.iter() {
+                read_mem(&mem, a, &mut dst[o..o + l as usize])
+                    .map_err(proc_err(pid, format!("memory at {a:#x}")))?;
+                o += l as usize;
+            }
+        }
+        batch.clear();
+        Ok(())
+    };
+    for &(addr, len, readable) in &want {
+        runs.push(PageRun { addr, len, data_off: off });
+        if readable {
+            if batch.is_empty() {
+                batch_off = off;
+            }
+            batch.push((addr, len));
+            if batch.len() >= 1024 {
+                flush(&mut batch, batch_off, &mut data)?;
+            }
+        } else {
+            flush(&mut batch, batch_off, &mut data)?;
+            read_mem(&mem, addr, &mut data[off as usize..(off + len) as usize])
+                .map_err(proc_err(pid, format!("memory at {addr:#x}")))?;
+        }
+        off += len;
+    }
+    flush(&mut batch, batch_off, &mut data)?;
+    Ok((vmas, runs, data, files))
+}
+
+fn read_pagemap(f: &std::fs::File, start: u64, out: &mut [u64]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    // SAFETY: u64 has no invalid bit patterns; we view the slice as bytes to fill it.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 8) };
+    f.read_exact_at(bytes, start / PAGE * 8)
+}
+
+fn read_mem(f: &std::fs::File, addr: u64, out: &mut [u8]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    f.read_exact_at(out, addr)
+}
+
+/// Removes all-zero pages of anonymous mappings from the saved data: a fresh anonymous mapping
+/// reads as zero already. (File-backed private pages keep their zeroes: the file differs.)
+fn drop_zero_pages(image: &mut ProcessImage, data: &mut Vec<u8>) {
+    let anon = |addr: u64| {
+        image
+            .vmas
+            .iter()
+            .find(|v| v.start <= addr && addr < v.end)
+            .is_some_and(|v| v.backing == Backing::Anon)
+    };
+    let mut out_runs = Vec::with_capacity(image.runs.len());
+    let mut w = 0usize;
+    for r in &image.runs {
+        let is_anon = anon(r.addr);
+        let mut cur: Option<PageRun> = None;
+        for p in 0..(r.len / PAGE) {
+            let src = (r.data_off + p * PAGE) as usize;
+            let page = &data[src..src + PAGE as usize];
+            if is_anon && page.iter().all(|&b| b == 0) {
+                if let Some(c) = cur.take() {
+                    out_runs.push(c);
+                }
+                continue;
+            }
+            data.copy_within(src..src + PAGE as usize, w);
+            match &mut cur {
+                Some(c) => c.len += PAGE,
+                None => cur = Some(PageRun { addr: r.addr + p * PAGE, len: PAGE, data_off: w as u64 }),
+            }
+            w += PAGE as usize;
+        }
+        if let Some(c) = cur {
+            out_runs.push(c);
+        }
+    }
+    data.truncate(w);
+    image.runs = out_runs;
+}

@@ -1,0 +1,540 @@
+//! File descriptors: what each one is at capture, and how to make it again at restore.
+//!
+//! Capture reads `/proc/PID/fd` and `fdinfo`, and duplicates sockets into the supervisor with
+//! `pidfd_getfd` to ask them about themselves. Restore runs in the sandbox's restore child
+//! (inside the sandbox's namespaces, before the restorer is exec'd) and recreates every
+//! descriptor at its old number. Anything not understood is refused by name.
+
+use crate::capture::CaptureError;
+use crate::image::*;
+use crate::procfs;
+use crate::sys::{self, Pid};
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+type Result<T> = std::result::Result<T, CaptureError>;
+
+fn unsupported(fd: i32, what: impl std::fmt::Display) -> CaptureError {
+    CaptureError::Unsupported(format!("file descriptor {fd}: {what}"))
+}
+
+fn perr(pid: Pid, what: String) -> impl FnOnce(io::Error) -> CaptureError {
+    move |source| CaptureError::Proc { pid, what, source }
+}
+
+/// Captures every descriptor of `pid` (which must be stopped).
+pub fn capture(pid: Pid) -> Result<Vec<FdImage>> {
+    let mut fds: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map_err(perr(pid, "fd table".into()))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    fds.sort_unstable();
+    let pidfd = sys::pidfd_open(pid).map_err(perr(pid, "pidfd".into()))?;
+    let mut pipes: HashMap<u64, Vec<u8>> = HashMap::new();
+    let mut out = Vec::with_capacity(fds.len());
+    for fd in fds {
+        let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+            .map_err(perr(pid, format!("fd {fd}")))?
+            .to_string_lossy()
+            .into_owned();
+        let (info, raw) = procfs::fdinfo(pid, fd).map_err(perr(pid, format!("fdinfo {fd}")))?;
+        let flags_octal = procfs::get(&info, "flags").unwrap_or("0");
+        let all_flags = i32::from_str_radix(flags_octal, 8).unwrap_or(0);
+        let cloexec = all_flags & libc::O_CLOEXEC != 0;
+        let flags = all_flags & !libc::O_CLOEXEC;
+        let kind = classify(pid, &pidfd, fd, &link, &info, &raw, flags, &mut pipes)?;
+        out.push(FdImage { fd, cloexec, flags, kind });
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn classify(
+    pid: Pid,
+    pidfd: &OwnedFd,
+    fd: i32,
+    link: &str,
+    info: &[(String, String)],
+    raw: &str,
+    flags: i32,
+    pipes: &mut HashMap<u64, Vec<u8>>,
+) -> Result<FdKind> {
+    if let Some(path) = link.strip_prefix('/').map(|_| link) {
+        if path.ends_with(" (deleted)") {
+            return Err(unsupported(fd, format!("{path}: open deleted files are not supported yet")));
+        }
+        if path.starts_with("/memfd:") {
+            return Err(unsupported(fd, format!("memfd {path} is not supported yet")));
+        }
+        let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
+            .map_err(perr(pid, format!("fd {fd}")))?;
+        use std::os::unix::fs::FileTypeExt;
+        let ft = meta.file_type();
+        if ft.is_fifo() || ft.is_socket() {
+            return Err(unsupported(fd, format!("{path}: named FIFOs/sockets are not supported yet")));
+        }
+        let pos = procfs::get(info, "pos").and_then(|p| p.parse().ok()).unwrap_or(0);
+        return Ok(FdKind::Path { path: path.to_string(), pos, is_dir: ft.is_dir() });
+    }
+    if let Some(ino) = link.strip_prefix("pipe:[").and_then(|s| s.strip_suffix(']')) {
+        let id: u64 = ino.parse().unwrap_or(0);
+        let write_end = flags & libc::O_ACCMODE == libc::O_WRONLY;
+        let capacity = pipe_capacity(pid, fd)?;
+        let buffered = if pipes.contains_key(&id) { Vec::new() } else { peek_pipe(pid, fd)? };
+        pipes.insert(id, Vec::new());
+        return Ok(FdKind::Pipe { id, write_end, buffered, capacity });
+    }
+    if link.starts_with("socket:[") {
+        let dup = sys::pidfd_getfd(pidfd, fd).map_err(perr(pid, format!("socket fd {fd}")))?;
+        return capture_socket(fd, dup.as_raw_fd()).map(FdKind::Socket);
+    }
+    match link {
+        "anon_inode:[eventpoll]" => {
+            let mut interests = Vec::new();
+            for line in raw.lines().filter(|l| l.starts_with("tfd:")) {
+                let w: Vec<&str> = line.split_whitespace().collect();
+                let field = |k: &str| w.iter().position(|x| *x == k).and_then(|i| w.get(i + 1));
+                let tfd = field("tfd:").and_then(|v| v.parse().ok());
+                let ev = field("events:").and_then(|v| u32::from_str_radix(v, 16).ok());
+                let data = field("data:").and_then(|v| u64::from_str_radix(v, 16).ok());
+                match (tfd, ev, data) {
+                    (Some(fd), Some(events), Some(data)) => {
+                        interests.push(EpollInterest { fd, events, data })
+                    }
+                    _ => return Err(unsupported(fd, format!("unparsable epoll entry {line:?}"))),
+                }
+            }
+            Ok(FdKind::Epoll { interests })
+        }
+        "anon_inode:[eventfd]" => {
+            let count = procfs::get(info, "eventfd-count")
+                .and_then(|v| u64::from_str_radix(v, 16).ok())
+                .ok_or_else(|| unsupported(fd, "eventfd without a count"))?;
+            let semaphore = procfs::get(info, "eventfd-semaphore") == Some("1");
+            Ok(FdKind::EventFd { count, semaphore })
+        }
+        "anon_inode:[timerfd]" => {
+            let num = |k: &str| procfs::get(info, k).and_then(|v| v.parse::<u64>().ok());
+            let ts = |k: &str| procfs::get(info, k).and_then(procfs::parse_timespec);
+            match (num("clockid"), num("ticks"), ts("it_value"), ts("it_interval")) {
+                (Some(c), Some(ticks), Some(value_ns), Some(interval_ns)) => Ok(FdKind::TimerFd {
+                    clockid: c as i32,
+                    ticks,
+                    value_ns,
+                    interval_ns,
+                }),
+                _ => Err(unsupported(fd, "unparsable timerfd state")),
+            }
+        }
+        "anon_inode:[signalfd]" => {
+            let mask = procfs::get(info, "sigmask")
+                .and_then(|v| u64::from_str_radix(v, 16).ok())
+                .ok_or_else(|| unsupported(fd, "signalfd without a mask"))?;
+            Ok(FdKind::SignalFd { mask })
+        }
+        other => Err(unsupported(fd, format!("{other} is not supported yet"))),
+    }
+}
+
+fn pipe_capacity(pid: Pid, fd: i32) -> Result<u32> {
+    let f = open_proc_fd(pid, fd)?;
+    // SAFETY: F_GETPIPE_SZ takes no pointer.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETPIPE_SZ) };
+    Ok(if r > 0 { r as u32 } else { 65536 })
+}
+
+fn open_proc_fd(pid: Pid, fd: i32) -> Result<OwnedFd> {
+    let p = CString::new(format!("/proc/{pid}/fd/{fd}")).unwrap();
+    // SAFETY: `p` is a valid C string; reopening a pipe through /proc gives a new file on it.
+    let r = unsafe { libc::open(p.as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) };
+    if r < 0 {
+        return Err(perr(pid, format!("reopening fd {fd}"))(io::Error::last_os_error()));
+    }
+    // SAFETY: `r` is a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// Copies the bytes buffered in a pipe without consuming them (`tee` into a pipe of ours).
+fn peek_pipe(pid: Pid, fd: i32) -> Result<Vec<u8>> {
+    let src = open_proc_fd(pid, fd)?;
+    let mut p = [0; 2];
+    // SAFETY: `p` has room for two descriptors.
+    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } < 0 {
+        return Err(perr(pid, "pipe".into())(io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors are fresh and ours.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+    // SAFETY: F_SETPIPE_SZ takes an int; 1 MiB is within the default pipe-max-size.
+    unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+    // SAFETY: tee between two pipe descriptors we hold.
+    let n = unsafe {
+        libc::tee(src.as_raw_fd(), w.as_raw_fd(), 1 << 20, libc::SPLICE_F_NONBLOCK)
+    };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EAGAIN) {
+            return Ok(Vec::new()); // empty pipe
+        }
+        return Err(perr(pid, format!("peeking pipe fd {fd}"))(e));
+    }
+    let mut buf = vec![0u8; n as usize];
+    // SAFETY: `buf` has room for `n` bytes.
+    let got = unsafe { libc::read(r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    buf.truncate(got.max(0) as usize);
+    Ok(buf)
+}
+
+const INT_OPTS: &[(i32, i32)] = &[
+    (libc::SOL_SOCKET, libc::SO_REUSEADDR),
+    (libc::SOL_SOCKET, libc::SO_REUSEPORT),
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::SOL_SOCKET, libc::SO_BROADCAST),
+    (libc::SOL_SOCKET, libc::SO_OOBINLINE),
+    (libc::SOL_SOCKET, libc::SO_PRIORITY),
+    (libc::SOL_SOCKET, libc::SO_MARK),
+];
+const TCP_OPTS: &[(i32, i32)] = &[
+    (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+    (libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT),
+];
+
+fn capture_socket(fd: i32, s: RawFd) -> Result<SocketImage> {
+    let opt = |l, n| sys::getsockopt_int(s, l, n).map_err(|e| unsupported(fd, format!("socket option: {e}")));
+    let family = opt(libc::SOL_SOCKET, libc::SO_DOMAIN)?;
+    let ty = opt(libc::SOL_SOCKET, libc::SO_TYPE)?;
+    let protocol = opt(libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
+    if family != libc::AF_INET && family != libc::AF_INET6 {
+        let name = match family {
+            libc::AF_UNIX => "a unix-domain socket",
+            libc::AF_NETLINK => "a netlink socket",
+            _ => "a socket of an unsupported family",
+        };
+        return Err(unsupported(fd, format!("{name} is not supported yet")));
+    }
+    if ty != libc::SOCK_STREAM && ty != libc::SOCK_DGRAM {
+        return Err(unsupported(fd, format!("socket type {ty} is not supported yet")));
+    }
+    let local = sys::sock_addr(s, false).map_err(|e| unsupported(fd, e))?;
+    let peer = sys::sock_addr(s, true).map_err(|e| unsupported(fd, e))?;
+    let mut options = Vec::new();
+    let mut want: Vec<(i32, i32)> = INT_OPTS.to_vec();
+    if ty == libc::SOCK_STREAM {
+        want.extend_from_slice(TCP_OPTS);
+    }
+    if family == libc::AF_INET6 {
+        want.push((libc::IPPROTO_IPV6, libc::IPV6_V6ONLY));
+    }
+    for (l, n) in want {
+        if let Ok(v) = sys::getsockopt_int(s, l, n)
+            && v != 0
+        {
+            options.push((l, n, v));
+        }
+    }
+    let state = if ty == libc::SOCK_STREAM {
+        let (tcp_state, backlog) = tcp_state(s).map_err(|e| unsupported(fd, e))?;
+        match tcp_state {
+            10 => SocketState::Listening { backlog },
+            7 => SocketState::Unconnected, // TCP_CLOSE: fresh or bound
+            1 | 8 => SocketState::ConnectedTcp, // ESTABLISHED, CLOSE_WAIT
+            st => {
+                // SYN_SENT, FIN_WAIT, ...: restored as reset too (the peer sees the reset).
+                tracing::debug!(fd, st, "TCP socket in a transitional state, restored as reset");
+                SocketState::ConnectedTcp
+            }
+        }
+    } else if peer.is_empty() {
+        SocketState::Unconnected
+    } else {
+        SocketState::ConnectedUdp
+    };
+    Ok(SocketImage { family, ty, protocol, state, local, peer, options })
+}
+
+/// (tcpi_state, max backlog) from TCP_INFO; for a listener `tcpi_sacked` is the backlog.
+fn tcp_state(s: RawFd) -> io::Result<(u8, i32)> {
+    let mut buf = [0u8; 104];
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: `buf`/`len` describe a writable buffer; the kernel truncates to it.
+    sys::cvt_i(unsafe {
+        libc::getsockopt(s, libc::IPPROTO_TCP, libc::TCP_INFO, buf.as_mut_ptr().cast(), &mut len)
+    })?;
+    // struct tcp_info: u8 state, ...; u32 tcpi_sacked at offset 28.
+    Ok((buf[0], u32::from_le_bytes(buf[28..32].try_into().unwrap()) as i32))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restore side: runs in the restore child inside the sandbox.
+
+/// Why a descriptor could not be recreated.
+#[derive(Debug, thiserror::Error)]
+#[error("recreating file descriptor {fd} ({what}): {source}")]
+pub struct RecreateError {
+    pub fd: i32,
+    pub what: String,
+    pub source: io::Error,
+}
+
+fn rerr(fd: i32, what: &str) -> impl FnOnce(io::Error) -> RecreateError {
+    let what = what.to_string();
+    move |source| RecreateError { fd, what, source }
+}
+
+fn check(r: libc::c_int) -> io::Result<RawFd> {
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+}
+
+/// Moves `tmp` to descriptor number `target` (without close-on-exec).
+fn place(tmp: RawFd, target: RawFd) -> io::Result<()> {
+    if tmp == target {
+        // SAFETY: clearing FD_CLOEXEC on a descriptor we own.
+        check(unsafe { libc::fcntl(tmp, libc::F_SETFD, 0) })?;
+        return Ok(());
+    }
+    // SAFETY: dup2 onto a number we are filling; then close the temporary.
+    check(unsafe { libc::dup2(tmp, target) })?;
+    // SAFETY: `tmp` is a temporary descriptor we own.
+    unsafe { libc::close(tmp) };
+    Ok(())
+}
+
+/// Moves a fresh descriptor above every target number so it cannot be clobbered.
+fn lift(fd: RawFd, floor: RawFd) -> io::Result<RawFd> {
+    // SAFETY: F_DUPFD_CLOEXEC duplicates to the lowest free number >= floor.
+    let n = check(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) })?;
+    // SAFETY: closing the original, which we own.
+    unsafe { libc::close(fd) };
+    Ok(n)
+}
+
+/// Recreates every descriptor at its old number. `floor` is above every target number and
+/// every descriptor the caller still needs.
+pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), RecreateError> {
+    let mut pipes_done: HashMap<u64, ()> = HashMap::new();
+    for f in fds {
+        match &f.kind {
+            FdKind::Path { path, pos, is_dir } => {
+                let mut flags = f.flags & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL);
+                if *is_dir {
+                    flags |= libc::O_DIRECTORY;
+                }
+                let c = CString::new(path.as_str()).unwrap();
+                // SAFETY: valid C string; flags are the file's old status flags.
+                let tmp = check(unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) })
+                    .map_err(rerr(f.fd, path))?;
+                if *pos != 0 {
+                    // SAFETY: lseek on a descriptor we own.
+                    unsafe { libc::lseek(tmp, *pos as i64, libc::SEEK_SET) };
+                }
+                let tmp = lift(tmp, floor).map_err(rerr(f.fd, path))?;
+                place(tmp, f.fd).map_err(rerr(f.fd, path))?;
+            }
+            FdKind::Pipe { id, .. } => {
+                if pipes_done.insert(*id, ()).is_some() {
+                    continue;
+                }
+                recreate_pipe(fds, *id, floor)?;
+            }
+            FdKind::Socket(s) => {
+                let tmp = recreate_socket(f, s, floor)?;
+                place(tmp, f.fd).map_err(rerr(f.fd, "socket"))?;
+            }
+            FdKind::EventFd { count, semaphore } => {
+                let mut fl = libc::EFD_CLOEXEC | (f.flags & libc::O_NONBLOCK);
+                if *semaphore {
+                    fl |= libc::EFD_SEMAPHORE;
+                }
+                // SAFETY: plain eventfd creation.
+                let tmp = check(unsafe { libc::eventfd(0, fl) }).map_err(rerr(f.fd, "eventfd"))?;
+                if *count > 0 {
+                    // SAFETY: writes 8 bytes from a live u64.
+                    unsafe { libc::write(tmp, (count as *const u64).cast(), 8) };
+                }
+                let tmp = lift(tmp, floor).map_err(rerr(f.fd, "eventfd"))?;
+                place(tmp, f.fd).map_err(rerr(f.fd, "eventfd"))?;
+            }
+            FdKind::TimerFd { clockid, ticks, value_ns, interval_ns } => {
+                let tmp = recreate_timerfd(f, *clockid, *ticks, *value_ns, *interval_ns)
+                    .map_err(rerr(f.fd, "timerfd"))?;
+                let tmp = lift(tmp, floor).map_err(rerr(f.fd, "timerfd"))?;
+                place(tmp, f.fd).map_err(rerr(f.fd, "timerfd"))?;
+            }
+            FdKind::SignalFd { mask } => {
+                let fl = libc::SFD_CLOEXEC | (f.flags & libc::O_NONBLOCK);
+                // SAFETY: the kernel reads 8 bytes of mask (sizemask = 8).
+                let tmp = check(unsafe {
+                    libc::syscall(libc::SYS_signalfd4, -1, mask as *const u64, 8, fl) as i32
+                })
+                .map_err(rerr(f.fd, "signalfd"))?;
+                let tmp = lift(tmp, floor).map_err(rerr(f.fd, "signalfd"))?;
+                place(tmp, f.fd).map_err(rerr(f.fd, "signalfd"))?;
+            }
+            FdKind::Epoll { .. } => {
+                // SAFETY: plain epoll creation.
+                let tmp = check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })
+                    .map_err(rerr(f.fd, "epoll"))?;
+                let tmp = lift(tmp, floor).map_err(rerr(f.fd, "epoll"))?;
+                place(tmp, f.fd).map_err(rerr(f.fd, "epoll"))?;
+            }
+        }
+    }
+    // Interest lists once every descriptor exists.
+    for f in fds {
+        if let FdKind::Epoll { interests } = &f.kind {
+            for i in interests {
+                let mut ev = libc::epoll_event { events: i.events, u64: i.data };
+                // SAFETY: `ev` is a valid epoll_event.
+                check(unsafe { libc::epoll_ctl(f.fd, libc::EPOLL_CTL_ADD, i.fd, &mut ev) })
+                    .map_err(rerr(f.fd, &format!("epoll interest in fd {}", i.fd)))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn recreate_pipe(fds: &[FdImage], id: u64, floor: RawFd) -> std::result::Result<(), RecreateError> {
+    let ends: Vec<&FdImage> =
+        fds.iter().filter(|f| matches!(f.kind, FdKind::Pipe { id: i, .. } if i == id)).collect();
+    let first = ends[0].fd;
+    let mut p = [0; 2];
+    // SAFETY: `p` has room for two descriptors.
+    check(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }).map_err(rerr(first, "pipe"))?;
+    let r = lift(p[0], floor).map_err(rerr(first, "pipe"))?;
+    let w = lift(p[1], floor).map_err(rerr(first, "pipe"))?;
+    let mut buffered: &[u8] = &[];
+    for e in &ends {
+        if let FdKind::Pipe { capacity, buffered: b, .. } = &e.kind {
+            // SAFETY: F_SETPIPE_SZ takes an int.
+            unsafe { libc::fcntl(w, libc::F_SETPIPE_SZ, *capacity as i32) };
+            if !b.is_empty() {
+                buffered = b;
+            }
+        }
+    }
+    if !buffered.is_empty() {
+        // SAFETY: writes from a live slice; the pipe is as large as the original.
+        let n = unsafe { libc::write(w, buffered.as_ptr().cast(), buffered.len()) };
+        if n != buffered.len() as isize {
+            return Err(rerr(first, "pipe contents")(io::Error::last_os_error()));
+        }
+    }
+    for e in &ends {
+        let FdKind::Pipe { write_end, .. } = e.kind else { unreachable!() };
+        let src = if write_end { w } else { r };
+        // SAFETY: dup2 onto the target number; status flags set per end.
+        check(unsafe { libc::dup2(src, e.fd) }).map_err(rerr(e.fd, "pipe"))?;
+        // SAFETY: F_SETFL takes an int.
+        unsafe { libc::fcntl(e.fd, libc::F_SETFL, e.flags & libc::O_NONBLOCK) };
+    }
+    // SAFETY: closing our temporaries; an end absent from the image stays closed, as it was.
+    unsafe {
+        libc::close(r);
+        libc::close(w);
+    }
+    Ok(())
+}
+
+fn recreate_timerfd(f: &FdImage, clockid: i32, ticks: u64, value_ns: u64, interval_ns: u64) -> io::Result<RawFd> {
+    let fl = libc::TFD_CLOEXEC | (f.flags & libc::O_NONBLOCK);
+    // SAFETY: plain timerfd creation.
+    let fd = check(unsafe { libc::timerfd_create(clockid, fl) })?;
+    let ts = |ns: u64| libc::timespec { tv_sec: (ns / 1_000_000_000) as i64, tv_nsec: (ns % 1_000_000_000) as i64 };
+    let spec = libc::itimerspec { it_interval: ts(interval_ns), it_value: ts(value_ns) };
+    // SAFETY: `spec` is valid; relative time (fdinfo reports the remaining time).
+    check(unsafe { libc::timerfd_settime(fd, 0, &spec, std::ptr::null_mut()) })?;
+    if ticks > 0 {
+        const TFD_IOC_SET_TICKS: libc::c_ulong = 0x4008_5400;
+        // SAFETY: the ioctl reads one u64 (needs CONFIG_CHECKPOINT_RESTORE, present here).
+        check(unsafe { libc::ioctl(fd, TFD_IOC_SET_TICKS, &ticks as *const u64) })?;
+    }
+    Ok(fd)
+}
+
+fn recreate_socket(f: &FdImage, s: &SocketImage, floor: RawFd) -> std::result::Result<RawFd, RecreateError> {
+    let e = |what: &'static str| rerr(f.fd, what);
+    let ty = s.ty | libc::SOCK_CLOEXEC | if f.flags & libc::O_NONBLOCK != 0 { libc::SOCK_NONBLOCK } else { 0 };
+    if s.state == SocketState::ConnectedTcp {
+        return reset_connection(s, ty, floor).map_err(e("reset TCP connection"));
+    }
+    // SAFETY: plain socket creation.
+    let fd = check(unsafe { libc::socket(s.family, ty, s.protocol) }).map_err(e("socket"))?;
+    let fd = lift(fd, floor).map_err(e("socket"))?;
+    for &(l, n, v) in &s.options {
+        sys::setsockopt_int(fd, l, n, v).map_err(e("socket option"))?;
+    }
+    if !s.local.is_empty() && !is_unspecified_port_zero(&s.local) {
+        // SAFETY: `local` holds a sockaddr of its own length, as the kernel gave it.
+        check(unsafe { libc::bind(fd, s.local.as_ptr().cast(), s.local.len() as u32) })
+            .map_err(e("bind"))?;
+    }
+    match s.state {
+        SocketState::Listening { backlog } => {
+            // SAFETY: plain listen.
+            check(unsafe { libc::listen(fd, backlog.max(1)) }).map_err(e("listen"))?;
+        }
+        SocketState::ConnectedUdp => {
+            // SAFETY: `peer` holds a sockaddr of its own length.
+            check(unsafe { libc::connect(fd, s.peer.as_ptr().cast(), s.peer.len() as u32) })
+                .map_err(e("connect"))?;
+        }
+        _ => {}
+    }
+    Ok(fd)
+}
+
+/// The wildcard address with port 0: the socket was never bound.
+fn is_unspecified_port_zero(sa: &[u8]) -> bool {
+    let port_zero = sa.len() >= 4 && sa[2] == 0 && sa[3] == 0;
+    let addr = if sa.len() >= 24 { &sa[8..24] } else if sa.len() >= 8 { &sa[4..8] } else { &[][..] };
+    port_zero && addr.iter().all(|&b| b == 0)
+}
+
+/// A TCP socket whose connection was reset by its peer, as Tardigrade restores connections: we
+/// connect it over loopback to a listener of ours and abort the accepted side (SO_LINGER 0).
+fn reset_connection(s: &SocketImage, ty: i32, floor: RawFd) -> io::Result<RawFd> {
+    let (fam, addr): (i32, Vec<u8>) = if s.family == libc::AF_INET6 {
+        // SAFETY: plain data, all-zero is valid.
+        let mut a: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+        a.sin6_family = libc::AF_INET6 as u16;
+        a.sin6_addr.s6_addr[15] = 1;
+        (libc::AF_INET6, as_bytes(&a))
+    } else {
+        // SAFETY: plain data, all-zero is valid.
+        let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        a.sin_family = libc::AF_INET as u16;
+        a.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+        (libc::AF_INET, as_bytes(&a))
+    };
+    // SAFETY: plain socket calls on descriptors we own; addresses are valid sockaddrs.
+    unsafe {
+        let l = check(libc::socket(fam, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0))?;
+        let l = OwnedFd::from_raw_fd(l);
+        check(libc::bind(l.as_raw_fd(), addr.as_ptr().cast(), addr.len() as u32))?;
+        check(libc::listen(l.as_raw_fd(), 1))?;
+        let mut bound = vec![0u8; 128];
+        let mut blen = bound.len() as u32;
+        check(libc::getsockname(l.as_raw_fd(), bound.as_mut_ptr().cast(), &mut blen))?;
+        let c = check(libc::socket(fam, (ty & !libc::SOCK_NONBLOCK) | libc::SOCK_CLOEXEC, 0))?;
+        let c = lift(c, floor)?;
+        check(libc::connect(c, bound.as_ptr().cast(), blen))?;
+        let a = OwnedFd::from_raw_fd(check(libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC))?);
+        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+        libc::setsockopt(a.as_raw_fd(), libc::SOL_SOCKET, libc::SO_LINGER, (&raw const linger).cast(), std::mem::size_of::<libc::linger>() as u32);
+        drop(a); // sends RST
+        if ty & libc::SOCK_NONBLOCK != 0 {
+            libc::fcntl(c, libc::F_SETFL, libc::O_NONBLOCK | libc::O_RDWR);
+        }
+        Ok(c)
+    }
+}
+
+fn as_bytes<T>(v: &T) -> Vec<u8> {
+    // SAFETY: reading the bytes of a plain-data sockaddr.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }.to_vec()
+}
+

@@ -1,0 +1,329 @@
+//! The checkpoint format: the only serialized types of the checkpointer live here.
+//!
+//! On the wire a checkpoint is
+//! ```text
+//! magic "TARDICKP" | version u32 | flags u32 | epoch u64 | meta_len u64 | data_len u64 |
+//! meta (postcard-encoded `ProcessImage`) | data (raw page contents) | crc32 u32 (of all above)
+//! ```
+//! A reader checks magic, version, lengths and checksum before it looks at anything else, so a
+//! truncated or corrupted file is refused before any process is started.
+
+use serde::{Deserialize, Serialize};
+use std::io::{self, Write};
+
+pub const MAGIC: &[u8; 8] = b"TARDICKP";
+/// Version of the encoding; bumped on every incompatible change.
+pub const FORMAT_VERSION: u32 = 1;
+const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
+
+/// Errors reading a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    /// not a Tardi checkpoint (bad magic)
+    #[error("not a Tardi checkpoint (bad magic bytes)")]
+    BadMagic,
+    #[error("checkpoint format version {found} is not supported (this build reads version {FORMAT_VERSION})")]
+    Version { found: u32 },
+    #[error("checkpoint is truncated: expected {expected} bytes, found {found}")]
+    Truncated { expected: u64, found: u64 },
+    #[error("checkpoint is corrupted: checksum mismatch (stored {stored:08x}, computed {computed:08x})")]
+    Checksum { stored: u32, computed: u32 },
+    #[error("checkpoint metadata is malformed: {0}")]
+    Meta(String),
+}
+
+/// Full or incremental (incremental checkpoints arrive with the incremental-checkpoint work).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Kind {
+    Full,
+}
+
+/// One checkpoint: an epoch number, the process's state and its page contents.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub epoch: u64,
+    pub kind: Kind,
+    pub image: ProcessImage,
+    /// Contents of the saved pages; `PageRun::data_off` indexes into it.
+    pub data: Vec<u8>,
+}
+
+/// Everything about a process except its page contents.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcessImage {
+    /// PID inside the sandbox's PID namespace.
+    pub pid: i32,
+    pub comm: String,
+    pub exe: FileRef,
+    pub cwd: String,
+    pub umask: u32,
+    pub rlimits: Vec<(u32, u64, u64)>,
+    pub mm: MmInfo,
+    pub auxv: Vec<u64>,
+    pub vmas: Vec<Vma>,
+    pub runs: Vec<PageRun>,
+    pub files: Vec<FileRef>,
+    pub threads: Vec<ThreadImage>,
+    pub sigactions: Vec<SigAction>,
+    pub fds: Vec<FdImage>,
+    /// Highest TID seen, to advance the namespace's PID cursor past it.
+    pub max_tid: i32,
+    /// Opaque to the checkpointer: the caller's description of the sandbox (the CLI keeps the
+    /// manifest here so `tardi restore FILE` needs nothing else).
+    pub sandbox: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MmInfo {
+    pub start_code: u64,
+    pub end_code: u64,
+    pub start_data: u64,
+    pub end_data: u64,
+    pub start_brk: u64,
+    pub brk: u64,
+    pub start_stack: u64,
+    pub arg_start: u64,
+    pub arg_end: u64,
+    pub env_start: u64,
+    pub env_end: u64,
+}
+
+/// A file the process maps or runs, identified by path (inside the sandbox) and content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    pub path: String,
+    pub size: u64,
+    /// BLAKE3 of the contents; checked before restore.
+    pub hash: [u8; 32],
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Backing {
+    Anon,
+    /// `files[index]` at byte offset `offset`.
+    File { index: u32, offset: u64 },
+    /// The vDSO set (`[vvar]`, `[vvar_vclock]`, `[vdso]`): recreated by the kernel, not saved.
+    Vdso,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Vma {
+    pub start: u64,
+    pub end: u64,
+    /// PROT_* bits.
+    pub prot: u32,
+    pub shared: bool,
+    /// `restorer/abi.rs` VMA_* advice bits (growsdown, dontfork, ...).
+    pub flags: u32,
+    pub backing: Backing,
+    /// Name as in /proc/PID/maps (`[heap]`, `[stack]`, a path, or empty).
+    pub name: String,
+}
+
+/// `len` bytes of memory at `addr`, saved at `data_off` in [`Checkpoint::data`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageRun {
+    pub addr: u64,
+    pub len: u64,
+    pub data_off: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ThreadImage {
+    /// TID inside the sandbox's PID namespace.
+    pub tid: i32,
+    pub comm: String,
+    /// `struct user_regs_struct` as 27 words, as captured (no restart fix applied).
+    pub regs: Vec<u64>,
+    pub xstate: Vec<u8>,
+    pub sigmask: u64,
+    pub robust_list: u64,
+    pub robust_len: u64,
+    pub clear_child_tid: u64,
+    pub rseq: Option<Rseq>,
+    pub altstack: AltStack,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Rseq {
+    pub addr: u64,
+    pub len: u32,
+    pub sig: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct AltStack {
+    pub sp: u64,
+    pub size: u64,
+    pub flags: u32,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct SigAction {
+    pub signo: u32,
+    pub handler: u64,
+    pub flags: u64,
+    pub restorer: u64,
+    pub mask: u64,
+}
+
+/// One file descriptor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FdImage {
+    pub fd: i32,
+    pub cloexec: bool,
+    /// File status flags (O_NONBLOCK, O_APPEND, access mode...).
+    pub flags: i32,
+    pub kind: FdKind,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum FdKind {
+    /// A regular file, directory or device, reopened by path.
+    Path { path: String, pos: u64, is_dir: bool },
+    /// One end of a pipe. `id` pairs the ends; `buffered` is what sat in it (kept on the read
+    /// end's record); `capacity` is F_GETPIPE_SZ.
+    Pipe { id: u64, write_end: bool, buffered: Vec<u8>, capacity: u32 },
+    Socket(SocketImage),
+    EventFd { count: u64, semaphore: bool },
+    TimerFd { clockid: i32, ticks: u64, value_ns: u64, interval_ns: u64 },
+    SignalFd { mask: u64 },
+    Epoll { interests: Vec<EpollInterest> },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpollInterest {
+    pub fd: i32,
+    pub events: u32,
+    pub data: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SocketImage {
+    /// AF_INET or AF_INET6.
+    pub family: i32,
+    /// SOCK_STREAM or SOCK_DGRAM.
+    pub ty: i32,
+    pub protocol: i32,
+    pub state: SocketState,
+    /// Local address as raw `sockaddr` bytes (empty if unbound).
+    pub local: Vec<u8>,
+    /// Peer address (empty if none).
+    pub peer: Vec<u8>,
+    /// (level, name, value) of the integer options that were set.
+    pub options: Vec<(i32, i32, i32)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SocketState {
+    /// Created, possibly bound, not listening or connected.
+    Unconnected,
+    Listening { backlog: i32 },
+    /// A connected TCP socket: restored as a connection reset by its peer.
+    ConnectedTcp,
+    /// A UDP socket with a default peer.
+    ConnectedUdp,
+}
+
+impl Checkpoint {
+    /// Serializes the checkpoint into `w`.
+    pub fn write_to(&self, w: &mut impl Write) -> io::Result<u64> {
+        let meta = postcard::to_stdvec(&self.image).map_err(io::Error::other)?;
+        let mut h = crc32fast::Hasher::new();
+        let mut header = Vec::with_capacity(HEADER_LEN);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        header.extend_from_slice(&(self.kind as u32).to_le_bytes());
+        header.extend_from_slice(&self.epoch.to_le_bytes());
+        header.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+        header.extend_from_slice(&(self.data.len() as u64).to_le_bytes());
+        for part in [&header[..], &meta[..], &self.data[..]] {
+            h.update(part);
+            w.write_all(part)?;
+        }
+        w.write_all(&h.finalize().to_le_bytes())?;
+        Ok((header.len() + meta.len() + self.data.len() + 4) as u64)
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.data.len() + 4096);
+        self.write_to(&mut v).expect("writing to a Vec cannot fail");
+        v
+    }
+
+    /// Parses and verifies a checkpoint. Takes ownership so the page data is not copied.
+    pub fn from_bytes(mut bytes: Vec<u8>) -> Result<Checkpoint, FormatError> {
+        let found = bytes.len() as u64;
+        if bytes.len() < 8 || &bytes[..8] != MAGIC {
+            return Err(FormatError::BadMagic);
+        }
+        if bytes.len() < HEADER_LEN + 4 {
+            return Err(FormatError::Truncated { expected: HEADER_LEN as u64 + 4, found });
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
+        let version = u32_at(8);
+        if version != FORMAT_VERSION {
+            return Err(FormatError::Version { found: version });
+        }
+        let kind = u32_at(12);
+        let epoch = u64_at(16);
+        let meta_len = u64_at(24);
+        let data_len = u64_at(32);
+        let expected = (HEADER_LEN as u64)
+            .checked_add(meta_len)
+            .and_then(|x| x.checked_add(data_len))
+            .and_then(|x| x.checked_add(4))
+            .ok_or(FormatError::Truncated { expected: u64::MAX, found })?;
+        if found != expected {
+            return Err(FormatError::Truncated { expected, found });
+        }
+        let body = bytes.len() - 4;
+        let stored = u32_at(body);
+        let computed = crc32fast::hash(&bytes[..body]);
+        if stored != computed {
+            return Err(FormatError::Checksum { stored, computed });
+        }
+        if kind != Kind::Full as u32 {
+            return Err(FormatError::Meta(format!("unknown checkpoint kind {kind}")));
+        }
+        let meta_end = HEADER_LEN + meta_len as usize;
+        let image: ProcessImage = postcard::from_bytes(&bytes[HEADER_LEN..meta_end])
+            .map_err(|e| FormatError::Meta(e.to_string()))?;
+        bytes.truncate(body);
+        let data = bytes.split_off(meta_end);
+        image.validate(data.len() as u64)?;
+        Ok(Checkpoint { epoch, kind: Kind::Full, image, data })
+    }
+}
+
+impl ProcessImage {
+    /// Internal consistency: every run lies inside the data and inside a mapping.
+    fn validate(&self, data_len: u64) -> Result<(), FormatError> {
+        let bad = |m: String| Err(FormatError::Meta(m));
+        if self.threads.is_empty() {
+            return bad("no threads".into());
+        }
+        for r in &self.runs {
+            if r.data_off.checked_add(r.len).is_none_or(|e| e > data_len) {
+                return bad(format!("page run at {:#x} lies outside the page data", r.addr));
+            }
+            if !self.vmas.iter().any(|v| v.start <= r.addr && r.addr + r.len <= v.end) {
+                return bad(format!("page run at {:#x} lies outside every mapping", r.addr));
+            }
+        }
+        for v in &self.vmas {
+            if let Backing::File { index, .. } = v.backing
+                && index as usize >= self.files.len()
+            {
+                return bad(format!("mapping at {:#x} names file #{index}", v.start));
+            }
+        }
+        for t in &self.threads {
+            if t.regs.len() != 27 || t.xstate.len() > crate::abi::XSTATE_MAX {
+                return bad(format!("thread {} has a malformed register set", t.tid));
+            }
+        }
+        Ok(())
+    }
+}

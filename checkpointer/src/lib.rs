@@ -1,0 +1,24 @@
+//! The checkpointer: captures the complete state of a running, unmodified Linux process into
+//! bytes, and turns those bytes back into the same running process in a fresh sandbox.
+//!
+//! Owns: quiescence (ptrace), reading memory, threads and descriptors from outside, the
+//! checkpoint format ([`image`]), the restore plan and the freestanding restorer
+//! (`restorer/`). Must not touch: namespaces, mounts, networking, manifests (that is
+//! `tardi-sandbox`), or anything about replication: a checkpoint is bytes with an epoch number,
+//! and restore takes bytes.
+//!
+//! Entry points: [`capture::checkpoint`] and [`restore::prepare`] / [`restore::child_main`] /
+//! [`restore::finish`].
+
+#[path = "../restorer/abi.rs"]
+pub mod abi;
+pub mod capture;
+pub mod fds;
+pub mod image;
+pub mod procfs;
+pub mod ptrace;
+pub mod restore;
+pub mod sys;
+
+pub use capture::{CaptureError, CaptureStats, checkpoint};
+pub use image::{Checkpoint, FormatError};

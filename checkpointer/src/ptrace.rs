@@ -1,0 +1,282 @@
+//! Quiescence and thread state through ptrace.
+//!
+//! Kernel rules that shape this module:
+//! - Every ptrace request for a tracee must come from the thread that attached it. A [`Stopped`]
+//!   value is therefore `!Send`: it lives and dies on the thread that created it.
+//! - `PTRACE_SEIZE` + `PTRACE_INTERRUPT` stops a thread wherever it is without a signal; the stop
+//!   is reported as `PTRACE_EVENT_STOP`. A thread blocked in a restartable system call stops with
+//!   `rax = -ERESTART*` and `orig_rax = nr`; `PTRACE_DETACH` wakes it with `TIF_SIGPENDING`, so
+//!   the kernel's own restart logic re-issues the call on the way out (epoll_wait & co. return
+//!   EINTR instead, exactly as after SIGSTOP/SIGCONT).
+//! - A signal that arrives while we stop a thread shows up as a signal-delivery stop first; we
+//!   let it be delivered (`PTRACE_CONT` with the signal) and keep waiting for the interrupt stop,
+//!   so no signal is swallowed.
+//! - Reading some state (clear_child_tid, sigaltstack, signal actions, brk) has no outside
+//!   interface: we inject the system call into a stopped thread at a `syscall` instruction of its
+//!   own vDSO, and put every register and scratch byte back afterwards.
+
+use crate::abi::Regs;
+use crate::sys::{Pid, cvt};
+use std::collections::BTreeMap;
+use std::io;
+use std::marker::PhantomData;
+
+const PTRACE_SEIZE: u32 = 0x4206;
+const PTRACE_INTERRUPT: u32 = 0x4207;
+const PTRACE_GETREGSET: u32 = 0x4204;
+const PTRACE_GETSIGMASK: u32 = 0x420a;
+const PTRACE_GET_RSEQ_CONFIGURATION: u32 = 0x420f;
+const PTRACE_EVENT_STOP: i32 = 128;
+const PTRACE_O_TRACESYSGOOD: u64 = 1;
+const NT_X86_XSTATE: usize = 0x202;
+
+/// Errors while stopping or inspecting threads.
+#[derive(Debug, thiserror::Error)]
+pub enum PtraceError {
+    #[error("ptrace {op} on thread {tid} failed: {source}")]
+    Op { op: &'static str, tid: Pid, source: io::Error },
+    #[error("thread {tid} stopped unexpectedly (wait status {status:#x}) during {during}")]
+    UnexpectedStop { tid: Pid, status: i32, during: &'static str },
+    #[error("thread {tid} exited while it was being stopped")]
+    Exited { tid: Pid },
+    #[error("the process has no vDSO `syscall` instruction to inject system calls at")]
+    NoSyscallInsn,
+}
+
+type Result<T> = std::result::Result<T, PtraceError>;
+
+fn op(opname: &'static str, tid: Pid) -> impl FnOnce(io::Error) -> PtraceError {
+    move |source| PtraceError::Op { op: opname, tid, source }
+}
+
+unsafe fn ptrace(req: u32, tid: Pid, addr: u64, data: u64) -> io::Result<libc::c_long> {
+    // SAFETY: the caller guarantees `addr`/`data` are valid for `req`.
+    cvt(unsafe { libc::ptrace(req as _, tid, addr, data) })
+}
+
+fn wait_tid(tid: Pid) -> io::Result<i32> {
+    let mut status = 0;
+    loop {
+        // SAFETY: plain waitpid on a thread we trace.
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
+        if r == tid {
+            return Ok(status);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// A process whose every thread is in a ptrace stop. Resumes them all when dropped.
+pub struct Stopped {
+    pub pid: Pid,
+    /// Host TIDs, in the order they were stopped (the thread-group leader first).
+    pub tids: Vec<Pid>,
+    syscall_insn: Option<u64>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Stopped {
+    /// Seizes and stops every thread of `pid`, rescanning `/proc/PID/task` until no new thread
+    /// appears.
+    pub fn stop(pid: Pid) -> Result<Stopped> {
+        let mut st = Stopped { pid, tids: Vec::new(), syscall_insn: None, _not_send: PhantomData };
+        loop {
+            let now = crate::procfs::tids(pid).map_err(op("list threads", pid))?;
+            let new: Vec<Pid> = now.iter().copied().filter(|t| !st.tids.contains(t)).collect();
+            if new.is_empty() {
+                break;
+            }
+            for &tid in &new {
+                // SAFETY: SEIZE/INTERRUPT take no pointers.
+                let r = unsafe { ptrace(PTRACE_SEIZE, tid, 0, PTRACE_O_TRACESYSGOOD) }
+                    .and_then(|_| unsafe { ptrace(PTRACE_INTERRUPT, tid, 0, 0) });
+                match r {
+                    Ok(_) => st.tids.push(tid),
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue, // just exited
+                    Err(e) => return Err(PtraceError::Op { op: "seize", tid, source: e }),
+                }
+            }
+            for &tid in &new {
+                if st.tids.contains(&tid) {
+                    st.wait_interrupt_stop(tid)?;
+                }
+            }
+        }
+        // The thread-group leader first: it becomes the restorer's own thread at restore.
+        st.tids.sort_by_key(|&t| (t != pid, t));
+        Ok(st)
+    }
+
+    fn wait_interrupt_stop(&self, tid: Pid) -> Result<()> {
+        loop {
+            let status = wait_tid(tid).map_err(op("wait", tid))?;
+            if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                return Err(PtraceError::Exited { tid });
+            }
+            if (status >> 16) == PTRACE_EVENT_STOP {
+                return Ok(());
+            }
+            let sig = libc::WSTOPSIG(status);
+            // A signal-delivery stop: deliver it and keep waiting for our interrupt.
+            // SAFETY: CONT takes the signal number as data, no pointers.
+            unsafe { ptrace(libc::PTRACE_CONT as u32, tid, 0, sig as u64) }
+                .map_err(op("cont", tid))?;
+        }
+    }
+
+    pub fn regs(&self, tid: Pid) -> Result<Regs> {
+        let mut r = Regs::default();
+        // SAFETY: GETREGS writes a `user_regs_struct`, which `Regs` mirrors.
+        unsafe { ptrace(libc::PTRACE_GETREGS as u32, tid, 0, (&raw mut r) as u64) }
+            .map_err(op("getregs", tid))?;
+        Ok(r)
+    }
+
+    pub fn set_regs(&self, tid: Pid, r: &Regs) -> Result<()> {
+        // SAFETY: SETREGS reads a `user_regs_struct`, which `Regs` mirrors.
+        unsafe { ptrace(libc::PTRACE_SETREGS as u32, tid, 0, r as *const Regs as u64) }
+            .map_err(op("setregs", tid))?;
+        Ok(())
+    }
+
+    /// The XSAVE area (`NT_X86_XSTATE`).
+    pub fn xstate(&self, tid: Pid) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; crate::abi::XSTATE_MAX];
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        // SAFETY: the iovec describes `buf`; the kernel shrinks iov_len to what it wrote.
+        unsafe { ptrace(PTRACE_GETREGSET, tid, NT_X86_XSTATE as u64, (&raw mut iov) as u64) }
+            .map_err(op("getregset(xstate)", tid))?;
+        buf.truncate(iov.iov_len);
+        Ok(buf)
+    }
+
+    pub fn sigmask(&self, tid: Pid) -> Result<u64> {
+        let mut m: u64 = 0;
+        // SAFETY: GETSIGMASK writes `addr` (= 8) bytes to `data`.
+        unsafe { ptrace(PTRACE_GETSIGMASK, tid, 8, (&raw mut m) as u64) }
+            .map_err(op("getsigmask", tid))?;
+        Ok(m)
+    }
+
+    /// (address, length, signature) of the thread's registered rseq area, if any.
+    pub fn rseq(&self, tid: Pid) -> Result<Option<(u64, u32, u32)>> {
+        #[repr(C)]
+        #[derive(Default)]
+        struct RseqConf {
+            addr: u64,
+            len: u32,
+            flags: u32,
+            sig: u32,
+            _pad: u32,
+        }
+        let mut c = RseqConf::default();
+        // SAFETY: the kernel writes at most `addr` bytes of the configuration to `data`.
+        unsafe {
+            ptrace(PTRACE_GET_RSEQ_CONFIGURATION, tid, std::mem::size_of::<RseqConf>() as u64,
+                   (&raw mut c) as u64)
+        }
+        .map_err(op("get_rseq_configuration", tid))?;
+        Ok((c.addr != 0).then_some((c.addr, c.len, c.sig)))
+    }
+
+    /// `get_robust_list(tid)` works from outside for a traced thread.
+    pub fn robust_list(&self, tid: Pid) -> Result<(u64, u64)> {
+        let (mut head, mut len): (u64, usize) = (0, 0);
+        // SAFETY: the kernel writes one pointer and one size_t.
+        cvt(unsafe {
+            libc::syscall(libc::SYS_get_robust_list, tid, (&raw mut head), (&raw mut len))
+        })
+        .map_err(op("get_robust_list", tid))?;
+        Ok((head, len as u64))
+    }
+
+    /// Address of a `syscall` instruction in the target's vDSO.
+    fn syscall_insn(&mut self, maps: &[crate::procfs::MapEntry]) -> Result<u64> {
+        if let Some(a) = self.syscall_insn {
+            return Ok(a);
+        }
+        let vdso = maps.iter().find(|m| m.name == "[vdso]").ok_or(PtraceError::NoSyscallInsn)?;
+        let mut text = vec![0u8; (vdso.end - vdso.start) as usize];
+        crate::sys::read_remote(self.pid, vdso.start, &mut text)
+            .map_err(op("read vdso", self.pid))?;
+        let off = text.windows(2).position(|w| w == [0x0f, 0x05]).ok_or(PtraceError::NoSyscallInsn)?;
+        self.syscall_insn = Some(vdso.start + off as u64);
+        Ok(vdso.start + off as u64)
+    }
+
+    /// Runs system call `nr` in stopped thread `tid` and returns its result (negative errno on
+    /// failure). `scratch` bytes are made available below the thread's red zone and returned
+    /// after the call; the original stack bytes and all registers are put back.
+    pub fn inject(
+        &mut self,
+        maps: &[crate::procfs::MapEntry],
+        tid: Pid,
+        nr: i64,
+        args: [u64; 6],
+        scratch_len: usize,
+    ) -> Result<(i64, u64, Vec<u8>)> {
+        let insn = self.syscall_insn(maps)?;
+        let saved = self.regs(tid)?;
+        let scratch = (saved.rsp - 128 - scratch_len as u64 - 64) & !63;
+        let mut orig = vec![0u8; scratch_len];
+        if scratch_len > 0 {
+            crate::sys::read_remote(self.pid, scratch, &mut orig).map_err(op("read stack", tid))?;
+        }
+        let mut r = saved;
+        r.rax = nr as u64;
+        r.orig_rax = u64::MAX;
+        r.rip = insn;
+        let a: Vec<u64> = args.iter().map(|&x| if x == SCRATCH { scratch } else { x }).collect();
+        (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) = (a[0], a[1], a[2], a[3], a[4], a[5]);
+        self.set_regs(tid, &r)?;
+        for during in ["injected syscall entry", "injected syscall exit"] {
+            // SAFETY: PTRACE_SYSCALL takes no pointers.
+            unsafe { ptrace(libc::PTRACE_SYSCALL as u32, tid, 0, 0) }.map_err(op("syscall", tid))?;
+            let status = wait_tid(tid).map_err(op("wait", tid))?;
+            if !libc::WIFSTOPPED(status) || libc::WSTOPSIG(status) != (libc::SIGTRAP | 0x80) {
+                return Err(PtraceError::UnexpectedStop { tid, status, during });
+            }
+        }
+        let ret = self.regs(tid)?.rax as i64;
+        let mut out = vec![0u8; scratch_len];
+        if scratch_len > 0 {
+            crate::sys::read_remote(self.pid, scratch, &mut out).map_err(op("read stack", tid))?;
+            crate::sys::write_remote(self.pid, scratch, &orig).map_err(op("write stack", tid))?;
+        }
+        self.set_regs(tid, &saved)?;
+        Ok((ret, scratch, out))
+    }
+
+    /// Detaches every thread; the kernel restarts interrupted system calls as after a signal.
+    pub fn resume(mut self) -> Result<()> {
+        let tids = std::mem::take(&mut self.tids);
+        let mut first_err = None;
+        for tid in tids {
+            // SAFETY: DETACH takes no pointers.
+            if let Err(e) = unsafe { ptrace(libc::PTRACE_DETACH as u32, tid, 0, 0) }
+                && e.raw_os_error() != Some(libc::ESRCH)
+            {
+                first_err.get_or_insert(PtraceError::Op { op: "detach", tid, source: e });
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        for &tid in &self.tids {
+            // SAFETY: DETACH takes no pointers; errors (thread gone) are irrelevant here.
+            let _ = unsafe { ptrace(libc::PTRACE_DETACH as u32, tid, 0, 0) };
+        }
+    }
+}
+
+/// Placeholder argument for [`Stopped::inject`]: replaced by the scratch buffer's address.
+pub const SCRATCH: u64 = u64::MAX - 0x5c;
+
+/// Per-thread values gathered by injection, keyed by host TID.
+pub type Injected = BTreeMap<Pid, (u64, crate::image::AltStack)>;

@@ -1,0 +1,558 @@
+//! Restore: from a checkpoint to a running process with the same PIDs, TIDs, mappings and
+//! descriptors.
+//!
+//! Three steps, in three processes:
+//! 1. [`prepare`] (supervisor, nothing started yet): checks the checkpoint against this machine
+//!    (mapped files by content hash), writes the page data, the restore plan and the restorer
+//!    binary into memfds, and encodes the [`ChildPlan`] for step 2.
+//! 2. [`child_main`] (the sandbox's first process, created by the sandbox init with the
+//!    target's PID): moves the inherited memfds to known numbers, opens the mapped files,
+//!    recreates every descriptor at its old number, sets cwd, rlimits and the PID cursor, and
+//!    execs the restorer (`restorer/main.rs`), which turns the process into the target.
+//! 3. [`finish`] (supervisor): waits for the restorer's report, then removes the restorer's blob
+//!    from the restored process once no thread executes in it.
+
+use crate::abi::{self, PLAN_MAGIC, PLAN_VERSION, PlanHeader, MmMap, Regs, SigactionDesc, ThreadDesc, VmaDesc, VMA_ANON, VMA_SHARED, XSTATE_MAX};
+use crate::capture::regs_from_slice;
+use crate::fds;
+use crate::image::*;
+use crate::ptrace::Stopped;
+use crate::sys::{self, Pid};
+use std::ffi::CString;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// The restorer binary, built by `build.rs`.
+static RESTORER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tardi-restorer"));
+
+/// Why a restore failed. Errors from [`prepare`] mean nothing was started.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error("mapped file {path} cannot be used: {reason}")]
+    File { path: String, reason: String },
+    #[error("checkpoint cannot be restored here: {0}")]
+    Invalid(String),
+    #[error("preparing the restore: {0}")]
+    Io(#[from] io::Error),
+    #[error("the restored process failed while {0}")]
+    Child(String),
+    #[error("the restorer failed at step {step} ({what}): errno {errno}")]
+    Restorer { step: u64, what: &'static str, errno: i64 },
+    #[error("the restorer exited before reporting (see the sandbox log)")]
+    Died,
+    #[error("timed out waiting for the restorer")]
+    Timeout,
+    #[error("removing the restorer from the restored process: {0}")]
+    Finish(String),
+}
+
+type Result<T> = std::result::Result<T, RestoreError>;
+
+/// What the restore child needs, passed through the sandbox as opaque bytes. A transient
+/// hand-off between two processes of the same build, not a stored format.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct ChildPlan {
+    /// Inherited descriptors in the order [plan, pages, notify, restorer binary].
+    pub inherited: Vec<RawFd>,
+    /// First number of the block the child moves its own descriptors to.
+    pub base: RawFd,
+    pub files: Vec<String>,
+    pub exe: String,
+    pub fds: Vec<FdImage>,
+    pub cwd: String,
+    pub rlimits: Vec<(u32, u64, u64)>,
+    pub max_tid: i32,
+}
+
+/// Everything [`prepare`] made; keep it alive until [`finish`].
+pub struct Prepared {
+    pub pid: i32,
+    /// Opaque payload for the sandbox's restore start.
+    pub payload: Vec<u8>,
+    /// Descriptors the sandbox must pass into the restore child, at these numbers.
+    pub inherit: Vec<RawFd>,
+    notify_r: OwnedFd,
+    _keep: Vec<OwnedFd>,
+}
+
+const INHERITED: usize = 4;
+
+/// Checks `ckpt` and lays out everything the restore needs. `host_path` maps a path inside the
+/// sandbox to the host path the sandbox will show there (its mount table).
+pub fn prepare(ckpt: &Checkpoint, host_path: &dyn Fn(&str) -> Option<PathBuf>) -> Result<Prepared> {
+    let img = &ckpt.image;
+    verify_files(img, host_path)?;
+
+    let max_fd = img.fds.iter().map(|f| f.fd).max().unwrap_or(2);
+    let pages = sys::memfd("tardi-pages")?;
+    let plan_fd = sys::memfd("tardi-plan")?;
+    let restorer = sys::memfd("tardi-restorer")?;
+    let (notify_r, notify_w) = pipe()?;
+    let inherit = vec![plan_fd.as_raw_fd(), pages.as_raw_fd(), notify_w.as_raw_fd(), restorer.as_raw_fd()];
+    let base = max_fd.max(*inherit.iter().max().unwrap()) + 1;
+
+    std::fs::File::from(pages.try_clone()?).write_all(&ckpt.data)?;
+    std::fs::File::from(restorer.try_clone()?).write_all(RESTORER)?;
+    let plan = build_plan(img, base)?;
+    std::fs::File::from(plan_fd.try_clone()?).write_all(&plan)?;
+
+    let child = ChildPlan {
+        inherited: inherit.clone(),
+        base,
+        files: img.files.iter().map(|f| f.path.clone()).collect(),
+        exe: img.exe.path.clone(),
+        fds: img.fds.clone(),
+        cwd: img.cwd.clone(),
+        rlimits: img.rlimits.clone(),
+        max_tid: img.max_tid,
+    };
+    let payload = postcard::to_stdvec(&child).map_err(io::Error::other)?;
+    // The pipe's write end must survive into the sandbox: clear close-on-exec on every
+    // inherited descriptor (the sandbox keeps them across its init's exec).
+    for &fd in &inherit {
+        // SAFETY: F_SETFD on descriptors we own.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    }
+    Ok(Prepared {
+        pid: img.pid,
+        payload,
+        inherit,
+        notify_r,
+        _keep: vec![pages, plan_fd, restorer, notify_w],
+    })
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut p = [0; 2];
+    // SAFETY: `p` has room for two descriptors.
+    sys::cvt_i(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: both are fresh descriptors we own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) })
+}
+
+fn verify_files(img: &ProcessImage, host_path: &dyn Fn(&str) -> Option<PathBuf>) -> Result<()> {
+    for f in img.files.iter().chain(std::iter::once(&img.exe)) {
+        let err = |reason: String| RestoreError::File { path: f.path.clone(), reason };
+        let host = host_path(&f.path).ok_or_else(|| err("not visible in the sandbox".into()))?;
+        let file = std::fs::File::open(&host).map_err(|e| err(format!("{}: {e}", host.display())))?;
+        let hash = crate::capture::hash_file(file).map_err(|e| err(e.to_string()))?;
+        if hash != f.hash {
+            return Err(err(format!(
+                "{} differs from the checkpointed file (content hash mismatch)",
+                host.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn cat<T: Copy>(v: &[T]) -> Vec<u8> {
+    v.iter().flat_map(|x| as_bytes(x).to_vec()).collect()
+}
+
+fn as_bytes<T: Copy>(v: &T) -> &[u8] {
+    // SAFETY: `T` is a `repr(C)` plain-data plan type; we only read its bytes.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+}
+
+/// Registers as the restored thread must see them: an interrupted system call is set up to be
+/// issued again (as the kernel does after a signal without handler), and one that cannot be
+/// restarted transparently returns EINTR.
+fn apply_restart(mut r: Regs) -> Regs {
+    if (r.orig_rax as i64) >= 0 {
+        match r.rax as i64 {
+            -514..=-512 => {
+                r.rax = r.orig_rax;
+                r.rip -= 2;
+            }
+            -516 => r.rax = (-libc::EINTR) as u64,
+            _ => {}
+        }
+    }
+    r
+}
+
+fn build_plan(img: &ProcessImage, base: RawFd) -> Result<Vec<u8>> {
+    let file_fd = |i: u32| base + INHERITED as RawFd + i as RawFd;
+    let exe_fd = base + INHERITED as RawFd + img.files.len() as RawFd;
+
+    let mut runs: Vec<PageRun> = img.runs.clone();
+    runs.sort_by_key(|r| r.addr);
+    let mut vmas = Vec::new();
+    let mut plan_runs = Vec::new();
+    let mut vdso_base = 0;
+    let mut ri = 0;
+    for v in &img.vmas {
+        if v.backing == Backing::Vdso {
+            if vdso_base == 0 {
+                vdso_base = v.start;
+            }
+            continue;
+        }
+        let first_run = plan_runs.len() as u32;
+        while ri < runs.len() && runs[ri].addr < v.end {
+            let r = runs[ri];
+            if r.addr < v.start || r.addr + r.len > v.end {
+                return Err(RestoreError::Invalid(format!("page run at {:#x} straddles a mapping", r.addr)));
+            }
+            plan_runs.push(abi::PageRun { addr: r.addr, len: r.len, data_off: r.data_off });
+            ri += 1;
+        }
+        let (fd, file_off) = match v.backing {
+            Backing::File { index, offset } => (file_fd(index), offset),
+            _ => (-1, 0),
+        };
+        let mut flags = v.flags;
+        if v.shared {
+            flags |= VMA_SHARED;
+        }
+        if fd < 0 {
+            flags |= VMA_ANON;
+        }
+        vmas.push(VmaDesc {
+            start: v.start,
+            end: v.end,
+            file_off,
+            prot: v.prot,
+            flags,
+            fd,
+            first_run,
+            nr_runs: plan_runs.len() as u32 - first_run,
+            _pad: 0,
+        });
+    }
+    if ri != runs.len() {
+        return Err(RestoreError::Invalid("page runs outside every mapping".into()));
+    }
+
+    // The largest gap between mappings, with margins (stacks grow down into gaps).
+    let mut bounds: Vec<(u64, u64)> = img.vmas.iter().map(|v| (v.start, v.end)).collect();
+    bounds.sort_unstable();
+    let mut hole = (0u64, 0u64);
+    let mut prev_end = 1u64 << 24;
+    for &(s, e) in bounds.iter().chain(std::iter::once(&(0x7fff_ffff_f000, 0x7fff_ffff_f000))) {
+        if s > prev_end && s - prev_end > hole.1 - hole.0 {
+            hole = (prev_end, s);
+        }
+        prev_end = prev_end.max(e);
+    }
+    let margin = 64 << 20;
+    if hole.1 - hole.0 < 4 * margin {
+        return Err(RestoreError::Invalid("no room in the address space for the restorer".into()));
+    }
+    let (hole_start, hole_end) = (hole.0 + margin, hole.1 - margin);
+
+    let mut threads = Vec::new();
+    for t in &img.threads {
+        let mut d = ThreadDesc {
+            tid: t.tid,
+            _pad: 0,
+            regs: apply_restart(regs_from_slice(&t.regs)),
+            sigmask: t.sigmask,
+            robust_list: t.robust_list,
+            robust_len: t.robust_len,
+            clear_child_tid: t.clear_child_tid,
+            rseq_addr: t.rseq.map_or(0, |r| r.addr),
+            rseq_len: t.rseq.map_or(0, |r| r.len),
+            rseq_sig: t.rseq.map_or(0, |r| r.sig),
+            altstack_sp: t.altstack.sp,
+            altstack_size: t.altstack.size,
+            altstack_flags: t.altstack.flags,
+            xstate_len: t.xstate.len() as u32,
+            comm: [0; 16],
+            xstate: [0; XSTATE_MAX],
+        };
+        let n = t.comm.len().min(15);
+        d.comm[..n].copy_from_slice(&t.comm.as_bytes()[..n]);
+        d.xstate[..t.xstate.len()].copy_from_slice(&t.xstate);
+        threads.push(d);
+    }
+    if img.threads[0].tid != img.pid {
+        return Err(RestoreError::Invalid("the first thread is not the process leader".into()));
+    }
+    let sigs: Vec<SigactionDesc> = img
+        .sigactions
+        .iter()
+        .map(|s| SigactionDesc {
+            signo: s.signo,
+            _pad: 0,
+            handler: s.handler,
+            flags: s.flags,
+            restorer: s.restorer,
+            mask: s.mask,
+        })
+        .collect();
+    let cloexec: Vec<i32> = img.fds.iter().filter(|f| f.cloexec).map(|f| f.fd).collect();
+    let mut close: Vec<i32> = (0..INHERITED as RawFd)
+        .filter(|&i| i != 2) // notify: closed by the restorer after its report
+        .map(|i| base + i)
+        .collect();
+    close.extend((0..img.files.len() as u32).map(file_fd));
+    close.push(exe_fd);
+
+    // Lay the sections out after the header, each 64-byte aligned.
+    let mut buf = vec![0u8; std::mem::size_of::<PlanHeader>()];
+    let mut section = |bytes: &[u8]| -> u32 {
+        while buf.len() % 64 != 0 {
+            buf.push(0);
+        }
+        let off = buf.len() as u32;
+        buf.extend_from_slice(bytes);
+        off
+    };
+        let vmas_off = section(&cat(&vmas));
+    let runs_off = section(&cat(&plan_runs));
+    let threads_off = section(&cat(&threads));
+    let sigactions_off = section(&cat(&sigs));
+    let cloexec_off = section(&cat(&cloexec));
+    let close_off = section(&cat(&close));
+    let auxv_off = section(&cat(&img.auxv));
+    let m = &img.mm;
+    let hdr = PlanHeader {
+        magic: PLAN_MAGIC,
+        version: PLAN_VERSION,
+        size: buf.len() as u32,
+        nr_vmas: vmas.len() as u32,
+        nr_runs: plan_runs.len() as u32,
+        nr_threads: threads.len() as u32,
+        nr_sigactions: sigs.len() as u32,
+        nr_cloexec: cloexec.len() as u32,
+        nr_close: close.len() as u32,
+        vmas_off,
+        runs_off,
+        threads_off,
+        sigactions_off,
+        cloexec_off,
+        close_off,
+        auxv_off,
+        auxv_len: (img.auxv.len() * 8) as u32,
+        vdso_base,
+        hole_start,
+        hole_end,
+        pages_fd: base + 1,
+        notify_fd: base + 2,
+        exe_fd,
+        umask: img.umask,
+        mm: MmMap {
+            start_code: m.start_code,
+            end_code: m.end_code,
+            start_data: m.start_data,
+            end_data: m.end_data,
+            start_brk: m.start_brk,
+            brk: m.brk,
+            start_stack: m.start_stack,
+            arg_start: m.arg_start,
+            arg_end: m.arg_end,
+            env_start: m.env_start,
+            env_end: m.env_end,
+        },
+    };
+    buf[..std::mem::size_of::<PlanHeader>()].copy_from_slice(as_bytes(&hdr));
+    Ok(buf)
+}
+
+/// The restore child: runs inside the sandbox with the target's PID, never returns. On failure
+/// it reports the reason through the notify pipe and exits.
+pub fn child_main(payload: &[u8]) -> ! {
+    let plan: ChildPlan = match postcard::from_bytes(payload) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("tardi restore child: bad payload: {e}");
+            // SAFETY: exiting without running anything else of this forked process.
+            unsafe { libc::_exit(120) }
+        }
+    };
+    let notify = plan.base + 2;
+    let err = child_setup(&plan);
+    let msg = format!("{err}");
+    let notify_fd = if plan.inherited.len() == INHERITED {
+        // Before or after the move: try the final number first.
+        // SAFETY: F_GETFD only queries.
+        if unsafe { libc::fcntl(notify, libc::F_GETFD) } >= 0 { notify } else { plan.inherited[2] }
+    } else {
+        -1
+    };
+    let rec = [u64::MAX, 0, msg.len() as u64];
+    // SAFETY: writing local buffers to the notify pipe, then exiting.
+    unsafe {
+        libc::write(notify_fd, rec.as_ptr().cast(), 24);
+        libc::write(notify_fd, msg.as_ptr().cast(), msg.len());
+        libc::_exit(121)
+    }
+}
+
+/// Sets everything up and execs the restorer; returns only on failure.
+fn child_setup(p: &ChildPlan) -> String {
+    let step = |what: &str, e: io::Error| format!("{what}: {e}");
+    // 1. Inherited descriptors to base.., everything else closed.
+    for (i, &fd) in p.inherited.iter().enumerate() {
+        // SAFETY: dup2 of an inherited descriptor to a number above all others.
+        if unsafe { libc::dup2(fd, p.base + i as RawFd) } < 0 {
+            return step("moving inherited descriptors", io::Error::last_os_error());
+        }
+    }
+    // SAFETY: closes every descriptor below `base` (none of them is needed any more).
+    unsafe { libc::syscall(libc::SYS_close_range, 0, (p.base - 1) as u32, 0) };
+    // 2. Mapped files and the executable.
+    let n = p.files.len();
+    for (i, path) in p.files.iter().chain(std::iter::once(&p.exe)).enumerate() {
+        let target = p.base + INHERITED as RawFd + i as RawFd;
+        let c = CString::new(path.as_str()).unwrap();
+        // SAFETY: valid C string.
+        let fd = unsafe { libc::open(c.as_ptr(), if i == n { libc::O_PATH } else { libc::O_RDONLY }) };
+        if fd < 0 {
+            return step(&format!("opening mapped file {path}"), io::Error::last_os_error());
+        }
+        // SAFETY: moving our fresh descriptor to its planned number.
+        unsafe {
+            libc::dup2(fd, target);
+            libc::close(fd);
+        }
+    }
+    // The executable for PR_SET_MM_EXE_FILE must be a real open file, not O_PATH.
+    let exe_target = p.base + INHERITED as RawFd + n as RawFd;
+    let c = CString::new(p.exe.as_str()).unwrap();
+    // SAFETY: valid C string; reopen read-only over the O_PATH descriptor.
+    unsafe {
+        let fd = libc::open(c.as_ptr(), libc::O_RDONLY);
+        if fd >= 0 {
+            libc::dup2(fd, exe_target);
+            libc::close(fd);
+        }
+    }
+    // 3. The target's descriptors at their numbers.
+    let floor = exe_target + 1;
+    if let Err(e) = fds::recreate(&p.fds, floor) {
+        return e.to_string();
+    }
+    // 4. Working directory, limits, PID cursor.
+    let cwd = CString::new(p.cwd.as_str()).unwrap();
+    // SAFETY: valid C string.
+    if unsafe { libc::chdir(cwd.as_ptr()) } < 0 {
+        return step(&format!("chdir {}", p.cwd), io::Error::last_os_error());
+    }
+    for &(res, cur, max) in &p.rlimits {
+        let lim = libc::rlimit64 { rlim_cur: cur, rlim_max: max };
+        // SAFETY: `lim` is valid; failures (e.g. raising a hard limit) are not fatal.
+        unsafe { libc::prlimit64(0, res as _, &lim, std::ptr::null_mut()) };
+    }
+    if let Err(e) = std::fs::write("/proc/sys/kernel/ns_last_pid", p.max_tid.to_string()) {
+        return step("setting ns_last_pid", e);
+    }
+    // 5. Become the target.
+    let argv0 = CString::new("tardi-restorer").unwrap();
+    let arg1 = CString::new(p.base.to_string()).unwrap();
+    let argv = [argv0.as_ptr(), arg1.as_ptr(), std::ptr::null()];
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    let empty = CString::new("").unwrap();
+    // SAFETY: execveat on the restorer memfd with valid argv/envp arrays.
+    unsafe {
+        libc::syscall(
+            libc::SYS_execveat,
+            p.base + 3,
+            empty.as_ptr(),
+            argv.as_ptr(),
+            envp.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    step("exec of the restorer", io::Error::last_os_error())
+}
+
+/// Timings of a restore's last phase.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct FinishStats {
+    /// From `finish` being called to the restorer's report.
+    pub restorer: Duration,
+    /// Removing the restorer blob.
+    pub cleanup: Duration,
+}
+
+/// Waits for the restorer of the process whose host PID is `pid` to report, then unmaps its
+/// blob. `alive` says whether the restored process still exists (to stop waiting early).
+pub fn finish(prep: Prepared, pid: Pid, timeout: Duration) -> Result<FinishStats> {
+    let t0 = Instant::now();
+    // Close our copies of the inherited descriptors so a dead restorer means EOF.
+    drop(prep._keep);
+    let mut r = std::fs::File::from(prep.notify_r);
+    let mut rec = [0u8; 24];
+    let deadline = Instant::now() + timeout;
+    let mut got = 0;
+    while got < 24 {
+        let mut pfd = libc::pollfd { fd: r.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, 20) };
+        if n > 0 {
+            match r.read(&mut rec[got..]) {
+                Ok(0) => return Err(RestoreError::Died),
+                Ok(k) => got += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        } else if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(RestoreError::Died);
+        } else if Instant::now() > deadline {
+            return Err(RestoreError::Timeout);
+        }
+    }
+    let w = |i: usize| u64::from_le_bytes(rec[i * 8..i * 8 + 8].try_into().unwrap());
+    if w(0) == u64::MAX {
+        let (step, val) = (w(1), w(2));
+        if step == 0 {
+            let mut msg = vec![0u8; val.min(4096) as usize];
+            let _ = r.read_exact(&mut msg);
+            return Err(RestoreError::Child(String::from_utf8_lossy(&msg).into_owned()));
+        }
+        return Err(RestoreError::Restorer { step, what: step_name(step), errno: -(val as i64) });
+    }
+    let stats_restorer = t0.elapsed();
+    let (base, total) = (w(0), w(1));
+    let t1 = Instant::now();
+    unmap_blob(pid, base, total).map_err(|e| RestoreError::Finish(e.to_string()))?;
+    Ok(FinishStats { restorer: stats_restorer, cleanup: t1.elapsed() })
+}
+
+fn step_name(step: u64) -> &'static str {
+    match step {
+        1 => "arguments",
+        2 => "reading the plan",
+        3 => "finding room for itself",
+        4 => "clearing the address space",
+        5 => "mapping the vDSO",
+        6 => "recreating a mapping",
+        7 => "filling pages",
+        8 => "re-protecting a mapping",
+        9 => "setting the memory layout (PR_SET_MM_MAP)",
+        10 => "restoring signal actions",
+        11 => "creating a thread",
+        12 => "setting thread state",
+        13 => "registering rseq",
+        _ => "unknown",
+    }
+}
+
+/// Stops the restored process once none of its threads is inside the blob, unmaps the blob.
+fn unmap_blob(pid: Pid, base: u64, total: u64) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    for _ in 0..1000 {
+        let mut st = Stopped::stop(pid)?;
+        let inside = st.tids.iter().any(|&t| {
+            st.regs(t).map(|r| r.rip >= base && r.rip < base + total).unwrap_or(true)
+        });
+        if inside {
+            st.resume()?;
+            std::thread::sleep(Duration::from_micros(200));
+            continue;
+        }
+        let maps = crate::procfs::smaps(pid)?;
+        let leader = st.tids[0];
+        let (r, _, _) = st.inject(&maps, leader, libc::SYS_munmap, [base, total, 0, 0, 0, 0], 0)?;
+        st.resume()?;
+        if r != 0 {
+            return Err(format!("munmap returned {r}").into());
+        }
+        return Ok(());
+    }
+    Err("a thread stayed inside the restorer".into())
+}

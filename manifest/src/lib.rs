@@ -1,0 +1,230 @@
+//! Gramine-format manifests (TOML) plus Tardi's `[tardi]` table.
+//!
+//! Owns: parsing and validating a manifest file into [`Manifest`], with errors that name the
+//! offending key and its line. Must not touch: processes, namespaces, the network — a manifest is
+//! pure data; `tardi-sandbox` turns it into a running sandbox. The only host access is checking
+//! that `libos.entrypoint` is an executable file (and reading `loader.env.X = { passthrough = true }`
+//! from Tardi's own environment, as Gramine does).
+//!
+//! Input is a *rendered* Gramine manifest: a value still containing Jinja (`{{ ... }}`) is an
+//! error that says to run `gramine-manifest` first. Keys Tardi honours:
+//!
+//! - `libos.entrypoint` — absolute host path, optionally `file:`-prefixed. **Tardi extension:** a
+//!   path starting with `./` or `../` is resolved against the manifest file's directory.
+//! - `loader.argv` (default `[entrypoint]`), `loader.env.NAME = "v"` / `{ value = "v" }` /
+//!   `{ passthrough = true }`.
+//! - `fs.mounts` (`type = "chroot"` with `uri = "file:/host/path"`, or `type = "tmpfs"`),
+//!   `fs.start_dir`.
+//! - `sys.stack.size`, `sys.brk.max_size` (Gramine sizes: bytes or `"8M"`, suffix K/M/G),
+//!   `sys.enable_sigterm_injection`.
+//! - `[tardi]`: `name`, `ports`, `private_dirs`, `[tardi.epoch]`, `[tardi.network]`.
+//!
+//! Gramine keys without meaning here (`sgx.*`, `loader.entrypoint`, `loader.log_level`,
+//! `loader.uid`/`gid`, `*.insecure__*`, `*.experimental__*`, `fs.root`, ...) are accepted and
+//! reported as warnings ([`load_with_warnings`]); any other key is an error.
+
+mod error;
+mod parse;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+pub use error::{Location, ManifestError};
+
+/// Read and validate the manifest at `path`. Warnings about ignored Gramine keys are logged
+/// (`tracing::warn!`); use [`load_with_warnings`] to get them instead.
+pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
+    let (manifest, warnings) = load_with_warnings(path)?;
+    log_warnings(&warnings);
+    Ok(manifest)
+}
+
+/// Like [`load`], but returns the warnings (each a full `file:line: ...` message) unlogged.
+pub fn load_with_warnings(path: &Path) -> Result<(Manifest, Vec<String>), ManifestError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_with_warnings(&text, path)
+}
+
+/// Validate manifest `text` as if read from `source` (used in messages, for
+/// [`Manifest::source`] and to resolve `./`-relative entrypoints). Does everything [`load`] does
+/// except reading the file, including the entrypoint check. Warnings are logged.
+pub fn parse(text: &str, source: &Path) -> Result<Manifest, ManifestError> {
+    let (manifest, warnings) = parse_with_warnings(text, source)?;
+    log_warnings(&warnings);
+    Ok(manifest)
+}
+
+/// Like [`parse`], but returns the warnings (each a full `file:line: ...` message) unlogged.
+pub fn parse_with_warnings(
+    text: &str,
+    source: &Path,
+) -> Result<(Manifest, Vec<String>), ManifestError> {
+    parse::parse_manifest(text, source)
+}
+
+fn log_warnings(warnings: &[String]) {
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+}
+
+impl Manifest {
+    /// The mounts to set up: [`Manifest::mounts`], or when that is empty, the host's `/`
+    /// read-only at `/` plus a writable bind of each private dir from the same host path.
+    pub fn mounts_or_default(&self) -> Vec<Mount> {
+        if !self.mounts.is_empty() {
+            return self.mounts.clone();
+        }
+        let root = Mount {
+            path: PathBuf::from("/"),
+            kind: MountKind::Bind {
+                host_path: PathBuf::from("/"),
+                writable: false,
+            },
+        };
+        let private = self.tardi.private_dirs.iter().map(|d| Mount {
+            path: d.clone(),
+            kind: MountKind::Bind {
+                host_path: d.clone(),
+                writable: true,
+            },
+        });
+        std::iter::once(root).chain(private).collect()
+    }
+}
+
+impl Default for Epoch {
+    fn default() -> Self {
+        Epoch {
+            interval_ms: 10.0,
+            min_ms: 1.0,
+            cap_pages: 1000,
+            hot_epochs: 3,
+        }
+    }
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network {
+            subnet: Ipv4Addr::new(10, 213, 0, 0),
+        }
+    }
+}
+
+impl std::fmt::Display for Port {
+    /// `tcp:6379`, the manifest spelling.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let proto = match self.proto {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        };
+        write!(f, "{proto}:{}", self.port)
+    }
+}
+
+/// A parsed, validated manifest.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Manifest {
+    /// File the manifest was read from (absolute).
+    pub source: PathBuf,
+    /// `libos.entrypoint`: absolute host path of the unmodified binary (a `file:` prefix is
+    /// accepted and stripped). Checked to exist and be executable at load time.
+    pub entrypoint: PathBuf,
+    /// `loader.argv`: the full argv, argv[0] included. Defaults to `[entrypoint]`.
+    pub argv: Vec<String>,
+    /// `loader.env.NAME = "value"` (or `{ value = "..." }`), in key order.
+    pub env: BTreeMap<String, String>,
+    /// `fs.start_dir`: working directory inside the sandbox. Defaults to `/`.
+    pub start_dir: PathBuf,
+    /// `fs.mounts`: what the service sees. Empty means "the host's root, read-only", see
+    /// [`Manifest::mounts_or_default`].
+    pub mounts: Vec<Mount>,
+    /// `sys.*` keys that mean something here.
+    pub sys: Sys,
+    /// The `[tardi]` table.
+    pub tardi: Tardi,
+}
+
+/// One `fs.mounts` entry.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Mount {
+    /// Path inside the sandbox (absolute).
+    pub path: PathBuf,
+    /// What is mounted there.
+    pub kind: MountKind,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum MountKind {
+    /// Gramine `type = "chroot"` (the default) with `uri = "file:/host/path"`: a bind mount of a
+    /// host file or directory. Read-only unless the path is one of `tardi.private_dirs`.
+    Bind { host_path: PathBuf, writable: bool },
+    /// Gramine `type = "tmpfs"`.
+    Tmpfs,
+}
+
+/// `sys.*` keys that Tardi honours.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Sys {
+    /// `sys.stack.size` in bytes (Gramine size strings like "8M" accepted): RLIMIT_STACK.
+    pub stack_size: Option<u64>,
+    /// `sys.brk.max_size` in bytes: RLIMIT_DATA.
+    pub brk_max_size: Option<u64>,
+    /// `sys.enable_sigterm_injection`: accepted; Tardi always forwards SIGTERM.
+    pub enable_sigterm_injection: bool,
+}
+
+/// Tardi's own table, for what Gramine has no key for.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Tardi {
+    /// `tardi.name`: service name (`[a-z0-9][a-z0-9-]{0,30}`), also the sandbox's name.
+    pub name: String,
+    /// `tardi.ports = ["tcp:6379", "udp:9000"]`: the service's ports.
+    pub ports: Vec<Port>,
+    /// `tardi.private_dirs = ["/var/lib/redis"]`: sandbox paths that are the service's private
+    /// writable state (checkpointed with it). Each must also be a mount's path or lie under one.
+    pub private_dirs: Vec<PathBuf>,
+    /// `[tardi.epoch]`.
+    pub epoch: Epoch,
+    /// `[tardi.network]`.
+    pub network: Network,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Port {
+    pub proto: Proto,
+    pub port: u16,
+}
+
+/// `[tardi.epoch]`: checkpoint scheduling (used by incremental checkpoints).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Epoch {
+    /// `interval_ms`, default 10.
+    pub interval_ms: f64,
+    /// `min_ms`: minimum epoch length, default 1.
+    pub min_ms: f64,
+    /// `cap_pages`: end the epoch early once this many pages are dirty, default 1000.
+    pub cap_pages: u64,
+    /// `hot_epochs`: a page written in this many consecutive epochs is hot, default 3.
+    pub hot_epochs: u32,
+}
+
+/// `[tardi.network]`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Network {
+    /// `subnet`: the /16 the sandboxes' /30 links are carved from, default 10.213.0.0.
+    pub subnet: Ipv4Addr,
+}

@@ -1,0 +1,218 @@
+//! The sandbox's network: one veth pair per sandbox, a /30 carved from a /16.
+//!
+//! # Address scheme
+//! Link index `i` (1 ..= [`MAX_INDEX`]) owns the /30 starting at offset `4·i` in the /16
+//! `a.b.0.0`: network `a.b.(4i / 256).(4i % 256)`, host side `+1`, sandbox side `+2`,
+//! broadcast `+3`. Index 0 is never used (it would hold the /16's network address). The index
+//! also names the pair: `td<i>h` stays on the host, `td<i>s` moves into the sandbox and is
+//! renamed `eth0` there. An index is free when neither name exists on the host; two starts racing
+//! for one index are resolved by `ip link add` failing with "File exists" for the loser, who tries
+//! the next free index.
+//!
+//! The links are configured by running `ip` (and `nsenter` for the sandbox side), which keeps this
+//! small and easy to debug by hand; a netlink crate (e.g. `rtnetlink`/`neli`) could replace the
+//! commands without changing this module's interface.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+
+use crate::error::{Result, SandboxError};
+
+/// The highest link index: `4 · 16383 + 3 = 65535`, the /16's last address.
+pub const MAX_INDEX: u32 = 16383;
+
+/// How many `ip link add` collisions with concurrent starts to tolerate before giving up.
+const MAX_COLLISIONS: usize = 64;
+
+/// One sandbox's veth pair and its addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Link {
+    pub index: u32,
+    pub host_if: String,
+    pub sandbox_if: String,
+    pub host_addr: Ipv4Addr,
+    pub sandbox_addr: Ipv4Addr,
+}
+
+impl Link {
+    /// The link with index `index` in the /16 containing `subnet`.
+    pub(crate) fn new(subnet: Ipv4Addr, index: u32) -> Link {
+        let (host_addr, sandbox_addr) = addresses(subnet, index);
+        Link {
+            index,
+            host_if: format!("td{index}h"),
+            sandbox_if: format!("td{index}s"),
+            host_addr,
+            sandbox_addr,
+        }
+    }
+}
+
+/// `(host side, sandbox side)` addresses of link `index` in the /16 containing `subnet`.
+pub fn addresses(subnet: Ipv4Addr, index: u32) -> (Ipv4Addr, Ipv4Addr) {
+    assert!((1..=MAX_INDEX).contains(&index), "link index {index} out of range");
+    let net = (u32::from(subnet) & 0xffff_0000) + 4 * index;
+    (Ipv4Addr::from(net + 1), Ipv4Addr::from(net + 2))
+}
+
+/// Parses `td<i>h` / `td<i>s` into `i`.
+fn index_of(ifname: &str) -> Option<u32> {
+    let rest = ifname.strip_prefix("td")?;
+    let digits = rest.strip_suffix('h').or_else(|| rest.strip_suffix('s'))?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Link indices in use by interfaces in the host's network namespace.
+fn used_indices() -> Result<HashSet<u32>> {
+    let dir = "/sys/class/net";
+    let entries = std::fs::read_dir(dir).map_err(|e| SandboxError::io("listing", dir, e))?;
+    let mut used = HashSet::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| SandboxError::io("listing", dir, e))?;
+        if let Some(i) = entry.file_name().to_str().and_then(index_of) {
+            used.insert(i);
+        }
+    }
+    Ok(used)
+}
+
+/// Allocates a free index and creates its veth pair (both ends on the host, down).
+pub(crate) fn create_link(subnet: Ipv4Addr) -> Result<Link> {
+    let mut tried = HashSet::new();
+    for _ in 0..MAX_COLLISIONS {
+        let used = used_indices()?;
+        let Some(index) = (1..=MAX_INDEX).find(|i| !used.contains(i) && !tried.contains(i)) else {
+            return Err(SandboxError::NoFreeLink { subnet, max: MAX_INDEX });
+        };
+        tried.insert(index);
+        let link = Link::new(subnet, index);
+        let args = [
+            "link", "add", &link.host_if, "type", "veth", "peer", "name", &link.sandbox_if,
+        ];
+        match run(Command::new("ip").args(args), None) {
+            Ok(()) => {
+                tracing::debug!(host_if = %link.host_if, "created veth pair");
+                return Ok(link);
+            }
+            Err(SandboxError::Command { stderr, .. }) if stderr.contains("File exists") => {
+                tracing::debug!(index, "link index taken concurrently, trying another");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(SandboxError::NoFreeLink { subnet, max: MAX_INDEX })
+}
+
+/// Gives the host side its address, moves the sandbox side into the network namespace of
+/// `init_pid` and configures it there: `lo` up, renamed `eth0`, address, up, default route via
+/// the host side.
+pub(crate) fn configure(link: &Link, init_pid: i32) -> Result<()> {
+    let host = format!(
+        "addr add {}/30 dev {h}\nlink set {h} up\nlink set {s} netns {init_pid}\n",
+        link.host_addr,
+        h = link.host_if,
+        s = link.sandbox_if
+    );
+    run(Command::new("ip").args(["-batch", "-"]), Some(&host))?;
+    let inside = format!(
+        "link set lo up\nlink set {s} name eth0\naddr add {}/30 dev eth0\nlink set eth0 up\n\
+         route add default via {}\n",
+        link.sandbox_addr,
+        link.host_addr,
+        s = link.sandbox_if
+    );
+    let pid = init_pid.to_string();
+    run(
+        Command::new("nsenter").args(["-t", &pid, "-n", "ip", "-batch", "-"]),
+        Some(&inside),
+    )
+}
+
+/// Deletes the pair (deleting either end removes both). A pair that is already gone (its
+/// sandbox end died with the network namespace) is not an error.
+pub(crate) fn delete_link(host_if: &str) -> Result<()> {
+    match run(Command::new("ip").args(["link", "del", host_if]), None) {
+        Err(SandboxError::Command { stderr, .. })
+            if stderr.contains("Cannot find device") || stderr.contains("does not exist") =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// Whether an interface with this name exists in the host's network namespace.
+pub(crate) fn link_exists(ifname: &str) -> bool {
+    std::path::Path::new("/sys/class/net").join(ifname).exists()
+}
+
+/// Runs a command to completion, feeding it `stdin`; a failure carries the command line (with
+/// its stdin script, if any) and stderr.
+fn run(cmd: &mut Command, stdin: Option<&str>) -> Result<()> {
+    let mut described = format!("{}", cmd.get_program().to_string_lossy());
+    for a in cmd.get_args() {
+        described.push(' ');
+        described.push_str(&a.to_string_lossy());
+    }
+    if let Some(script) = stdin {
+        described.push_str(&format!(" <<< {:?}", script.trim_end()));
+    }
+    tracing::debug!(command = %described, "running");
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let fail = |status: String, stderr: String| SandboxError::Command {
+        command: described.clone(),
+        status,
+        stderr,
+    };
+    let mut child = cmd.spawn().map_err(|e| fail(format!("could not start: {e}"), String::new()))?;
+    if let Some(script) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin was piped");
+        // A write error (EPIPE) means the command died early; its exit status says why.
+        let _ = pipe.write_all(script.as_bytes());
+    }
+    let out = child.wait_with_output().map_err(|e| fail(format!("wait failed: {e}"), String::new()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(fail(out.status.to_string(), String::from_utf8_lossy(&out.stderr).into_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_scheme() {
+        let s = Ipv4Addr::new(10, 213, 0, 0);
+        assert_eq!(addresses(s, 1), (Ipv4Addr::new(10, 213, 0, 5), Ipv4Addr::new(10, 213, 0, 6)));
+        assert_eq!(
+            addresses(s, 64),
+            (Ipv4Addr::new(10, 213, 1, 1), Ipv4Addr::new(10, 213, 1, 2))
+        );
+        assert_eq!(
+            addresses(s, MAX_INDEX),
+            (Ipv4Addr::new(10, 213, 255, 253), Ipv4Addr::new(10, 213, 255, 254))
+        );
+        // Host bits of the configured subnet are ignored.
+        assert_eq!(addresses(Ipv4Addr::new(10, 213, 7, 9), 1).0, Ipv4Addr::new(10, 213, 0, 5));
+    }
+
+    #[test]
+    fn interface_names() {
+        assert_eq!(index_of("td12h"), Some(12));
+        assert_eq!(index_of("td7s"), Some(7));
+        assert_eq!(index_of("tdh"), None);
+        assert_eq!(index_of("td1x"), None);
+        assert_eq!(index_of("eth0"), None);
+        let l = Link::new(Ipv4Addr::new(10, 213, 0, 0), MAX_INDEX);
+        assert!(l.host_if.len() < libc::IFNAMSIZ);
+    }
+}

@@ -1,0 +1,2 @@
+//! Shared helpers for integration tests (`mod common;`).
+pub mod programs;

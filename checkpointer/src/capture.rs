@@ -110,7 +110,8 @@ type Captured = (ProcessImage, Vec<u8>, Vec<PendingFile>);
 
 fn capture_stopped(st: &mut Stopped, stats: &mut CaptureStats) -> Result<Captured> {
     let pid = st.pid;
-    let maps = procfs::smaps(pid).map_err(proc_err(pid, "smaps"))?;
+    let view = crate::view::read(pid).map_err(proc_err(pid, "maps and descriptors"))?;
+    let maps = procfs::parse_smaps(&view.smaps);
     check_pending_signals(pid, &st.tids)?;
 
     // Threads: registers and what ptrace reads directly.
@@ -178,16 +179,10 @@ fn capture_stopped(st: &mut Stopped, stats: &mut CaptureStats) -> Result<Capture
     };
     let auxv_raw = std::fs::read(format!("/proc/{pid}/auxv")).map_err(proc_err(pid, "auxv"))?;
     let auxv = auxv_raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
-    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"))
-        .map_err(proc_err(pid, "cwd"))?
-        .to_string_lossy()
-        .into_owned();
-    let exe_path = std::fs::read_link(format!("/proc/{pid}/exe"))
-        .map_err(proc_err(pid, "exe"))?
-        .to_string_lossy()
-        .into_owned();
+    let cwd = view.cwd.clone();
+    let exe_path = view.exe.clone();
     let rlimits = capture_rlimits(pid)?;
-    let fds = fds::capture(pid)?;
+    let fds = fds::capture(pid, &view.fd_links)?;
 
     // Memory.
     let tm = Instant::now();

@@ -24,27 +24,20 @@ fn perr(pid: Pid, what: String) -> impl FnOnce(io::Error) -> CaptureError {
     move |source| CaptureError::Proc { pid, what, source }
 }
 
-/// Captures every descriptor of `pid` (which must be stopped).
-pub fn capture(pid: Pid) -> Result<Vec<FdImage>> {
-    let mut fds: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map_err(perr(pid, "fd table".into()))?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    fds.sort_unstable();
+/// Captures every descriptor of `pid` (which must be stopped). `links` are the descriptors'
+/// `/proc/PID/fd` links as the process sees them (see [`crate::view`]).
+pub fn capture(pid: Pid, links: &[(i32, String)]) -> Result<Vec<FdImage>> {
     let pidfd = sys::pidfd_open(pid).map_err(perr(pid, "pidfd".into()))?;
     let mut pipes: HashMap<u64, Vec<u8>> = HashMap::new();
-    let mut out = Vec::with_capacity(fds.len());
-    for fd in fds {
-        let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
-            .map_err(perr(pid, format!("fd {fd}")))?
-            .to_string_lossy()
-            .into_owned();
+    let mut out = Vec::with_capacity(links.len());
+    for (fd, link) in links {
+        let (fd, link) = (*fd, link.as_str());
         let (info, raw) = procfs::fdinfo(pid, fd).map_err(perr(pid, format!("fdinfo {fd}")))?;
         let flags_octal = procfs::get(&info, "flags").unwrap_or("0");
         let all_flags = i32::from_str_radix(flags_octal, 8).unwrap_or(0);
         let cloexec = all_flags & libc::O_CLOEXEC != 0;
         let flags = all_flags & !libc::O_CLOEXEC;
-        let kind = classify(pid, &pidfd, fd, &link, &info, &raw, flags, &mut pipes)?;
+        let kind = classify(pid, &pidfd, fd, link, &info, &raw, flags, &mut pipes)?;
         out.push(FdImage { fd, cloexec, flags, kind });
     }
     Ok(out)

@@ -53,7 +53,10 @@ fn parse_map_line(line: &str) -> Option<MapEntry> {
 
 /// Reads `/proc/PID/smaps` (for `VmFlags`).
 pub fn smaps(pid: Pid) -> io::Result<Vec<MapEntry>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
+    Ok(parse_smaps(&std::fs::read_to_string(format!("/proc/{pid}/smaps"))?))
+}
+
+pub fn parse_smaps(text: &str) -> Vec<MapEntry> {
     let mut out: Vec<MapEntry> = Vec::new();
     for line in text.lines() {
         if let Some(flags) = line.strip_prefix("VmFlags:") {
@@ -66,7 +69,7 @@ pub fn smaps(pid: Pid) -> io::Result<Vec<MapEntry>> {
             }
         }
     }
-    Ok(out)
+    out
 }
 
 /// Fields of `/proc/PID/stat` (1-based field numbers as in proc(5)).

@@ -17,11 +17,19 @@ pub enum SandboxError {
         pid.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
         lock.display()
     )]
-    AlreadyRunning { name: String, pid: Option<i32>, lock: PathBuf },
+    AlreadyRunning {
+        name: String,
+        pid: Option<i32>,
+        lock: PathBuf,
+    },
 
     /// A file-system operation on a named path failed.
     #[error("{action} {}: {source}", path.display())]
-    Io { action: &'static str, path: PathBuf, source: io::Error },
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
 
     /// A system call that is not about one path failed.
     #[error("{call} failed: {source}")]
@@ -29,14 +37,21 @@ pub enum SandboxError {
 
     /// An external command (`ip`, `nsenter`) could not be run or reported failure.
     #[error("command `{command}` failed ({status}){}", fmt_stderr(stderr))]
-    Command { command: String, status: String, stderr: String },
+    Command {
+        command: String,
+        status: String,
+        stderr: String,
+    },
 
     /// Every /30 link index of the subnet is taken by an existing `td<i>h` interface.
     #[error(
         "no free /30 link left in {subnet}/16: all {max} `td<i>h` interfaces exist \
          (delete stale ones with `ip link del td<i>h`)"
     )]
-    NoFreeLink { subnet: std::net::Ipv4Addr, max: u32 },
+    NoFreeLink {
+        subnet: std::net::Ipv4Addr,
+        max: u32,
+    },
 
     /// The sandbox's init could not be executed (the init executable is missing or not
     /// runnable).
@@ -49,7 +64,11 @@ pub enum SandboxError {
 
     /// The init went away, or stopped talking, before reporting that the service started.
     #[error("sandbox `{name}`: the init {what}; its output is in {}", log.display())]
-    InitDied { name: String, what: String, log: PathBuf },
+    InitDied {
+        name: String,
+        what: String,
+        log: PathBuf,
+    },
 
     /// The service binary could not be executed inside the sandbox (reported by the init).
     #[error("cannot execute the service {} inside the sandbox: {source}", path.display())]
@@ -63,16 +82,27 @@ pub enum SandboxError {
 
 fn fmt_stderr(stderr: &str) -> String {
     let s = stderr.trim();
-    if s.is_empty() { String::new() } else { format!(": {s}") }
+    if s.is_empty() {
+        String::new()
+    } else {
+        format!(": {s}")
+    }
 }
 
 impl SandboxError {
     pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
-        SandboxError::Io { action, path: path.into(), source }
+        SandboxError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
     }
 
     pub(crate) fn sys(call: impl Into<String>, source: io::Error) -> Self {
-        SandboxError::Syscall { call: call.into(), source }
+        SandboxError::Syscall {
+            call: call.into(),
+            source,
+        }
     }
 
     /// The last OS error, attributed to `call`.

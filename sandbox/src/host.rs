@@ -1,6 +1,6 @@
 //! The host side: [`Sandbox::start`], the running sandbox's handle, and its teardown.
 
-use std::ffi::{CString, OsString};
+use std::ffi::CString;
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Write};
 use std::net::Ipv4Addr;
@@ -76,8 +76,9 @@ impl Sandbox {
         check_start(&start)?;
         let init_exe = match &config.init_exe {
             Some(p) => p.clone(),
-            None => fs::read_link("/proc/self/exe")
-                .map_err(|e| SandboxError::io("resolving the current executable", "/proc/self/exe", e))?,
+            None => fs::read_link("/proc/self/exe").map_err(|e| {
+                SandboxError::io("resolving the current executable", "/proc/self/exe", e)
+            })?,
         };
 
         let run_dir = config.run_dir.clone();
@@ -115,13 +116,25 @@ impl Sandbox {
         match fs::remove_file(&sb.pid_file) {
             Ok(()) => tracing::warn!(name = %sb.name, "removed a stale pid file"),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(SandboxError::io("removing the stale pid file", &sb.pid_file, e)),
+            Err(e) => {
+                return Err(SandboxError::io(
+                    "removing the stale pid file",
+                    &sb.pid_file,
+                    e,
+                ));
+            }
         }
         match fs::create_dir(&sb.root_dir) {
             Ok(()) => {}
             // Left over by a crashed host process; it was never a mount point on the host.
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && sb.root_dir.is_dir() => {}
-            Err(e) => return Err(SandboxError::io("creating the root directory", &sb.root_dir, e)),
+            Err(e) => {
+                return Err(SandboxError::io(
+                    "creating the root directory",
+                    &sb.root_dir,
+                    e,
+                ));
+            }
         }
         sb.created_root = true;
 
@@ -130,21 +143,38 @@ impl Sandbox {
         sb.link = Some(link);
 
         let (spec_r, spec_w) = sys::pipe_cloexec().map_err(|e| SandboxError::sys("pipe2", e))?;
-        let (status_r, status_w) = sys::pipe_cloexec().map_err(|e| SandboxError::sys("pipe2", e))?;
-        let lock_fd = sb.lock.as_ref().map(AsRawFd::as_raw_fd).expect("lock is held");
+        let (status_r, status_w) =
+            sys::pipe_cloexec().map_err(|e| SandboxError::sys("pipe2", e))?;
+        let lock_fd = sb
+            .lock
+            .as_ref()
+            .map(AsRawFd::as_raw_fd)
+            .expect("lock is held");
         let mut keep = vec![spec_r.as_raw_fd(), status_w.as_raw_fd(), lock_fd];
         let (start, payload) = match start {
             Start::Restore { pid, payload, fds } => {
                 keep.extend_from_slice(&fds);
-                (Start::Restore { pid, payload: Vec::new(), fds }, payload)
+                (
+                    Start::Restore {
+                        pid,
+                        payload: Vec::new(),
+                        fds,
+                    },
+                    payload,
+                )
             }
             exec @ Start::Exec { .. } => (exec, Vec::new()),
         };
-        let child = InitExec::prepare(&sb.init_exe, spec_r.as_raw_fd(), status_w.as_raw_fd(), keep)?;
-        let (pid, pidfd) = child
-            .spawn()
-            .map_err(|e| SandboxError::sys("clone3 (new PID, mount, net, UTS and IPC namespaces)", e))?;
-        sb.init = Some(InitProc { pid, pidfd, status: None });
+        let child =
+            InitExec::prepare(&sb.init_exe, spec_r.as_raw_fd(), status_w.as_raw_fd(), keep)?;
+        let (pid, pidfd) = child.spawn().map_err(|e| {
+            SandboxError::sys("clone3 (new PID, mount, net, UTS and IPC namespaces)", e)
+        })?;
+        sb.init = Some(InitProc {
+            pid,
+            pidfd,
+            status: None,
+        });
         drop((spec_r, status_w));
         sb.status = Some(StatusReader::new(status_r));
         tracing::debug!(name = %sb.name, init_pid = pid, "sandbox init cloned");
@@ -195,12 +225,16 @@ impl Sandbox {
 
     /// The sandbox side's address (`eth0` inside the sandbox).
     pub fn address(&self) -> Ipv4Addr {
-        self.link.as_ref().map_or(Ipv4Addr::UNSPECIFIED, |l| l.sandbox_addr)
+        self.link
+            .as_ref()
+            .map_or(Ipv4Addr::UNSPECIFIED, |l| l.sandbox_addr)
     }
 
     /// The host side's address (the sandbox's default gateway).
     pub fn host_address(&self) -> Ipv4Addr {
-        self.link.as_ref().map_or(Ipv4Addr::UNSPECIFIED, |l| l.host_addr)
+        self.link
+            .as_ref()
+            .map_or(Ipv4Addr::UNSPECIFIED, |l| l.host_addr)
     }
 
     /// The host side's interface name, `td<i>h`.
@@ -243,7 +277,8 @@ impl Sandbox {
     /// Blocks until the init exits (which it does when the service's main process exits, or when
     /// killed) and reports how the service ended.
     pub fn wait_exit(&mut self) -> Result<ExitInfo> {
-        self.wait(false).map(|o| o.expect("blocking wait returns a status"))
+        self.wait(false)
+            .map(|o| o.expect("blocking wait returns a status"))
     }
 
     /// Like [`Sandbox::wait_exit`] but returns `None` at once if the sandbox still runs.
@@ -254,14 +289,19 @@ impl Sandbox {
     /// Kills the init with `SIGKILL`; the kernel then kills every process in the sandbox's PID
     /// namespace. Does not wait (see [`Sandbox::wait_exit`]).
     pub fn kill(&mut self) -> Result<()> {
-        let Some(init) = &self.init else { return Ok(()) };
+        let Some(init) = &self.init else {
+            return Ok(());
+        };
         if init.status.is_some() {
             return Ok(());
         }
         match sys::pidfd_send_signal(init.pidfd.as_fd(), libc::SIGKILL) {
             Ok(()) => Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
-            Err(e) => Err(SandboxError::sys(format!("pidfd_send_signal(SIGKILL) to init {}", init.pid), e)),
+            Err(e) => Err(SandboxError::sys(
+                format!("pidfd_send_signal(SIGKILL) to init {}", init.pid),
+                e,
+            )),
         }
     }
 
@@ -276,7 +316,9 @@ impl Sandbox {
             return Ok(Some(info));
         }
         let Some(init) = &mut self.init else {
-            return Err(SandboxError::InvalidConfig("the sandbox has no init".into()));
+            return Err(SandboxError::InvalidConfig(
+                "the sandbox has no init".into(),
+            ));
         };
         let status = match init.status {
             Some(s) => s,
@@ -311,14 +353,23 @@ impl Sandbox {
 
     /// Waits for the init's next report; failures and silence become errors.
     fn await_report(&mut self, timeout: Duration, waiting_for: &str) -> Result<Report> {
-        let reader = self.status.as_mut().expect("status pipe is open while starting");
-        let next = reader.next(timeout).map_err(|e| SandboxError::Protocol(e.to_string()))?;
+        let reader = self
+            .status
+            .as_mut()
+            .expect("status pipe is open while starting");
+        let next = reader
+            .next(timeout)
+            .map_err(|e| SandboxError::Protocol(e.to_string()))?;
         match next {
-            Next::Report(Report::Failed { message }) => {
-                Err(SandboxError::Init { name: self.name.clone(), message })
-            }
+            Next::Report(Report::Failed { message }) => Err(SandboxError::Init {
+                name: self.name.clone(),
+                message,
+            }),
             Next::Report(Report::ServiceExecFailed { path, errno }) => {
-                Err(SandboxError::ServiceExec { path, source: io::Error::from_raw_os_error(errno) })
+                Err(SandboxError::ServiceExec {
+                    path,
+                    source: io::Error::from_raw_os_error(errno),
+                })
             }
             Next::Report(Report::InitExecFailed(errno)) => Err(SandboxError::InitExec {
                 exe: self.init_exe.clone(),
@@ -335,7 +386,10 @@ impl Sandbox {
             }
             Next::TimedOut => Err(SandboxError::InitDied {
                 name: self.name.clone(),
-                what: format!("did not finish {waiting_for} within {} s", timeout.as_secs()),
+                what: format!(
+                    "did not finish {waiting_for} within {} s",
+                    timeout.as_secs()
+                ),
                 log: self.log_path.clone(),
             }),
         }
@@ -351,13 +405,17 @@ impl Sandbox {
 
     /// Reaps the init if it exits within a second; describes how it ended.
     fn reap_briefly(&mut self) -> String {
-        let Some(init) = &mut self.init else { return "is gone".into() };
+        let Some(init) = &mut self.init else {
+            return "is gone".into();
+        };
         for _ in 0..100 {
             if let Ok(Some(s)) = sys::waitid_pidfd(init.pidfd.as_fd(), true) {
                 init.status = Some(s);
                 return match s {
                     ChildStatus::Exited(c) => format!("exited with code {c}"),
-                    ChildStatus::Signaled { signal, .. } => format!("was killed by signal {signal}"),
+                    ChildStatus::Signaled { signal, .. } => {
+                        format!("was killed by signal {signal}")
+                    }
                 };
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -382,19 +440,16 @@ impl Sandbox {
         };
         if let Some(link) = self.link.take() {
             note(net::delete_link(&link.host_if));
-            if net::link_exists(&link.host_if) {
-                note(Err(SandboxError::InvalidConfig(format!(
-                    "interface {} still exists after `ip link del`",
-                    link.host_if
-                ))));
-            }
         }
         if self.init.as_ref().is_some_and(|i| i.status.is_none()) {
             note(self.kill());
             if let Some(init) = &mut self.init {
                 match sys::waitid_pidfd(init.pidfd.as_fd(), false) {
                     Ok(s) => init.status = s,
-                    Err(e) => note(Err(SandboxError::sys(format!("waitid on sandbox init {}", init.pid), e))),
+                    Err(e) => note(Err(SandboxError::sys(
+                        format!("waitid on sandbox init {}", init.pid),
+                        e,
+                    ))),
                 }
             }
         }
@@ -402,9 +457,11 @@ impl Sandbox {
         note(remove_file(&self.pid_file, "removing the pid file"));
         if self.created_root {
             match fs::remove_dir(&self.root_dir) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                    note(Err(SandboxError::io("removing the root directory", &self.root_dir, e)))
-                }
+                Err(e) if e.kind() != io::ErrorKind::NotFound => note(Err(SandboxError::io(
+                    "removing the root directory",
+                    &self.root_dir,
+                    e,
+                ))),
                 _ => {}
             }
         }
@@ -438,14 +495,16 @@ fn remove_file(path: &Path, action: &'static str) -> Result<()> {
 }
 
 fn unexpected(report: Report, wanted: &str) -> SandboxError {
-    SandboxError::Protocol(format!("expected {wanted} from the sandbox init, got {report:?}"))
+    SandboxError::Protocol(format!(
+        "expected {wanted} from the sandbox init, got {report:?}"
+    ))
 }
 
 fn check_start(start: &Start) -> Result<()> {
     match start {
-        Start::Exec { path, .. } if path.as_os_str().is_empty() => {
-            Err(SandboxError::InvalidConfig("the service's path is empty".into()))
-        }
+        Start::Exec { path, .. } if path.as_os_str().is_empty() => Err(
+            SandboxError::InvalidConfig("the service's path is empty".into()),
+        ),
         Start::Restore { pid, .. } if *pid < 2 => Err(SandboxError::InvalidConfig(format!(
             "cannot restore a service as PID {pid}: PID 1 is the sandbox's init"
         ))),
@@ -473,7 +532,9 @@ fn acquire_lock(path: &Path, name: &str, pid_file: &Path) -> Result<File> {
         match f.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
-                let pid = fs::read_to_string(pid_file).ok().and_then(|s| s.trim().parse().ok());
+                let pid = fs::read_to_string(pid_file)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok());
                 return Err(SandboxError::AlreadyRunning {
                     name: name.to_string(),
                     pid,
@@ -484,28 +545,39 @@ fn acquire_lock(path: &Path, name: &str, pid_file: &Path) -> Result<File> {
         }
         // A teardown may have unlinked the file between our open and lock: then we locked an
         // orphan, and must retry on the new file.
-        let ours = f.metadata().map_err(|e| SandboxError::io("inspecting the lock file", path, e))?;
+        let ours = f
+            .metadata()
+            .map_err(|e| SandboxError::io("inspecting the lock file", path, e))?;
         if let Ok(now) = fs::metadata(path)
             && (now.dev(), now.ino()) == (ours.dev(), ours.ino())
         {
             return Ok(f);
         }
     }
-    Err(SandboxError::io("locking", path, io::Error::other("the lock file keeps being replaced")))
+    Err(SandboxError::io(
+        "locking",
+        path,
+        io::Error::other("the lock file keeps being replaced"),
+    ))
 }
 
 /// The host PID of the init's child whose PID inside the sandbox is `ns_pid`.
 fn find_service_pid(init_pid: i32, ns_pid: i32) -> Option<i32> {
     let children = fs::read_to_string(format!("/proc/{init_pid}/task/{init_pid}/children")).ok()?;
-    children.split_whitespace().filter_map(|c| c.parse::<i32>().ok()).find(|&c| {
-        fs::read_to_string(format!("/proc/{c}/status")).ok().is_some_and(|st| {
-            st.lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .and_then(|l| l.split_whitespace().last())
-                .and_then(|p| p.parse::<i32>().ok())
-                == Some(ns_pid)
+    children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<i32>().ok())
+        .find(|&c| {
+            fs::read_to_string(format!("/proc/{c}/status"))
+                .ok()
+                .is_some_and(|st| {
+                    st.lines()
+                        .find_map(|l| l.strip_prefix("NSpid:"))
+                        .and_then(|l| l.split_whitespace().last())
+                        .and_then(|p| p.parse::<i32>().ok())
+                        == Some(ns_pid)
+                })
         })
-    })
 }
 
 /// Everything the clone child needs, allocated before the clone: the child may not allocate.
@@ -519,9 +591,15 @@ struct InitExec {
 }
 
 impl InitExec {
-    fn prepare(exe: &Path, spec_fd: RawFd, status_fd: RawFd, keep_fds: Vec<RawFd>) -> Result<InitExec> {
+    fn prepare(
+        exe: &Path,
+        spec_fd: RawFd,
+        status_fd: RawFd,
+        keep_fds: Vec<RawFd>,
+    ) -> Result<InitExec> {
         let cstring = |s: &[u8], what: &str| {
-            CString::new(s).map_err(|_| SandboxError::InvalidConfig(format!("{what} contains a NUL byte")))
+            CString::new(s)
+                .map_err(|_| SandboxError::InvalidConfig(format!("{what} contains a NUL byte")))
         };
         let exe_c = cstring(exe.as_os_str().as_bytes(), "the init executable's path")?;
         let argv = vec![
@@ -531,23 +609,37 @@ impl InitExec {
         ];
         let envp = std::env::vars_os()
             .filter_map(|(k, v)| {
-                let mut kv = OsString::from(k);
+                let mut kv = k;
                 kv.push("=");
                 kv.push(v);
                 CString::new(kv.as_bytes()).ok()
             })
             .collect();
-        Ok(InitExec { exe: exe_c, argv, envp, keep_fds, status_fd })
+        Ok(InitExec {
+            exe: exe_c,
+            argv,
+            envp,
+            keep_fds,
+            status_fd,
+        })
     }
 
     /// `clone3` into new namespaces; the child execs the init. Returns the init's PID and a
     /// pidfd for it.
     fn spawn(&self) -> io::Result<(i32, OwnedFd)> {
         let null = std::ptr::null::<libc::c_char>();
-        let argv: Vec<*const libc::c_char> =
-            self.argv.iter().map(|s| s.as_ptr()).chain(std::iter::once(null)).collect();
-        let envp: Vec<*const libc::c_char> =
-            self.envp.iter().map(|s| s.as_ptr()).chain(std::iter::once(null)).collect();
+        let argv: Vec<*const libc::c_char> = self
+            .argv
+            .iter()
+            .map(|s| s.as_ptr())
+            .chain(std::iter::once(null))
+            .collect();
+        let envp: Vec<*const libc::c_char> = self
+            .envp
+            .iter()
+            .map(|s| s.as_ptr())
+            .chain(std::iter::once(null))
+            .collect();
         let mut pidfd: libc::c_int = -1;
         let flags = libc::CLONE_NEWPID
             | libc::CLONE_NEWNS

@@ -28,8 +28,14 @@ use crate::{ExitInfo, SandboxConfig, Start};
 pub type RestoreHook = fn(pid: i32, payload: &[u8], fds: &[RawFd]) -> !;
 
 /// Signals the init forwards to the service's main process.
-const FORWARDED: [libc::c_int; 6] =
-    [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2];
+const FORWARDED: [libc::c_int; 6] = [
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
 
 /// Exit codes of the init when it cannot even report an error.
 const EXIT_NO_SPEC: i32 = 126;
@@ -59,7 +65,10 @@ pub fn init_main(spec_fd: RawFd, restore_hook: RestoreHook) -> ! {
         }
     };
     if !sys::fd_is_open(spec.status_fd) {
-        eprintln!("tardi sandbox init: status fd {} is not open", spec.status_fd);
+        eprintln!(
+            "tardi sandbox init: status fd {} is not open",
+            spec.status_fd
+        );
         std::process::exit(EXIT_NO_SPEC);
     }
     // SAFETY: the status pipe's write end, inherited from the host at this number, is owned by
@@ -81,17 +90,25 @@ pub fn init_main(spec_fd: RawFd, restore_hook: RestoreHook) -> ! {
     let Err(err) = run(&spec, &payload, &mut status, restore_hook);
     tracing::error!(error = %err, "sandbox init failed");
     let report = match err {
-        SandboxError::ServiceExec { path, source } => {
-            Report::ServiceExecFailed { path, errno: source.raw_os_error().unwrap_or(0) }
-        }
-        other => Report::Failed { message: other.to_string() },
+        SandboxError::ServiceExec { path, source } => Report::ServiceExecFailed {
+            path,
+            errno: source.raw_os_error().unwrap_or(0),
+        },
+        other => Report::Failed {
+            message: other.to_string(),
+        },
     };
     let _ = proto::send_report(&mut status, &report);
     std::process::exit(EXIT_SETUP_FAILED)
 }
 
 /// Everything after the go-ahead; returns only on failure (before the service started).
-fn run(spec: &InitSpec, payload: &[u8], status: &mut File, hook: RestoreHook) -> Result<Infallible> {
+fn run(
+    spec: &InitSpec,
+    payload: &[u8],
+    status: &mut File,
+    hook: RestoreHook,
+) -> Result<Infallible> {
     let cfg = &spec.config;
     let restore_fds: &[RawFd] = match &spec.start {
         Start::Restore { fds, .. } => fds,
@@ -116,20 +133,35 @@ fn run(spec: &InitSpec, payload: &[u8], status: &mut File, hook: RestoreHook) ->
 
     // SAFETY: the pointer/length pair describes the hostname's bytes.
     if unsafe { libc::sethostname(cfg.hostname.as_ptr().cast(), cfg.hostname.len()) } < 0 {
-        return Err(SandboxError::last_os(format!("sethostname({:?})", cfg.hostname)));
+        return Err(SandboxError::last_os(format!(
+            "sethostname({:?})",
+            cfg.hostname
+        )));
     }
     build_root(cfg, &spec.root_dir)?;
     enter_root(&spec.root_dir)?;
     std::env::set_current_dir(&cfg.start_dir).map_err(|e| {
-        SandboxError::io("changing to the start directory (inside the sandbox)", &cfg.start_dir, e)
+        SandboxError::io(
+            "changing to the start directory (inside the sandbox)",
+            &cfg.start_dir,
+            e,
+        )
     })?;
 
     let sigfd = setup_signals()?;
-    let limits = Limits { stack: cfg.stack_size, data: cfg.data_limit };
+    let limits = Limits {
+        stack: cfg.stack_size,
+        data: cfg.data_limit,
+    };
     let main = match &spec.start {
-        Start::Exec { path, argv, env } => {
-            spawn_exec(path, argv, env, devnull.as_raw_fd(), log.as_raw_fd(), limits)?
-        }
+        Start::Exec { path, argv, env } => spawn_exec(
+            path,
+            argv,
+            env,
+            devnull.as_raw_fd(),
+            log.as_raw_fd(),
+            limits,
+        )?,
         Start::Restore { pid, fds, .. } => {
             let close = [status.as_raw_fd(), sigfd.as_raw_fd(), spec.lock_fd];
             spawn_restore(*pid, payload, fds, hook, &close, limits)?
@@ -144,8 +176,9 @@ fn run(spec: &InitSpec, payload: &[u8], status: &mut File, hook: RestoreHook) ->
 }
 
 fn cpath(p: &Path) -> Result<CString> {
-    CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| SandboxError::InvalidConfig(format!("path {} contains a NUL byte", p.display())))
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+        SandboxError::InvalidConfig(format!("path {} contains a NUL byte", p.display()))
+    })
 }
 
 fn mount(
@@ -160,8 +193,14 @@ fn mount(
     let target_c = cpath(target)?;
     let fstype = fstype.map(|s| CString::new(s).expect("no NUL in fs type"));
     let data = data.map(|s| CString::new(s).expect("no NUL in mount data"));
-    sys::mount(source.as_deref(), &target_c, fstype.as_deref(), flags, data.as_deref())
-        .map_err(|e| SandboxError::sys(what(), e))
+    sys::mount(
+        source.as_deref(),
+        &target_c,
+        fstype.as_deref(),
+        flags,
+        data.as_deref(),
+    )
+    .map_err(|e| SandboxError::sys(what(), e))
 }
 
 /// `root` + a sandbox path.
@@ -173,41 +212,78 @@ fn under(root: &Path, sandbox_path: &Path) -> PathBuf {
 /// namespace): a tmpfs, the configured mounts (parents first), `/proc`, `/dev`, `/dev/shm`.
 fn build_root(cfg: &SandboxConfig, root: &Path) -> Result<()> {
     let nothing = None::<&Path>;
-    mount(nothing, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None, || {
-        "making all mounts private (mount --make-rprivate /)".into()
-    })?;
-    mount(Some(Path::new("tmpfs")), root, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some("mode=755"), || {
-        format!("mounting the root tmpfs on {}", root.display())
-    })?;
+    mount(
+        nothing,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+        || "making all mounts private (mount --make-rprivate /)".into(),
+    )?;
+    mount(
+        Some(Path::new("tmpfs")),
+        root,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some("mode=755"),
+        || format!("mounting the root tmpfs on {}", root.display()),
+    )?;
 
     let mut mounts = cfg.mounts.clone();
     mounts.sort_by_key(|m| m.path.components().count());
     for m in &mounts {
         let target = under(root, &m.path);
         match &m.kind {
-            MountKind::Bind { host_path, writable } => {
+            MountKind::Bind {
+                host_path,
+                writable,
+            } => {
                 if *writable && !host_path.exists() {
                     fs::create_dir_all(host_path).map_err(|e| {
-                        SandboxError::io("creating the host directory for a writable mount", host_path, e)
+                        SandboxError::io(
+                            "creating the host directory for a writable mount",
+                            host_path,
+                            e,
+                        )
                     })?;
                 }
                 let meta = fs::metadata(host_path).map_err(|e| {
                     SandboxError::io("inspecting the host path to mount", host_path, e)
                 })?;
                 ensure_mountpoint(&target, &m.path, meta.is_dir())?;
-                mount(Some(host_path), &target, None, libc::MS_BIND | libc::MS_REC, None, || {
-                    format!("bind-mounting host {} at sandbox {}", host_path.display(), m.path.display())
-                })?;
+                mount(
+                    Some(host_path),
+                    &target,
+                    None,
+                    libc::MS_BIND | libc::MS_REC,
+                    None,
+                    || {
+                        format!(
+                            "bind-mounting host {} at sandbox {}",
+                            host_path.display(),
+                            m.path.display()
+                        )
+                    },
+                )?;
                 if !writable {
                     make_readonly(&target, &m.path)?;
                 }
             }
             MountKind::Tmpfs => {
                 ensure_mountpoint(&target, &m.path, true)?;
-                let mode = if m.path == Path::new("/tmp") { "mode=1777" } else { "mode=755" };
-                mount(Some(Path::new("tmpfs")), &target, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(mode), || {
-                    format!("mounting a tmpfs at sandbox {}", m.path.display())
-                })?;
+                let mode = if m.path == Path::new("/tmp") {
+                    "mode=1777"
+                } else {
+                    "mode=755"
+                };
+                mount(
+                    Some(Path::new("tmpfs")),
+                    &target,
+                    Some("tmpfs"),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    Some(mode),
+                    || format!("mounting a tmpfs at sandbox {}", m.path.display()),
+                )?;
             }
         }
     }
@@ -230,9 +306,14 @@ fn build_root(cfg: &SandboxConfig, root: &Path) -> Result<()> {
 fn build_dev(root: &Path) -> Result<()> {
     let dev = root.join("dev");
     ensure_mountpoint(&dev, Path::new("/dev"), true)?;
-    mount(Some(Path::new("tmpfs")), &dev, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NOEXEC, Some("mode=755"), || {
-        "mounting the /dev tmpfs".into()
-    })?;
+    mount(
+        Some(Path::new("tmpfs")),
+        &dev,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("mode=755"),
+        || "mounting the /dev tmpfs".into(),
+    )?;
     for node in ["null", "zero", "full", "random", "urandom", "tty"] {
         let host = Path::new("/dev").join(node);
         if !host.exists() {
@@ -240,7 +321,9 @@ fn build_dev(root: &Path) -> Result<()> {
         }
         let target = dev.join(node);
         File::create(&target).map_err(|e| SandboxError::io("creating", &target, e))?;
-        mount(Some(&host), &target, None, libc::MS_BIND, None, || format!("bind-mounting {}", host.display()))?;
+        mount(Some(&host), &target, None, libc::MS_BIND, None, || {
+            format!("bind-mounting {}", host.display())
+        })?;
     }
     for (link, to) in [
         ("fd", "/proc/self/fd"),
@@ -249,13 +332,19 @@ fn build_dev(root: &Path) -> Result<()> {
         ("stderr", "/proc/self/fd/2"),
     ] {
         let path = dev.join(link);
-        std::os::unix::fs::symlink(to, &path).map_err(|e| SandboxError::io("creating the symlink", &path, e))?;
+        std::os::unix::fs::symlink(to, &path)
+            .map_err(|e| SandboxError::io("creating the symlink", &path, e))?;
     }
     let shm = dev.join("shm");
     fs::create_dir(&shm).map_err(|e| SandboxError::io("creating", &shm, e))?;
-    mount(Some(Path::new("tmpfs")), &shm, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some("mode=1777"), || {
-        "mounting the /dev/shm tmpfs".into()
-    })
+    mount(
+        Some(Path::new("tmpfs")),
+        &shm,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some("mode=1777"),
+        || "mounting the /dev/shm tmpfs".into(),
+    )
 }
 
 /// Makes sure `target` exists as a directory (`dir`) or a file to mount on. It is created on the
@@ -279,14 +368,22 @@ fn ensure_mountpoint(target: &Path, sandbox_path: &Path, dir: bool) -> Result<()
         Some(parent) => fs::create_dir_all(parent),
         None => Ok(()),
     }
-    .and_then(|()| if dir { fs::create_dir(target) } else { File::create(target).map(drop) });
+    .and_then(|()| {
+        if dir {
+            fs::create_dir(target)
+        } else {
+            File::create(target).map(drop)
+        }
+    });
     match created {
         Ok(()) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EROFS) => Err(SandboxError::InvalidConfig(format!(
-            "sandbox path {} does not exist and cannot be created: it lies on a read-only mount \
+        Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
+            Err(SandboxError::InvalidConfig(format!(
+                "sandbox path {} does not exist and cannot be created: it lies on a read-only mount \
              (create it on the host, or mount a tmpfs or writable directory above it)",
-            sandbox_path.display()
-        ))),
+                sandbox_path.display()
+            )))
+        }
         Err(e) => Err(SandboxError::io("creating the mount point", target, e)),
     }
 }
@@ -306,7 +403,10 @@ fn make_readonly(target: &Path, sandbox_path: &Path) -> Result<()> {
             || format!("remounting sandbox {} read-only", sandbox_path.display()),
         ),
         Err(e) => Err(SandboxError::sys(
-            format!("making sandbox {} read-only (mount_setattr)", sandbox_path.display()),
+            format!(
+                "making sandbox {} read-only (mount_setattr)",
+                sandbox_path.display()
+            ),
             e,
         )),
     }
@@ -326,7 +426,8 @@ fn enter_root(root: &Path) -> Result<()> {
     };
     fchdir(&new, "the new root")?;
     let dot = c".";
-    sys::pivot_root(dot, dot).map_err(|e| SandboxError::sys(format!("pivot_root to {}", root.display()), e))?;
+    sys::pivot_root(dot, dot)
+        .map_err(|e| SandboxError::sys(format!("pivot_root to {}", root.display()), e))?;
     fchdir(&old, "the old root")?;
     // SAFETY: umount2 with a NUL-terminated path.
     if unsafe { libc::umount2(dot.as_ptr(), libc::MNT_DETACH) } < 0 {
@@ -378,14 +479,23 @@ struct Limits {
 impl Limits {
     /// Applies the limits (soft = the value; hard raised to it if lower). Async-signal-safe.
     fn apply(self) -> io::Result<()> {
-        for (res, value) in [(libc::RLIMIT_STACK, self.stack), (libc::RLIMIT_DATA, self.data)] {
+        for (res, value) in [
+            (libc::RLIMIT_STACK, self.stack),
+            (libc::RLIMIT_DATA, self.data),
+        ] {
             let Some(v) = value else { continue };
-            let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            let mut cur = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
             // SAFETY: `cur` is a valid rlimit for the kernel to fill.
             if unsafe { libc::getrlimit(res, &mut cur) } < 0 {
                 return Err(io::Error::last_os_error());
             }
-            let new = libc::rlimit { rlim_cur: v, rlim_max: cur.rlim_max.max(v) };
+            let new = libc::rlimit {
+                rlim_cur: v,
+                rlim_max: cur.rlim_max.max(v),
+            };
             // SAFETY: `new` is a valid rlimit.
             if unsafe { libc::setrlimit(res, &new) } < 0 {
                 return Err(io::Error::last_os_error());
@@ -401,10 +511,10 @@ fn resolve_exec(path: &Path, env: &[(String, String)]) -> PathBuf {
     if path.as_os_str().as_bytes().contains(&b'/') {
         return path.to_path_buf();
     }
-    let search = env
-        .iter()
-        .find(|(k, _)| k == "PATH")
-        .map_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", |(_, v)| v.as_str());
+    let search = env.iter().find(|(k, _)| k == "PATH").map_or(
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        |(_, v)| v.as_str(),
+    );
     search
         .split(':')
         .filter(|d| !d.is_empty())
@@ -429,12 +539,17 @@ fn spawn_exec(
     let c_argv: Vec<CString> = if argv.is_empty() {
         vec![c_path.clone()]
     } else {
-        argv.iter().map(|a| CString::new(a.as_str())).collect::<Result<_, _>>().map_err(|_| nul("argv"))?
+        argv.iter()
+            .map(|a| CString::new(a.as_str()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| nul("argv"))?
     };
     let mut c_env = Vec::with_capacity(env.len());
     for (k, v) in env {
         if k.is_empty() || k.contains('=') {
-            return Err(SandboxError::InvalidConfig(format!("invalid environment variable name {k:?}")));
+            return Err(SandboxError::InvalidConfig(format!(
+                "invalid environment variable name {k:?}"
+            )));
         }
         c_env.push(CString::new(format!("{k}={v}")).map_err(|_| nul("the environment"))?);
     }
@@ -453,7 +568,10 @@ fn spawn_exec(
         sys::reset_signals();
         // SAFETY: setsid has no preconditions; the service gets its own session.
         unsafe { libc::setsid() };
-        let ok = sys::dup2(stdin, 0).and(sys::dup2(log, 1)).and(sys::dup2(log, 2)).and(limits.apply());
+        let ok = sys::dup2(stdin, 0)
+            .and(sys::dup2(log, 1))
+            .and(sys::dup2(log, 2))
+            .and(limits.apply());
         if ok.is_ok() {
             // SAFETY: NUL-terminated strings in NULL-terminated arrays, alive in this child.
             unsafe { libc::execve(c_path.as_ptr(), argv_p.as_ptr(), env_p.as_ptr()) };
@@ -507,7 +625,10 @@ fn spawn_restore(
     // SAFETY: `set_tid` points to a live one-element array. The init is single-threaded, so the
     // child is a complete copy of it (see RestoreHook for glibc's stale thread id).
     let child = unsafe { sys::clone3(&mut args) }.map_err(|e| {
-        SandboxError::sys(format!("clone3 with set_tid=[{pid}] (creating the service with its checkpointed PID)"), e)
+        SandboxError::sys(
+            format!("clone3 with set_tid=[{pid}] (creating the service with its checkpointed PID)"),
+            e,
+        )
     })?;
     if child == 0 {
         sys::reset_signals();
@@ -521,7 +642,11 @@ fn spawn_restore(
         hook(pid, payload, fds)
     }
     if child != pid {
-        tracing::warn!(requested = pid, got = child, "clone3 set_tid gave another PID");
+        tracing::warn!(
+            requested = pid,
+            got = child,
+            "clone3 set_tid gave another PID"
+        );
     }
     Ok(child)
 }
@@ -533,7 +658,13 @@ fn reap_loop(main: i32, sigfd: OwnedFd, status: &mut File) -> ! {
         let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
         let size = std::mem::size_of::<libc::signalfd_siginfo>();
         // SAFETY: `info` is valid for writes of `size` bytes.
-        let n = unsafe { libc::read(sigfd.as_raw_fd(), (&mut info as *mut libc::signalfd_siginfo).cast(), size) };
+        let n = unsafe {
+            libc::read(
+                sigfd.as_raw_fd(),
+                (&mut info as *mut libc::signalfd_siginfo).cast(),
+                size,
+            )
+        };
         if n < 0 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {
@@ -561,7 +692,13 @@ fn reap_loop(main: i32, sigfd: OwnedFd, status: &mut File) -> ! {
             {
                 let info = match cs {
                     ChildStatus::Exited(code) => ExitInfo::Exited { code },
-                    ChildStatus::Signaled { signal, core_dumped } => ExitInfo::Signaled { signal, core_dumped },
+                    ChildStatus::Signaled {
+                        signal,
+                        core_dumped,
+                    } => ExitInfo::Signaled {
+                        signal,
+                        core_dumped,
+                    },
                 };
                 tracing::info!(%info, "service ended; stopping the sandbox");
                 let _ = proto::send_report(status, &Report::Exited(info));

@@ -88,12 +88,20 @@ pub enum Start {
     /// `path` is resolved inside the sandbox; a name without `/` is looked up in the `PATH` of
     /// `env` (or a standard `PATH`). `argv` includes argv\[0\] (`[path]` if empty); `env` is the
     /// service's whole environment.
-    Exec { path: PathBuf, argv: Vec<String>, env: Vec<(String, String)> },
+    Exec {
+        path: PathBuf,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+    },
     /// A start from a checkpoint: the init creates the service's first process with PID `pid`
     /// (clone3 `set_tid`) and, in that child, calls the restore hook given to [`init_main`] with
     /// `payload` and `fds` (fds are inherited from the caller of [`Sandbox::start`], kept open
     /// across the init's exec, at the same numbers).
-    Restore { pid: i32, payload: Vec<u8>, fds: Vec<RawFd> },
+    Restore {
+        pid: i32,
+        payload: Vec<u8>,
+        fds: Vec<RawFd>,
+    },
 }
 
 /// How a sandbox ended, as reported by [`Sandbox::wait_exit`].
@@ -125,7 +133,10 @@ impl ExitInfo {
     /// Decodes an init exit code (when no precise report is available).
     pub(crate) fn from_init_code(code: i32) -> ExitInfo {
         if code > 128 {
-            ExitInfo::Signaled { signal: code - 128, core_dumped: false }
+            ExitInfo::Signaled {
+                signal: code - 128,
+                core_dumped: false,
+            }
         } else {
             ExitInfo::Exited { code }
         }
@@ -136,7 +147,10 @@ impl std::fmt::Display for ExitInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
             ExitInfo::Exited { code } => write!(f, "service exited with code {code}"),
-            ExitInfo::Signaled { signal, core_dumped } => write!(
+            ExitInfo::Signaled {
+                signal,
+                core_dumped,
+            } => write!(
                 f,
                 "service killed by signal {signal}{}",
                 if core_dumped { " (core dumped)" } else { "" }
@@ -150,7 +164,10 @@ impl std::fmt::Display for ExitInfo {
 pub fn default_mounts() -> Vec<tardi_manifest::Mount> {
     vec![tardi_manifest::Mount {
         path: PathBuf::from("/"),
-        kind: tardi_manifest::MountKind::Bind { host_path: PathBuf::from("/"), writable: false },
+        kind: tardi_manifest::MountKind::Bind {
+            host_path: PathBuf::from("/"),
+            writable: false,
+        },
     }]
 }
 
@@ -193,7 +210,9 @@ impl SandboxConfig {
         if n.is_empty()
             || n.len() > 63
             || n.starts_with(['.', '-'])
-            || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+            || !n
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
         {
             return bad(format!(
                 "name {n:?} must be 1-63 characters of [A-Za-z0-9._-], not starting with . or -"
@@ -203,10 +222,16 @@ impl SandboxConfig {
             return bad(format!("hostname {:?} must be 1-64 bytes", self.hostname));
         }
         if !self.run_dir.is_absolute() {
-            return bad(format!("run_dir {} must be absolute", self.run_dir.display()));
+            return bad(format!(
+                "run_dir {} must be absolute",
+                self.run_dir.display()
+            ));
         }
         if !self.start_dir.is_absolute() {
-            return bad(format!("start_dir {} must be absolute", self.start_dir.display()));
+            return bad(format!(
+                "start_dir {} must be absolute",
+                self.start_dir.display()
+            ));
         }
         for m in &self.mounts {
             if !is_clean_absolute(&m.path) {
@@ -232,7 +257,8 @@ impl SandboxConfig {
 /// Absolute and made only of normal components (no `.`/`..`).
 fn is_clean_absolute(p: &Path) -> bool {
     p.is_absolute()
-        && p.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && p.components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
 }
 
 #[cfg(test)]
@@ -249,13 +275,24 @@ mod tests {
             env: BTreeMap::new(),
             start_dir: "/srv".into(),
             mounts,
-            sys: Sys { stack_size: Some(8 << 20), brk_max_size: None, enable_sigterm_injection: true },
+            sys: Sys {
+                stack_size: Some(8 << 20),
+                brk_max_size: None,
+                enable_sigterm_injection: true,
+            },
             tardi: Tardi {
                 name: "web".into(),
                 ports: vec![],
                 private_dirs: vec![],
-                epoch: Epoch { interval_ms: 10.0, min_ms: 1.0, cap_pages: 1000, hot_epochs: 3 },
-                network: Network { subnet: Ipv4Addr::new(10, 99, 0, 0) },
+                epoch: Epoch {
+                    interval_ms: 10.0,
+                    min_ms: 1.0,
+                    cap_pages: 1000,
+                    hot_epochs: 3,
+                },
+                network: Network {
+                    subnet: Ipv4Addr::new(10, 99, 0, 0),
+                },
             },
         }
     }
@@ -276,7 +313,10 @@ mod tests {
 
     #[test]
     fn from_manifest_keeps_mounts() {
-        let mounts = vec![Mount { path: "/tmp".into(), kind: MountKind::Tmpfs }];
+        let mounts = vec![Mount {
+            path: "/tmp".into(),
+            kind: MountKind::Tmpfs,
+        }];
         let c = SandboxConfig::from_manifest(&manifest(mounts.clone()));
         assert_eq!(c.mounts, mounts);
     }
@@ -285,7 +325,10 @@ mod tests {
     fn validate_rejects_bad_paths_and_names() {
         let mut c = SandboxConfig::new("ok-name");
         c.validate().unwrap();
-        c.mounts.push(Mount { path: "/a/../b".into(), kind: MountKind::Tmpfs });
+        c.mounts.push(Mount {
+            path: "/a/../b".into(),
+            kind: MountKind::Tmpfs,
+        });
         assert!(c.validate().is_err());
         assert!(SandboxConfig::new("a/b").validate().is_err());
         assert!(SandboxConfig::new("").validate().is_err());
@@ -294,8 +337,21 @@ mod tests {
     #[test]
     fn exit_codes() {
         assert_eq!(ExitInfo::Exited { code: 3 }.code(), 3);
-        assert_eq!(ExitInfo::Signaled { signal: 15, core_dumped: false }.code(), 143);
-        assert_eq!(ExitInfo::from_init_code(143), ExitInfo::Signaled { signal: 15, core_dumped: false });
+        assert_eq!(
+            ExitInfo::Signaled {
+                signal: 15,
+                core_dumped: false
+            }
+            .code(),
+            143
+        );
+        assert_eq!(
+            ExitInfo::from_init_code(143),
+            ExitInfo::Signaled {
+                signal: 15,
+                core_dumped: false
+            }
+        );
         assert_eq!(ExitInfo::from_init_code(0), ExitInfo::Exited { code: 0 });
     }
 }

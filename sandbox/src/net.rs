@@ -5,8 +5,9 @@
 //! `a.b.0.0`: network `a.b.(4i / 256).(4i % 256)`, host side `+1`, sandbox side `+2`,
 //! broadcast `+3`. Index 0 is never used (it would hold the /16's network address). The index
 //! also names the pair: `td<i>h` stays on the host, `td<i>s` moves into the sandbox and is
-//! renamed `eth0` there. An index is free when neither name exists on the host; two starts racing
-//! for one index are resolved by `ip link add` failing with "File exists" for the loser, who tries
+//! renamed `eth0` there. An index is free when neither name exists on the host; a process hands
+//! indices out round-robin (so a just-freed one is not reused at once), and two starts racing for
+//! one index are resolved by `ip link add` failing with "File exists" for the loser, who tries
 //! the next free index.
 //!
 //! The links are configured by running `ip` (and `nsenter` for the sandbox side), which keeps this
@@ -17,11 +18,15 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::{Result, SandboxError};
 
 /// The highest link index: `4 · 16383 + 3 = 65535`, the /16's last address.
 pub const MAX_INDEX: u32 = 16383;
+
+/// Where the next allocation starts looking (see [`create_link`]).
+static NEXT_INDEX: AtomicU32 = AtomicU32::new(1);
 
 /// How many `ip link add` collisions with concurrent starts to tolerate before giving up.
 const MAX_COLLISIONS: usize = 64;
@@ -52,7 +57,10 @@ impl Link {
 
 /// `(host side, sandbox side)` addresses of link `index` in the /16 containing `subnet`.
 pub fn addresses(subnet: Ipv4Addr, index: u32) -> (Ipv4Addr, Ipv4Addr) {
-    assert!((1..=MAX_INDEX).contains(&index), "link index {index} out of range");
+    assert!(
+        (1..=MAX_INDEX).contains(&index),
+        "link index {index} out of range"
+    );
     let net = (u32::from(subnet) & 0xffff_0000) + 4 * index;
     (Ipv4Addr::from(net + 1), Ipv4Addr::from(net + 2))
 }
@@ -86,13 +94,30 @@ pub(crate) fn create_link(subnet: Ipv4Addr) -> Result<Link> {
     let mut tried = HashSet::new();
     for _ in 0..MAX_COLLISIONS {
         let used = used_indices()?;
-        let Some(index) = (1..=MAX_INDEX).find(|i| !used.contains(i) && !tried.contains(i)) else {
-            return Err(SandboxError::NoFreeLink { subnet, max: MAX_INDEX });
+        // Round-robin from where this process last allocated, so that a just-freed index (and
+        // its addresses, still in peers' ARP caches) is not handed out again at once.
+        let from = NEXT_INDEX.load(Ordering::Relaxed).clamp(1, MAX_INDEX);
+        let Some(index) = (from..=MAX_INDEX)
+            .chain(1..from)
+            .find(|i| !used.contains(i) && !tried.contains(i))
+        else {
+            return Err(SandboxError::NoFreeLink {
+                subnet,
+                max: MAX_INDEX,
+            });
         };
         tried.insert(index);
+        NEXT_INDEX.store(index % MAX_INDEX + 1, Ordering::Relaxed);
         let link = Link::new(subnet, index);
         let args = [
-            "link", "add", &link.host_if, "type", "veth", "peer", "name", &link.sandbox_if,
+            "link",
+            "add",
+            &link.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &link.sandbox_if,
         ];
         match run(Command::new("ip").args(args), None) {
             Ok(()) => {
@@ -105,7 +130,10 @@ pub(crate) fn create_link(subnet: Ipv4Addr) -> Result<Link> {
             Err(e) => return Err(e),
         }
     }
-    Err(SandboxError::NoFreeLink { subnet, max: MAX_INDEX })
+    Err(SandboxError::NoFreeLink {
+        subnet,
+        max: MAX_INDEX,
+    })
 }
 
 /// Gives the host side its address, moves the sandbox side into the network namespace of
@@ -138,17 +166,14 @@ pub(crate) fn configure(link: &Link, init_pid: i32) -> Result<()> {
 pub(crate) fn delete_link(host_if: &str) -> Result<()> {
     match run(Command::new("ip").args(["link", "del", host_if]), None) {
         Err(SandboxError::Command { stderr, .. })
-            if stderr.contains("Cannot find device") || stderr.contains("does not exist") =>
+            if stderr.contains("Cannot find device")
+                || stderr.contains("No such device")
+                || stderr.contains("does not exist") =>
         {
             Ok(())
         }
         other => other,
     }
-}
-
-/// Whether an interface with this name exists in the host's network namespace.
-pub(crate) fn link_exists(ifname: &str) -> bool {
-    std::path::Path::new("/sys/class/net").join(ifname).exists()
 }
 
 /// Runs a command to completion, feeding it `stdin`; a failure carries the command line (with
@@ -163,25 +188,36 @@ fn run(cmd: &mut Command, stdin: Option<&str>) -> Result<()> {
         described.push_str(&format!(" <<< {:?}", script.trim_end()));
     }
     tracing::debug!(command = %described, "running");
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
     let fail = |status: String, stderr: String| SandboxError::Command {
         command: described.clone(),
         status,
         stderr,
     };
-    let mut child = cmd.spawn().map_err(|e| fail(format!("could not start: {e}"), String::new()))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| fail(format!("could not start: {e}"), String::new()))?;
     if let Some(script) = stdin {
         let mut pipe = child.stdin.take().expect("stdin was piped");
         // A write error (EPIPE) means the command died early; its exit status says why.
         let _ = pipe.write_all(script.as_bytes());
     }
-    let out = child.wait_with_output().map_err(|e| fail(format!("wait failed: {e}"), String::new()))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| fail(format!("wait failed: {e}"), String::new()))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(fail(out.status.to_string(), String::from_utf8_lossy(&out.stderr).into_owned()))
+        Err(fail(
+            out.status.to_string(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
     }
 }
 
@@ -192,17 +228,26 @@ mod tests {
     #[test]
     fn address_scheme() {
         let s = Ipv4Addr::new(10, 213, 0, 0);
-        assert_eq!(addresses(s, 1), (Ipv4Addr::new(10, 213, 0, 5), Ipv4Addr::new(10, 213, 0, 6)));
+        assert_eq!(
+            addresses(s, 1),
+            (Ipv4Addr::new(10, 213, 0, 5), Ipv4Addr::new(10, 213, 0, 6))
+        );
         assert_eq!(
             addresses(s, 64),
             (Ipv4Addr::new(10, 213, 1, 1), Ipv4Addr::new(10, 213, 1, 2))
         );
         assert_eq!(
             addresses(s, MAX_INDEX),
-            (Ipv4Addr::new(10, 213, 255, 253), Ipv4Addr::new(10, 213, 255, 254))
+            (
+                Ipv4Addr::new(10, 213, 255, 253),
+                Ipv4Addr::new(10, 213, 255, 254)
+            )
         );
         // Host bits of the configured subnet are ignored.
-        assert_eq!(addresses(Ipv4Addr::new(10, 213, 7, 9), 1).0, Ipv4Addr::new(10, 213, 0, 5));
+        assert_eq!(
+            addresses(Ipv4Addr::new(10, 213, 7, 9), 1).0,
+            Ipv4Addr::new(10, 213, 0, 5)
+        );
     }
 
     #[test]

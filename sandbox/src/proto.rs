@@ -129,7 +129,11 @@ pub(crate) enum Next {
 
 impl StatusReader {
     pub(crate) fn new(fd: OwnedFd) -> Self {
-        StatusReader { fd: File::from(fd), buf: Vec::new(), eof: false }
+        StatusReader {
+            fd: File::from(fd),
+            buf: Vec::new(),
+            eof: false,
+        }
     }
 
     /// The next report, waiting at most `timeout`.
@@ -143,7 +147,11 @@ impl StatusReader {
                 return Ok(Next::Eof);
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            let mut pfd = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
             let ms = left.as_millis().min(i32::MAX as u128) as libc::c_int;
             // SAFETY: `pfd` is one valid pollfd.
             let n = unsafe { libc::poll(&mut pfd, 1, ms) };
@@ -191,7 +199,10 @@ impl StatusReader {
         serde_json::from_slice(&line[..nl]).map(Some).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("bad status message {:?}: {e}", String::from_utf8_lossy(&line)),
+                format!(
+                    "bad status message {:?}: {e}",
+                    String::from_utf8_lossy(&line)
+                ),
             )
         })
     }

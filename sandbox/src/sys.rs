@@ -66,7 +66,11 @@ pub(crate) fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
 pub(crate) fn set_cloexec(fd: RawFd, on: bool) -> io::Result<()> {
     // SAFETY: F_SETFD takes an int argument and only touches the fd table.
     let ret = unsafe { libc::fcntl(fd, libc::F_SETFD, if on { libc::FD_CLOEXEC } else { 0 }) };
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// Whether `fd` is an open file descriptor of this process.
@@ -78,7 +82,11 @@ pub(crate) fn fd_is_open(fd: RawFd) -> bool {
 /// `dup2(2)`.
 pub(crate) fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
     // SAFETY: dup2 only manipulates the fd table; a bad fd is reported as an error.
-    if unsafe { libc::dup2(from, to) } < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if unsafe { libc::dup2(from, to) } < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// `pidfd_send_signal(2)` (no siginfo, no flags).
@@ -93,7 +101,11 @@ pub(crate) fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: libc::c_int) -> i
             0u32,
         )
     };
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// How a child process ended.
@@ -129,7 +141,8 @@ pub(crate) fn waitid_pidfd(pidfd: BorrowedFd<'_>, nohang: bool) -> io::Result<Op
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         let flags = libc::WEXITED | if nohang { libc::WNOHANG } else { 0 };
         // SAFETY: `info` is a valid siginfo_t for the kernel to fill; the pidfd is valid.
-        let ret = unsafe { libc::waitid(P_PIDFD, pidfd.as_raw_fd() as libc::id_t, &mut info, flags) };
+        let ret =
+            unsafe { libc::waitid(P_PIDFD, pidfd.as_raw_fd() as libc::id_t, &mut info, flags) };
         if ret < 0 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {
@@ -145,8 +158,14 @@ pub(crate) fn waitid_pidfd(pidfd: BorrowedFd<'_>, nohang: bool) -> io::Result<Op
         }
         return Ok(Some(match info.si_code {
             libc::CLD_EXITED => ChildStatus::Exited(status),
-            libc::CLD_DUMPED => ChildStatus::Signaled { signal: status, core_dumped: true },
-            _ => ChildStatus::Signaled { signal: status, core_dumped: false },
+            libc::CLD_DUMPED => ChildStatus::Signaled {
+                signal: status,
+                core_dumped: true,
+            },
+            _ => ChildStatus::Signaled {
+                signal: status,
+                core_dumped: false,
+            },
         }));
     }
 }
@@ -166,7 +185,12 @@ const MOUNT_ATTR_RDONLY: u64 = 0x1;
 /// Makes the mount at `path` and every mount below it read-only (`mount_setattr(2)` with
 /// `AT_RECURSIVE`).
 pub(crate) fn make_readonly_recursive(path: &CStr) -> io::Result<()> {
-    let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
     // SAFETY: `path` is NUL-terminated, `attr` is a valid mount_attr of the size passed.
     let ret = unsafe {
         libc::syscall(
@@ -178,14 +202,22 @@ pub(crate) fn make_readonly_recursive(path: &CStr) -> io::Result<()> {
             std::mem::size_of::<MountAttr>(),
         )
     };
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// `pivot_root(2)`.
 pub(crate) fn pivot_root(new_root: &CStr, put_old: &CStr) -> io::Result<()> {
     // SAFETY: both paths are NUL-terminated strings valid for the call.
     let ret = unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) };
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// `mount(2)` with optional source, fs type and data.
@@ -199,9 +231,19 @@ pub(crate) fn mount(
     let p = |s: Option<&CStr>| s.map_or(std::ptr::null(), CStr::as_ptr);
     // SAFETY: every pointer is either NULL or a NUL-terminated string valid for the call.
     let ret = unsafe {
-        libc::mount(p(source), target.as_ptr(), p(fstype), flags, p(data).cast::<libc::c_void>())
+        libc::mount(
+            p(source),
+            target.as_ptr(),
+            p(fstype),
+            flags,
+            p(data).cast::<libc::c_void>(),
+        )
     };
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// Blocks or unblocks (`how` = `SIG_BLOCK`/`SIG_SETMASK`/...) the given signals in this thread.
@@ -217,7 +259,11 @@ pub(crate) fn sigmask(how: libc::c_int, signals: &[libc::c_int]) -> io::Result<(
     }
     // SAFETY: `set` is initialised; a NULL old set is allowed.
     let ret = unsafe { libc::pthread_sigmask(how, &set, std::ptr::null_mut()) };
-    if ret != 0 { Err(io::Error::from_raw_os_error(ret)) } else { Ok(()) }
+    if ret != 0 {
+        Err(io::Error::from_raw_os_error(ret))
+    } else {
+        Ok(())
+    }
 }
 
 /// Unblocks every signal and resets every catchable signal's disposition to the default:

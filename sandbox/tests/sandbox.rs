@@ -34,13 +34,31 @@ fn wait_for_file(path: &Path, pred: impl Fn(&str) -> bool) -> String {
         if pred(&s) {
             return s;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {}; it holds:\n{s}", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {}; it holds:\n{s}",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
+/// Tears the sandbox down and removes its run directory (the service log stays after a
+/// teardown; the tests do not need it).
+fn finish(sb: Sandbox) {
+    let run_dir = sb.run_dir().to_path_buf();
+    sb.teardown().unwrap();
+    assert!(run_dir.join("service.log").exists());
+    std::fs::remove_dir_all(run_dir).unwrap();
+}
+
 fn link_exists(ifname: &str) -> bool {
-    Command::new("ip").args(["link", "show", ifname]).output().unwrap().status.success()
+    Command::new("ip")
+        .args(["link", "show", ifname])
+        .output()
+        .unwrap()
+        .status
+        .success()
 }
 
 /// The NSpid numbers of a `/proc/<pid>/status` text.
@@ -57,17 +75,24 @@ fn runs_a_shell_with_its_own_hostname_and_pid_namespace() {
     let cfg = config("hello");
     let sb = Sandbox::start(
         &cfg,
-        sh("echo hello; hostname; grep NSpid /proc/self/status; echo done; sleep 100"),
+        sh("echo hello; hostname; echo pid=$$; grep NSpid /proc/self/status; echo done; sleep 100"),
     )
     .unwrap();
     let log = wait_for_file(sb.log_path(), |s| s.contains("done"));
     assert!(log.contains("hello\n"), "{log}");
-    assert!(log.lines().any(|l| l == cfg.name), "hostname {} not in log:\n{log}", cfg.name);
-    // `grep` is the shell's child: two numbers (host, sandbox), a small one inside.
+    assert!(
+        log.lines().any(|l| l == cfg.name),
+        "hostname {} not in log:\n{log}",
+        cfg.name
+    );
+    // The shell is the service's main process: PID 2 (the init is 1).
+    assert!(log.contains("pid=2\n"), "{log}");
+    // `grep` is the shell's child; the sandbox's own /proc shows only its sandbox PID.
     let grep_ns = nspids(&log);
-    assert_eq!(grep_ns.len(), 2, "{log}");
-    assert!(grep_ns[1] > 2 && grep_ns[1] < 100, "{log}");
+    assert_eq!(grep_ns.len(), 1, "{log}");
+    assert!(grep_ns[0] > 2 && grep_ns[0] < 100, "{log}");
 
+    // Seen from the host, the service has two PIDs: the host's and the sandbox's.
     assert_eq!(sb.service_ns_pid(), 2);
     let service = sb.service_pid().expect("service pid");
     let status = std::fs::read_to_string(format!("/proc/{service}/status")).unwrap();
@@ -82,7 +107,7 @@ fn runs_a_shell_with_its_own_hostname_and_pid_namespace() {
     let pid_file = sb.pid_file().to_path_buf();
     let root = sb.run_dir().join("root");
     assert!(link_exists(&host_if));
-    sb.teardown().unwrap();
+    finish(sb);
     assert!(!link_exists(&host_if), "{host_if} survived the teardown");
     assert!(!pid_file.exists());
     assert!(!root.exists());
@@ -91,7 +116,20 @@ fn runs_a_shell_with_its_own_hostname_and_pid_namespace() {
 
 #[test]
 fn serves_http_to_the_host() {
-    let cfg = config("http");
+    let mut cfg = config("http");
+    // `http.server` reverse-resolves its bind address before listening. The sandbox has no route
+    // beyond the host, so a query to the host's name server would only time out (seconds): give
+    // the sandbox a resolver on its own loopback, which fails at once. (This also exercises a
+    // file bind over a read-only root.)
+    let resolv = std::env::temp_dir().join(format!("sbxt-resolv-{}.conf", std::process::id()));
+    std::fs::write(&resolv, "nameserver 127.0.0.1\n").unwrap();
+    cfg.mounts.push(tardi_manifest::Mount {
+        path: "/etc/resolv.conf".into(),
+        kind: tardi_manifest::MountKind::Bind {
+            host_path: resolv.clone(),
+            writable: false,
+        },
+    });
     let sb = Sandbox::start(
         &cfg,
         Start::Exec {
@@ -105,12 +143,13 @@ fn serves_http_to_the_host() {
     .unwrap();
     assert_ne!(sb.address(), Ipv4Addr::UNSPECIFIED);
     let addr = SocketAddr::from((sb.address(), 8000));
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(5);
     let response = loop {
         match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
             Ok(mut s) => {
                 s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                s.write_all(b"GET / HTTP/1.0\r\nHost: sandbox\r\n\r\n").unwrap();
+                s.write_all(b"GET / HTTP/1.0\r\nHost: sandbox\r\n\r\n")
+                    .unwrap();
                 let mut out = String::new();
                 s.read_to_string(&mut out).unwrap();
                 break out;
@@ -122,7 +161,8 @@ fn serves_http_to_the_host() {
         }
     };
     assert!(response.starts_with("HTTP/1.0 200"), "{response}");
-    sb.teardown().unwrap();
+    finish(sb);
+    std::fs::remove_file(resolv).unwrap();
 }
 
 #[test]
@@ -133,16 +173,29 @@ fn missing_binary_is_an_error_and_leaves_nothing_behind() {
     cfg.subnet = Ipv4Addr::new(10, 214, 0, 0);
     let err = Sandbox::start(
         &cfg,
-        Start::Exec { path: "/nonexistent/service".into(), argv: vec![], env: vec![] },
+        Start::Exec {
+            path: "/nonexistent/service".into(),
+            argv: vec![],
+            env: vec![],
+        },
     )
     .unwrap_err();
     assert!(matches!(err, SandboxError::ServiceExec { .. }), "{err:?}");
     let msg = err.to_string();
-    assert!(msg.contains("/nonexistent/service") && msg.contains("No such file"), "{msg}");
+    assert!(
+        msg.contains("/nonexistent/service") && msg.contains("No such file"),
+        "{msg}"
+    );
 
-    let addrs = Command::new("ip").args(["-o", "-4", "addr", "show"]).output().unwrap();
+    let addrs = Command::new("ip")
+        .args(["-o", "-4", "addr", "show"])
+        .output()
+        .unwrap();
     let addrs = String::from_utf8_lossy(&addrs.stdout);
-    assert!(!addrs.contains("10.214."), "a link was left behind:\n{addrs}");
+    assert!(
+        !addrs.contains("10.214."),
+        "a link was left behind:\n{addrs}"
+    );
     assert!(!cfg.run_dir.join("init.pid").exists());
     assert!(!cfg.run_dir.join("lock").exists());
     assert!(!cfg.run_dir.exists(), "the run dir was left behind");
@@ -168,7 +221,10 @@ fn bad_mount_is_reported_by_the_init() {
     let err = Sandbox::start(&cfg, sh("true")).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, SandboxError::Init { .. }), "{err:?}");
-    assert!(msg.contains("/no/such/dir/in/root") && msg.contains("read-only"), "{msg}");
+    assert!(
+        msg.contains("/no/such/dir/in/root") && msg.contains("read-only"),
+        "{msg}"
+    );
     assert!(!cfg.run_dir.exists());
 }
 
@@ -185,8 +241,8 @@ fn two_sandboxes_get_different_addresses() {
         assert_eq!(w % 4, 2);
         assert_eq!(Ipv4Addr::new(x, y, z, w - 1), sb.host_address());
     }
-    a.teardown().unwrap();
-    b.teardown().unwrap();
+    finish(a);
+    finish(b);
 }
 
 #[test]
@@ -203,7 +259,7 @@ fn a_second_start_with_the_same_name_is_refused() {
     assert!(link_exists(sb.host_interface()));
     sb.teardown().unwrap();
     // And now the name is free again.
-    Sandbox::start(&cfg, sh("true")).unwrap().teardown().unwrap();
+    finish(Sandbox::start(&cfg, sh("true")).unwrap());
 }
 
 #[test]
@@ -211,22 +267,36 @@ fn reports_exit_code_signal_and_kill() {
     let mut sb = Sandbox::start(&config("exit"), sh("exit 3")).unwrap();
     assert_eq!(sb.wait_exit().unwrap(), ExitInfo::Exited { code: 3 });
     assert_eq!(sb.try_wait().unwrap(), Some(ExitInfo::Exited { code: 3 }));
-    sb.teardown().unwrap();
+    finish(sb);
 
     // SIGTERM to the init is forwarded to the service (`exec` so the shell is the sleep).
     let mut sb = Sandbox::start(&config("term"), sh("exec sleep 100")).unwrap();
     assert_eq!(sb.try_wait().unwrap(), None);
     // SAFETY: sending a signal to our own child.
     assert_eq!(unsafe { libc::kill(sb.init_pid(), libc::SIGTERM) }, 0);
-    assert_eq!(sb.wait_exit().unwrap(), ExitInfo::Signaled { signal: libc::SIGTERM, core_dumped: false });
-    sb.teardown().unwrap();
+    assert_eq!(
+        sb.wait_exit().unwrap(),
+        ExitInfo::Signaled {
+            signal: libc::SIGTERM,
+            core_dumped: false
+        }
+    );
+    finish(sb);
 
     let mut sb = Sandbox::start(&config("kill"), sh("sleep 100")).unwrap();
     let service = sb.service_pid().unwrap();
     sb.kill().unwrap();
-    assert_eq!(sb.wait_exit().unwrap(), ExitInfo::InitKilled { signal: libc::SIGKILL });
-    assert!(!Path::new(&format!("/proc/{service}")).exists(), "service survived its init");
-    sb.teardown().unwrap();
+    assert_eq!(
+        sb.wait_exit().unwrap(),
+        ExitInfo::InitKilled {
+            signal: libc::SIGKILL
+        }
+    );
+    assert!(
+        !Path::new(&format!("/proc/{service}")).exists(),
+        "service survived its init"
+    );
+    finish(sb);
 }
 
 #[test]
@@ -237,7 +307,10 @@ fn mounts_are_read_only_and_tmpfs_is_writable() {
     cfg.mounts = vec![
         tardi_manifest::Mount {
             path: "/".into(),
-            kind: tardi_manifest::MountKind::Bind { host_path: "/".into(), writable: false },
+            kind: tardi_manifest::MountKind::Bind {
+                host_path: "/".into(),
+                writable: false,
+            },
         },
         // Sorted after "/" although listed first here.
         tardi_manifest::Mount {
@@ -246,14 +319,19 @@ fn mounts_are_read_only_and_tmpfs_is_writable() {
         },
         tardi_manifest::Mount {
             path: "/tmp/state".into(),
-            kind: tardi_manifest::MountKind::Bind { host_path: host_dir.clone(), writable: true },
+            kind: tardi_manifest::MountKind::Bind {
+                host_path: host_dir.clone(),
+                writable: true,
+            },
         },
     ];
     cfg.mounts.swap(0, 1);
     let sb = Sandbox::start(
         &cfg,
-        sh("touch /etc/x 2>/dev/null && echo etc-writable; echo ok > /tmp/t && echo tmp-writable; \
-            echo kept > /tmp/state/f && echo state-writable; ls /dev; echo done; sleep 100"),
+        sh(
+            "touch /etc/x 2>/dev/null && echo etc-writable; echo ok > /tmp/t && echo tmp-writable; \
+            echo kept > /tmp/state/f && echo state-writable; ls /dev; echo done; sleep 100",
+        ),
     )
     .unwrap();
     let log = wait_for_file(sb.log_path(), |s| s.contains("done"));
@@ -263,8 +341,11 @@ fn mounts_are_read_only_and_tmpfs_is_writable() {
     for dev in ["null", "zero", "urandom", "shm", "fd", "stdout"] {
         assert!(log.lines().any(|l| l == dev), "/dev/{dev} missing:\n{log}");
     }
-    sb.teardown().unwrap();
-    assert_eq!(std::fs::read_to_string(host_dir.join("f")).unwrap(), "kept\n");
+    finish(sb);
+    assert_eq!(
+        std::fs::read_to_string(host_dir.join("f")).unwrap(),
+        "kept\n"
+    );
     std::fs::remove_dir_all(&host_dir).unwrap();
 }
 
@@ -272,19 +353,26 @@ fn mounts_are_read_only_and_tmpfs_is_writable() {
 fn restore_gets_the_requested_pid_and_fds() {
     let out_path = std::env::temp_dir().join(format!("sbxt-restore-{}.out", std::process::id()));
     let out = std::fs::File::create(&out_path).unwrap();
-    let payload = b"/bin/sh\0-c\0grep NSpid /proc/$$/status; echo restored; exec sleep 100".to_vec();
+    let payload =
+        b"/bin/sh\0-c\0grep NSpid /proc/$$/status; echo restored; exec sleep 100".to_vec();
     let sb = Sandbox::start(
         &config("restore"),
-        Start::Restore { pid: 42, payload, fds: vec![out.as_raw_fd()] },
+        Start::Restore {
+            pid: 42,
+            payload,
+            fds: vec![out.as_raw_fd()],
+        },
     )
     .unwrap();
     drop(out);
     assert_eq!(sb.service_ns_pid(), 42);
     let text = wait_for_file(&out_path, |s| s.contains("restored"));
-    let ns = nspids(&text);
-    assert_eq!(ns.len(), 2, "{text}");
-    assert_eq!(ns[1], 42, "{text}");
-    assert_eq!(sb.service_pid(), Some(ns[0]));
-    sb.teardown().unwrap();
+    // Inside, the sandbox's /proc shows the sandbox PID only.
+    assert_eq!(nspids(&text), vec![42], "{text}");
+    // From the host: the host PID, then 42.
+    let service = sb.service_pid().expect("service pid");
+    let status = std::fs::read_to_string(format!("/proc/{service}/status")).unwrap();
+    assert_eq!(nspids(&status), vec![service, 42]);
+    finish(sb);
     std::fs::remove_file(&out_path).unwrap();
 }

@@ -1,2 +1,3 @@
-//! Shared helpers for integration tests (`mod common;`).
+#![allow(dead_code)]
 pub mod programs;
+pub mod tardi;

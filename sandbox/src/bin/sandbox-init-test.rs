@@ -13,7 +13,11 @@ fn main() {
         let fd: RawFd = args[2].parse().expect("spec fd must be a number");
         tardi_sandbox::init_main(fd, exec_payload);
     }
-    eprintln!("usage: {} {} <spec-fd>", args[0], tardi_sandbox::INIT_SUBCOMMAND);
+    eprintln!(
+        "usage: {} {} <spec-fd>",
+        args[0],
+        tardi_sandbox::INIT_SUBCOMMAND
+    );
     std::process::exit(2);
 }
 

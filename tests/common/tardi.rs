@@ -1,0 +1,156 @@
+//! Driving the real `tardi` binary from integration tests: a running sandbox as a value that
+//! stops its `tardi run`/`tardi restore` process when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub fn tardi() -> &'static str {
+    env!("CARGO_BIN_EXE_tardi")
+}
+
+/// A foreground `tardi run` or `tardi restore` and what its first JSON line said.
+pub struct Running {
+    pub child: Child,
+    pub name: String,
+    pub address: std::net::Ipv4Addr,
+    pub pid: i32,
+    pub log: PathBuf,
+    pub started: serde_json::Value,
+    stdout: Option<BufReader<std::process::ChildStdout>>,
+}
+
+impl Running {
+    fn spawn(args: &[&str]) -> Result<Running, String> {
+        let mut child = Command::new(tardi())
+            .args(args)
+            .arg("--json")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).map_err(|e| e.to_string())?;
+        if line.is_empty() {
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err);
+            let _ = child.wait();
+            return Err(err);
+        }
+        let v: serde_json::Value = serde_json::from_str(&line).map_err(|e| format!("{e}: {line}"))?;
+        Ok(Running {
+            name: v["name"].as_str().unwrap().to_string(),
+            address: v["address"].as_str().unwrap().parse().unwrap(),
+            pid: v["pid"].as_i64().unwrap() as i32,
+            log: v["log"].as_str().unwrap().into(),
+            started: v,
+            child,
+            stdout: Some(out),
+        })
+    }
+
+    pub fn run(manifest: &Path) -> Result<Running, String> {
+        Running::spawn(&["run", manifest.to_str().unwrap()])
+    }
+
+    pub fn restore(file: &Path) -> Result<Running, String> {
+        Running::spawn(&["restore", file.to_str().unwrap()])
+    }
+
+    /// `tardi snapshot NAME -o FILE --json`.
+    pub fn snapshot(&self, file: &Path) -> Result<serde_json::Value, String> {
+        let out = Command::new(tardi())
+            .args(["snapshot", &self.name, "-o", file.to_str().unwrap(), "--json"])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
+    }
+
+    /// Waits for the foreground tardi to end by itself (the service exited); returns the rest of
+    /// its output. Stops it if it is still running after `timeout`.
+    pub fn wait_exit(mut self, timeout: Duration) -> String {
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                let mut rest = String::new();
+                if let Some(mut out) = self.stdout.take() {
+                    let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+                }
+                return rest;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        format!("(still running after {timeout:?}) {}", self.stop_inner())
+    }
+
+    /// SIGTERM to the foreground tardi, then wait for it (it tears the sandbox down).
+    pub fn stop(mut self) -> String {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> String {
+        // SAFETY: plain kill of our own child process.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let mut rest = String::new();
+        if let Some(mut out) = self.stdout.take() {
+            let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+        }
+        for _ in 0..200 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return rest;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        rest
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.stop_inner();
+        }
+    }
+}
+
+/// Writes a manifest for a test program with a unique sandbox name.
+pub fn manifest_for(dir: &Path, name: &str, binary: &Path, args: &[&str]) -> PathBuf {
+    let mut argv = vec![format!("{:?}", binary.file_name().unwrap().to_str().unwrap())];
+    argv.extend(args.iter().map(|a| format!("{a:?}")));
+    let text = format!(
+        "libos.entrypoint = {:?}\nloader.argv = [{}]\n\n[tardi]\nname = {:?}\n",
+        binary.to_str().unwrap(),
+        argv.join(", "),
+        name
+    );
+    let p = dir.join(format!("{name}.manifest"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// A scratch directory under the target dir, removed when dropped.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("target/tardi-test-scratch")
+            .join(format!("{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

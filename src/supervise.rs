@@ -43,7 +43,9 @@ pub struct Supervised {
 
 /// Serves the sandbox until the service ends or a signal arrives; then tears it down.
 pub fn supervise(s: Supervised, signals: libc::sigset_t) -> anyhow::Result<()> {
-    let Supervised { mut sandbox, config, restored_from, json } = s;
+    let Supervised { mut sandbox, mut config, restored_from, json } = s;
+    // A restore of a snapshot taken from here gets the same link, so the same address.
+    config.link_index = sandbox.link_index();
     let pid = sandbox.service_pid().context("the service has no process")?;
     let status = StatusReply {
         name: sandbox.name().to_string(),

@@ -393,8 +393,12 @@ fn child_setup(p: &ChildPlan) -> String {
             return step("moving inherited descriptors", io::Error::last_os_error());
         }
     }
-    // SAFETY: closes every descriptor below `base` (none of them is needed any more).
-    unsafe { libc::syscall(libc::SYS_close_range, 0, (p.base - 1) as u32, 0) };
+    // SAFETY: closes every descriptor outside our block (whatever the sandbox init left open is
+    // not the target's and must not leak into it).
+    unsafe {
+        libc::syscall(libc::SYS_close_range, 0u32, (p.base - 1) as u32, 0u32);
+        libc::syscall(libc::SYS_close_range, (p.base + INHERITED as RawFd) as u32, u32::MAX, 0u32);
+    }
     // 2. Mapped files and the executable.
     let n = p.files.len();
     for (i, path) in p.files.iter().chain(std::iter::once(&p.exe)).enumerate() {

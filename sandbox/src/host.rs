@@ -138,7 +138,7 @@ impl Sandbox {
         }
         sb.created_root = true;
 
-        let link = net::create_link(config.subnet)?;
+        let link = net::create_link(config.subnet, config.link_index)?;
         let (address, gateway) = (link.sandbox_addr, link.host_addr);
         sb.link = Some(link);
 
@@ -238,6 +238,12 @@ impl Sandbox {
     }
 
     /// The host side's interface name, `td<i>h`.
+    /// The link index (see [`crate::net`]); pass it as [`SandboxConfig::link_index`] to get the
+    /// same addresses again.
+    pub fn link_index(&self) -> Option<u32> {
+        self.link.as_ref().map(|l| l.index)
+    }
+
     pub fn host_interface(&self) -> &str {
         self.link.as_ref().map_or("", |l| &l.host_if)
     }

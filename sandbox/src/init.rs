@@ -27,6 +27,9 @@ use crate::{ExitInfo, SandboxConfig, Start};
 /// the hook should not use `raise`/`abort`/`pthread_*` (use raw system calls) before it execs.
 pub type RestoreHook = fn(pid: i32, payload: &[u8], fds: &[RawFd]) -> !;
 
+/// Where the service log appears inside the sandbox.
+pub const SANDBOX_LOG: &str = "/dev/tardi.log";
+
 /// Signals the init forwards to the service's main process.
 const FORWARDED: [libc::c_int; 6] = [
     libc::SIGTERM,
@@ -138,8 +141,20 @@ fn run(
             cfg.hostname
         )));
     }
-    build_root(cfg, &spec.root_dir)?;
+    build_root(cfg, &spec.root_dir, &spec.log_path)?;
     enter_root(&spec.root_dir)?;
+    // The service's stdio is opened again inside the new root, so that the paths its descriptors
+    // show (and that a checkpoint records) are valid in any sandbox of the same manifest: the
+    // log is bind-mounted at `/dev/tardi.log`.
+    let log = OpenOptions::new()
+        .append(true)
+        .open(SANDBOX_LOG)
+        .map_err(|e| SandboxError::io("opening the service log", Path::new(SANDBOX_LOG), e))?;
+    let devnull = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| SandboxError::io("opening", "/dev/null", e))?;
     std::env::set_current_dir(&cfg.start_dir).map_err(|e| {
         SandboxError::io(
             "changing to the start directory (inside the sandbox)",
@@ -210,7 +225,7 @@ fn under(root: &Path, sandbox_path: &Path) -> PathBuf {
 
 /// Builds the sandbox's file system under `root` (an empty directory, in our private mount
 /// namespace): a tmpfs, the configured mounts (parents first), `/proc`, `/dev`, `/dev/shm`.
-fn build_root(cfg: &SandboxConfig, root: &Path) -> Result<()> {
+fn build_root(cfg: &SandboxConfig, root: &Path, log: &Path) -> Result<()> {
     let nothing = None::<&Path>;
     mount(
         nothing,
@@ -298,12 +313,12 @@ fn build_root(cfg: &SandboxConfig, root: &Path) -> Result<()> {
         None,
         || "mounting /proc".into(),
     )?;
-    build_dev(root)
+    build_dev(root, log)
 }
 
 /// A minimal `/dev`: a tmpfs with the harmless device nodes bound from the host, the usual
 /// symlinks, and a `/dev/shm` tmpfs.
-fn build_dev(root: &Path) -> Result<()> {
+fn build_dev(root: &Path, log: &Path) -> Result<()> {
     let dev = root.join("dev");
     ensure_mountpoint(&dev, Path::new("/dev"), true)?;
     mount(
@@ -325,6 +340,11 @@ fn build_dev(root: &Path) -> Result<()> {
             format!("bind-mounting {}", host.display())
         })?;
     }
+    let target = under(root, Path::new(SANDBOX_LOG));
+    File::create(&target).map_err(|e| SandboxError::io("creating", &target, e))?;
+    mount(Some(log), &target, None, libc::MS_BIND, None, || {
+        format!("bind-mounting the service log {}", log.display())
+    })?;
     for (link, to) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -572,6 +592,10 @@ fn spawn_exec(
             .and(sys::dup2(log, 1))
             .and(sys::dup2(log, 2))
             .and(limits.apply());
+        // Nothing of the init's reaches the service: every other descriptor closes at exec
+        // (CLOSE_RANGE_CLOEXEC keeps the error pipe usable until then).
+        // SAFETY: close_range only changes descriptor flags of this child.
+        unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 4u32) };
         if ok.is_ok() {
             // SAFETY: NUL-terminated strings in NULL-terminated arrays, alive in this child.
             unsafe { libc::execve(c_path.as_ptr(), argv_p.as_ptr(), env_p.as_ptr()) };

@@ -45,7 +45,7 @@ use std::path::{Component, Path, PathBuf};
 
 pub use error::{Result, SandboxError};
 pub use host::Sandbox;
-pub use init::{RestoreHook, init_main};
+pub use init::{RestoreHook, SANDBOX_LOG, init_main};
 
 /// The hidden subcommand that runs the init: the init executable is started as
 /// `<exe> __sandbox-init <spec-fd>` and must then call [`init_main`]`(<spec-fd>, hook)`.
@@ -79,6 +79,10 @@ pub struct SandboxConfig {
     /// `RLIMIT_DATA` for the service (manifest `sys.brk.max_size`).
     #[serde(default)]
     pub data_limit: Option<u64>,
+    /// Use exactly this link index (and so these addresses) instead of any free one: a sandbox
+    /// restored from a checkpoint keeps the address its clients know.
+    #[serde(default)]
+    pub link_index: Option<u32>,
 }
 
 /// How the service process inside the sandbox comes to life.
@@ -185,6 +189,7 @@ impl SandboxConfig {
             init_exe: None,
             stack_size: None,
             data_limit: None,
+            link_index: None,
             name,
         }
     }

@@ -90,8 +90,28 @@ fn used_indices() -> Result<HashSet<u32>> {
 }
 
 /// Allocates a free index and creates its veth pair (both ends on the host, down).
-pub(crate) fn create_link(subnet: Ipv4Addr) -> Result<Link> {
+/// With `want`, only that index is tried.
+pub(crate) fn create_link(subnet: Ipv4Addr, want: Option<u32>) -> Result<Link> {
     let mut tried = HashSet::new();
+    if let Some(index) = want {
+        if !(1..=MAX_INDEX).contains(&index) {
+            return Err(SandboxError::InvalidConfig(format!("link index {index} out of range")));
+        }
+        let link = Link::new(subnet, index);
+        return match run(
+            Command::new("ip").args(["link", "add", &link.host_if, "type", "veth", "peer", "name", &link.sandbox_if]),
+            None,
+        ) {
+            Ok(()) => Ok(link),
+            Err(SandboxError::Command { stderr, .. }) if stderr.contains("File exists") => {
+                Err(SandboxError::InvalidConfig(format!(
+                    "the sandbox's address {} is in use (link {} exists): is another sandbox holding it?",
+                    link.sandbox_addr, link.host_if
+                )))
+            }
+            Err(e) => Err(e),
+        };
+    }
     for _ in 0..MAX_COLLISIONS {
         let used = used_indices()?;
         // Round-robin from where this process last allocated, so that a just-freed index (and

@@ -39,11 +39,12 @@ pub struct Supervised {
     pub config: SandboxConfig,
     pub restored_from: Option<PathBuf>,
     pub json: bool,
+    pub restore: Option<crate::restore_cmd::RestoreTimings>,
 }
 
 /// Serves the sandbox until the service ends or a signal arrives; then tears it down.
 pub fn supervise(s: Supervised, signals: libc::sigset_t) -> anyhow::Result<()> {
-    let Supervised { mut sandbox, mut config, restored_from, json } = s;
+    let Supervised { mut sandbox, mut config, restored_from, json, restore } = s;
     // A restore of a snapshot taken from here gets the same link, so the same address.
     config.link_index = sandbox.link_index();
     let pid = sandbox.service_pid().context("the service has no process")?;
@@ -68,8 +69,22 @@ pub fn supervise(s: Supervised, signals: libc::sigset_t) -> anyhow::Result<()> {
         v["event"] = "started".into();
         v["control"] = sock_path.display().to_string().into();
         v["host_address"] = sandbox.host_address().to_string().into();
+        if let Some(t) = &restore {
+            v["restore"] = serde_json::to_value(t)?;
+        }
         println!("{v}");
     } else {
+        if let Some(t) = &restore {
+            println!(
+                "restored in {:.1} ms (read+verify {:.1}, prepare {:.1}, sandbox {:.1}, restorer {:.1}, cleanup {:.1})",
+                t.total_us as f64 / 1e3,
+                t.read_verify_us as f64 / 1e3,
+                t.prepare_us as f64 / 1e3,
+                t.sandbox_us as f64 / 1e3,
+                t.restorer_us as f64 / 1e3,
+                t.cleanup_us as f64 / 1e3
+            );
+        }
         println!(
             "sandbox {:?} running: address {}, pid {}, log {}\n  snapshot: tardi snapshot {} -o FILE    stop: Ctrl-C",
             status.name, status.address, status.pid, status.log.display(), status.name

@@ -1,3 +1,4 @@
 #![allow(dead_code)]
 pub mod programs;
+pub mod resp;
 pub mod tardi;

@@ -1,0 +1,91 @@
+//! A minimal Redis (RESP2) client for tests: pipelined commands, simple replies.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Status(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+}
+
+pub struct Conn {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Conn {
+    pub fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<Conn> {
+        let s = TcpStream::connect_timeout(&addr, timeout)?;
+        s.set_read_timeout(Some(Duration::from_secs(20)))?;
+        Ok(Conn { r: BufReader::new(s.try_clone()?), w: s })
+    }
+
+    /// Connects, retrying until `timeout` (the service may still be starting).
+    pub fn connect_retry(addr: SocketAddr, timeout: Duration) -> Conn {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let err = match Conn::connect(addr, Duration::from_millis(500)) {
+                Ok(mut c) => match c.cmd(&["PING"]) {
+                    Ok(_) => return c,
+                    Err(e) => e,
+                },
+                Err(e) => e,
+            };
+            if std::time::Instant::now() > deadline {
+                panic!("{addr} does not answer PING: {err}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn encode(buf: &mut Vec<u8>, args: &[&str]) {
+        buf.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+        for a in args {
+            buf.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+        }
+    }
+
+    pub fn cmd(&mut self, args: &[&str]) -> std::io::Result<Reply> {
+        Ok(self.pipeline(&[args.iter().map(|s| s.to_string()).collect()])?.remove(0))
+    }
+
+    pub fn pipeline(&mut self, cmds: &[Vec<String>]) -> std::io::Result<Vec<Reply>> {
+        let mut buf = Vec::new();
+        for c in cmds {
+            let refs: Vec<&str> = c.iter().map(String::as_str).collect();
+            Conn::encode(&mut buf, &refs);
+        }
+        self.w.write_all(&buf)?;
+        (0..cmds.len()).map(|_| self.read()).collect()
+    }
+
+    fn read(&mut self) -> std::io::Result<Reply> {
+        let mut line = String::new();
+        if self.r.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let body = line.trim_end().to_string();
+        let (kind, rest) = body.split_at(1);
+        Ok(match kind {
+            "+" => Reply::Status(rest.into()),
+            "-" => Reply::Error(rest.into()),
+            ":" => Reply::Int(rest.parse().unwrap()),
+            "$" => {
+                let n: i64 = rest.parse().unwrap();
+                if n < 0 {
+                    Reply::Bulk(None)
+                } else {
+                    let mut v = vec![0u8; n as usize + 2];
+                    std::io::Read::read_exact(&mut self.r, &mut v)?;
+                    v.truncate(n as usize);
+                    Reply::Bulk(Some(v))
+                }
+            }
+            _ => return Err(std::io::Error::other(format!("unexpected reply {body:?}"))),
+        })
+    }
+}

@@ -52,7 +52,10 @@ pub fn socket_path(name: &str) -> PathBuf {
 pub fn call(name: &str, req: &Request) -> anyhow::Result<Reply> {
     let path = socket_path(name);
     let mut s = UnixStream::connect(&path).with_context(|| {
-        format!("no running sandbox named {name:?} (cannot connect to {})", path.display())
+        format!(
+            "no running sandbox named {name:?} (cannot connect to {})",
+            path.display()
+        )
     })?;
     let mut line = serde_json::to_string(req)?;
     line.push('\n');

@@ -21,8 +21,9 @@ fn main() {
     let cli = cli::Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TARDI_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(if cli.verbose { "debug" } else { "warn" })),
+            tracing_subscriber::EnvFilter::try_from_env("TARDI_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(if cli.verbose { "debug" } else { "warn" })
+            }),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -43,7 +44,9 @@ fn main() {
 }
 
 fn not_yet(cmd: &str, with: &str) -> anyhow::Result<()> {
-    eprintln!("tardi {cmd}: not implemented yet; it arrives with {with}. See `tardi {cmd} --help`.");
+    eprintln!(
+        "tardi {cmd}: not implemented yet; it arrives with {with}. See `tardi {cmd} --help`."
+    );
     std::process::exit(2);
 }
 

@@ -16,26 +16,40 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
     let ck = Checkpoint::from_bytes(bytes)
         .with_context(|| format!("{} cannot be restored", a.file.display()))?;
     if ck.image.sandbox.is_empty() {
-        bail!("{} has no sandbox description (not written by `tardi snapshot`)", a.file.display());
+        bail!(
+            "{} has no sandbox description (not written by `tardi snapshot`)",
+            a.file.display()
+        );
     }
     let config: SandboxConfig = serde_json::from_slice(&ck.image.sandbox)
         .context("the checkpoint's sandbox description is malformed")?;
     let t_read = t0.elapsed();
-    let prep = restore::prepare(&ck, &|p| host_path(&config, p))
-        .with_context(|| format!("{} cannot be restored here; nothing was started", a.file.display()))?;
+    let prep = restore::prepare(&ck, &|p| host_path(&config, p)).with_context(|| {
+        format!(
+            "{} cannot be restored here; nothing was started",
+            a.file.display()
+        )
+    })?;
     drop(ck);
     let t_prepared = t0.elapsed();
-    let start = Start::Restore { pid: prep.pid, payload: prep.payload.clone(), fds: prep.inherit.clone() };
+    let start = Start::Restore {
+        pid: prep.pid,
+        payload: prep.payload.clone(),
+        fds: prep.inherit.clone(),
+    };
     let mut sandbox = Sandbox::start(&config, start)
         .with_context(|| format!("starting sandbox {:?}", config.name))?;
-    let pid = sandbox.service_pid().context("the restored service has no process")?;
+    let pid = sandbox
+        .service_pid()
+        .context("the restored service has no process")?;
     let t_sandbox = t0.elapsed();
     let fin = restore::finish(prep, pid, Duration::from_secs(60));
     if let Err(e) = fin {
         let _ = sandbox.kill();
         let log = sandbox.log_path().to_path_buf();
         let _ = sandbox.teardown();
-        return Err(anyhow::Error::new(e).context(format!("restore failed (sandbox log: {})", log.display())));
+        return Err(anyhow::Error::new(e)
+            .context(format!("restore failed (sandbox log: {})", log.display())));
     }
     let fin = fin.expect("checked above");
     let timings = RestoreTimings {
@@ -48,7 +62,16 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
     };
     tracing::info!(?timings, "restored");
     let file = std::path::absolute(&a.file).ok();
-    supervise(Supervised { sandbox, config, restored_from: file, json: a.json, restore: Some(timings) }, signals)
+    supervise(
+        Supervised {
+            sandbox,
+            config,
+            restored_from: file,
+            json: a.json,
+            restore: Some(timings),
+        },
+        signals,
+    )
 }
 
 /// Where a restore's time went (reported in the `started` event).
@@ -76,7 +99,9 @@ pub fn host_path(config: &SandboxConfig, p: &str) -> Option<PathBuf> {
         .filter(|m| p.starts_with(&m.path))
         .max_by_key(|m| m.path.components().count())
         .and_then(|m| match &m.kind {
-            MountKind::Bind { host_path, .. } => Some(host_path.join(p.strip_prefix(&m.path).ok()?)),
+            MountKind::Bind { host_path, .. } => {
+                Some(host_path.join(p.strip_prefix(&m.path).ok()?))
+            }
             MountKind::Tmpfs => None,
         })
 }

@@ -19,5 +19,14 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
     };
     let sandbox = Sandbox::start(&config, start)
         .with_context(|| format!("starting sandbox {:?}", m.tardi.name))?;
-    supervise(Supervised { sandbox, config, restored_from: None, json: a.json, restore: None }, signals)
+    supervise(
+        Supervised {
+            sandbox,
+            config,
+            restored_from: None,
+            json: a.json,
+            restore: None,
+        },
+        signals,
+    )
 }

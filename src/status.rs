@@ -5,7 +5,10 @@ use crate::control::{self, Reply, Request};
 
 pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     let mut names: Vec<String> = std::fs::read_dir(tardi_sandbox::RUN_ROOT)
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
         .unwrap_or_default();
     names.sort();
     let mut any = false;
@@ -18,7 +21,13 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
             if a.json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
-                println!("{:<20} {:<16} pid {:<8} log {}", s.name, s.address, s.pid, s.log.display());
+                println!(
+                    "{:<20} {:<16} pid {:<8} log {}",
+                    s.name,
+                    s.address,
+                    s.pid,
+                    s.log.display()
+                );
             }
         }
     }

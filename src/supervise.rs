@@ -28,7 +28,10 @@ pub fn block_signals() -> libc::sigset_t {
 
 /// A blocked termination signal, if one is pending, waiting at most `timeout`.
 fn wait_signal(set: &libc::sigset_t, timeout: Duration) -> Option<i32> {
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: timeout.subsec_nanos() as i64 };
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as i64,
+        tv_nsec: timeout.subsec_nanos() as i64,
+    };
     // SAFETY: `set` and `ts` are valid; no siginfo requested.
     let r = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
     (r > 0).then_some(r)
@@ -44,10 +47,18 @@ pub struct Supervised {
 
 /// Serves the sandbox until the service ends or a signal arrives; then tears it down.
 pub fn supervise(s: Supervised, signals: libc::sigset_t) -> anyhow::Result<()> {
-    let Supervised { mut sandbox, mut config, restored_from, json, restore } = s;
+    let Supervised {
+        mut sandbox,
+        mut config,
+        restored_from,
+        json,
+        restore,
+    } = s;
     // A restore of a snapshot taken from here gets the same link, so the same address.
     config.link_index = sandbox.link_index();
-    let pid = sandbox.service_pid().context("the service has no process")?;
+    let pid = sandbox
+        .service_pid()
+        .context("the service has no process")?;
     let status = StatusReply {
         name: sandbox.name().to_string(),
         address: sandbox.address().to_string(),
@@ -59,7 +70,11 @@ pub fn supervise(s: Supervised, signals: libc::sigset_t) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&sock_path);
     let listener = UnixListener::bind(&sock_path)
         .with_context(|| format!("creating the control socket {}", sock_path.display()))?;
-    let shared = Arc::new(ServeState { status: status.clone(), config, lock: Mutex::new(()) });
+    let shared = Arc::new(ServeState {
+        status: status.clone(),
+        config,
+        lock: Mutex::new(()),
+    });
     {
         let shared = shared.clone();
         std::thread::spawn(move || serve(listener, shared));
@@ -87,7 +102,11 @@ pub fn supervise(s: Supervised, signals: libc::sigset_t) -> anyhow::Result<()> {
         }
         println!(
             "sandbox {:?} running: address {}, pid {}, log {}\n  snapshot: tardi snapshot {} -o FILE    stop: Ctrl-C",
-            status.name, status.address, status.pid, status.log.display(), status.name
+            status.name,
+            status.address,
+            status.pid,
+            status.log.display(),
+            status.name
         );
     }
     let _ = std::io::stdout().flush();
@@ -105,7 +124,10 @@ pub fn supervise(s: Supervised, signals: libc::sigset_t) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&sock_path);
     let torn = sandbox.teardown();
     if json {
-        println!("{}", serde_json::json!({"event": "stopped", "name": status.name, "reason": outcome}));
+        println!(
+            "{}",
+            serde_json::json!({"event": "stopped", "name": status.name, "reason": outcome})
+        );
     } else {
         println!("sandbox {:?} stopped: {outcome}", status.name);
     }
@@ -150,10 +172,17 @@ fn snapshot_to(st: &ServeState, path: &Path) -> anyhow::Result<SnapshotReply> {
     let (mut ck, stats) = tardi_checkpointer::checkpoint(st.status.pid, 0)
         .with_context(|| format!("checkpointing sandbox {:?}", st.status.name))?;
     ck.image.sandbox = serde_json::to_vec(&st.config)?;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.partial", path.file_name().and_then(|n| n.to_str()).unwrap_or("tardi")));
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.partial",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("tardi")
+    ));
     let write = || -> anyhow::Result<u64> {
-        let f = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let f =
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
         let n = ck.write_to(&mut w)?;
         w.into_inner().map_err(|e| e.into_error())?.sync_all()?;

@@ -21,9 +21,13 @@ fn addr(r: &Running) -> SocketAddr {
 fn query(r: &Running) -> Report {
     let rep = programs::query(addr(r), Duration::from_secs(5))
         .unwrap_or_else(|e| panic!("state machine in sandbox {} does not answer: {e}", r.name));
-    rep.check().unwrap_or_else(|e| panic!("state digest wrong in {}: {e}", r.name));
+    rep.check()
+        .unwrap_or_else(|e| panic!("state digest wrong in {}: {e}", r.name));
     let want = programs::expected_digest(&rep.steps, rep.sig);
-    assert_eq!(rep.digest, want, "digest differs from the pure function of the step counts");
+    assert_eq!(
+        rep.digest, want,
+        "digest differs from the pure function of the step counts"
+    );
     rep
 }
 
@@ -44,27 +48,43 @@ fn cycles(tag: &str, threads: u32, cycles: usize) {
         before.not_before(&last).unwrap();
         std::thread::sleep(Duration::from_millis(rng.random_range(0..40)));
         let file = scratch.0.join(format!("c{i}.tardi"));
-        let snap = cur.snapshot(&file).unwrap_or_else(|e| panic!("cycle {i}: snapshot: {e}"));
+        let snap = cur
+            .snapshot(&file)
+            .unwrap_or_else(|e| panic!("cycle {i}: snapshot: {e}"));
         assert!(snap["bytes"].as_u64().unwrap() > 0);
         let address = cur.address;
         let log = cur.log.clone();
         cur.stop();
         cur = Running::restore(&file).unwrap_or_else(|e| {
-            panic!("cycle {i}: restore: {e}\n--- log ---\n{}", std::fs::read_to_string(&log).unwrap_or_default())
+            panic!(
+                "cycle {i}: restore: {e}\n--- log ---\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
         });
-        assert_eq!(cur.address, address, "the restored sandbox must keep its address");
+        assert_eq!(
+            cur.address, address,
+            "the restored sandbox must keep its address"
+        );
         let after = query(&cur);
-        after.not_before(&before).unwrap_or_else(|e| panic!("cycle {i}: went back in time: {e}"));
+        after
+            .not_before(&before)
+            .unwrap_or_else(|e| panic!("cycle {i}: went back in time: {e}"));
         std::thread::sleep(Duration::from_millis(30));
         last = query(&cur);
-        assert!(last.total_steps() > after.total_steps(), "cycle {i}: restored process makes no progress");
+        assert!(
+            last.total_steps() > after.total_steps(),
+            "cycle {i}: restored process makes no progress"
+        );
         std::fs::remove_file(&file).unwrap();
     }
     // The process still exits cleanly: its main thread joins the network thread, which needs
     // the restored clear_child_tid futex wake.
     let _ = programs::request(addr(&cur), "exit", Duration::from_millis(300));
     let out = cur.wait_exit(Duration::from_secs(10));
-    assert!(out.contains("service exited with code 0"), "unclean exit: {out}");
+    assert!(
+        out.contains("service exited with code 0"),
+        "unclean exit: {out}"
+    );
 }
 
 #[test]

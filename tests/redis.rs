@@ -16,18 +16,28 @@ use std::time::Duration;
 const KEYS: usize = 100_000;
 
 fn value(i: usize) -> String {
-    format!("value-{i}-{:x}-{}", (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15), "x".repeat(i % 37))
+    format!(
+        "value-{i}-{:x}-{}",
+        (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        "x".repeat(i % 37)
+    )
 }
 
 /// The shipped manifest with a unique name and a scratch data directory.
 fn manifest(scratch: &Path, name: &str) -> std::path::PathBuf {
     let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("gramine-manifests/redis.manifest");
     let text = std::fs::read_to_string(shipped).unwrap();
-    assert!(text.contains("name = \"redis\""), "shipped manifest changed shape");
+    assert!(
+        text.contains("name = \"redis\""),
+        "shipped manifest changed shape"
+    );
     let data = scratch.join("data");
     let text = text
         .replace("name = \"redis\"", &format!("name = \"{name}\""))
-        .replace("file:/var/lib/tardi/redis/data", &format!("file:{}", data.display()));
+        .replace(
+            "file:/var/lib/tardi/redis/data",
+            &format!("file:{}", data.display()),
+        );
     let p = scratch.join(format!("{name}.manifest"));
     std::fs::write(&p, text).unwrap();
     p
@@ -37,10 +47,22 @@ fn load(addr: SocketAddr) {
     let mut input = Vec::with_capacity(KEYS * 80);
     for i in 0..KEYS {
         let (k, v) = (format!("key:{i}"), value(i));
-        write!(input, "*3\r\n$3\r\nSET\r\n${}\r\n{k}\r\n${}\r\n{v}\r\n", k.len(), v.len()).unwrap();
+        write!(
+            input,
+            "*3\r\n$3\r\nSET\r\n${}\r\n{k}\r\n${}\r\n{v}\r\n",
+            k.len(),
+            v.len()
+        )
+        .unwrap();
     }
     let mut child = Command::new("redis-cli")
-        .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string(), "--pipe"])
+        .args([
+            "-h",
+            &addr.ip().to_string(),
+            "-p",
+            &addr.port().to_string(),
+            "--pipe",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -49,14 +71,20 @@ fn load(addr: SocketAddr) {
     child.stdin.take().unwrap().write_all(&input).unwrap();
     let out = child.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.contains(&format!("replies: {KEYS}")), "redis-cli --pipe: {text}");
+    assert!(
+        out.status.success() && text.contains(&format!("replies: {KEYS}")),
+        "redis-cli --pipe: {text}"
+    );
 }
 
 /// Every key holds its value, and nothing else is there.
 fn check_all(c: &mut Conn) {
     assert_eq!(c.cmd(&["DBSIZE"]).unwrap(), Reply::Int(KEYS as i64));
     for chunk in (0..KEYS).collect::<Vec<_>>().chunks(2000) {
-        let cmds: Vec<Vec<String>> = chunk.iter().map(|i| vec!["GET".into(), format!("key:{i}")]).collect();
+        let cmds: Vec<Vec<String>> = chunk
+            .iter()
+            .map(|i| vec!["GET".into(), format!("key:{i}")])
+            .collect();
         for (i, r) in chunk.iter().zip(c.pipeline(&cmds).unwrap()) {
             assert_eq!(r, Reply::Bulk(Some(value(*i).into_bytes())), "key:{i}");
         }
@@ -65,7 +93,10 @@ fn check_all(c: &mut Conn) {
 
 #[test]
 fn redis_100k_keys_survive_snapshot_kill_restore() {
-    assert!(Path::new("/usr/bin/redis-server").exists(), "redis-server missing: apt-get install redis-server");
+    assert!(
+        Path::new("/usr/bin/redis-server").exists(),
+        "redis-server missing: apt-get install redis-server"
+    );
     let scratch = Scratch::new("redis");
     let name = format!("redis-t{}", std::process::id() % 100000);
     let run = Running::run(&manifest(&scratch.0, &name)).expect("tardi run redis");
@@ -77,21 +108,42 @@ fn redis_100k_keys_survive_snapshot_kill_restore() {
     let mut cur = run;
     for generation in 1..=2 {
         let file = scratch.0.join(format!("redis-{generation}.tardi"));
-        let snap = cur.snapshot(&file).unwrap_or_else(|e| panic!("snapshot {generation}: {e}"));
-        assert!(snap["memory_bytes"].as_u64().unwrap() > 10_000_000, "{snap}");
+        let snap = cur
+            .snapshot(&file)
+            .unwrap_or_else(|e| panic!("snapshot {generation}: {e}"));
+        assert!(
+            snap["memory_bytes"].as_u64().unwrap() > 10_000_000,
+            "{snap}"
+        );
         // Written after the snapshot: must not survive the restore.
         let mut c = Conn::connect(addr, Duration::from_secs(2)).unwrap();
-        assert_eq!(c.cmd(&["SET", "after-snapshot", "1"]).unwrap(), Reply::Status("OK".into()));
+        assert_eq!(
+            c.cmd(&["SET", "after-snapshot", "1"]).unwrap(),
+            Reply::Status("OK".into())
+        );
         drop(c);
         cur.stop();
         cur = Running::restore(&file).unwrap_or_else(|e| panic!("restore {generation}: {e}"));
-        assert_eq!(SocketAddr::new(cur.address.into(), 6379), addr, "same address after restore");
+        assert_eq!(
+            SocketAddr::new(cur.address.into(), 6379),
+            addr,
+            "same address after restore"
+        );
         let mut c = Conn::connect_retry(addr, Duration::from_secs(10));
-        assert_eq!(c.cmd(&["GET", "after-snapshot"]).unwrap(), Reply::Bulk(None));
+        assert_eq!(
+            c.cmd(&["GET", "after-snapshot"]).unwrap(),
+            Reply::Bulk(None)
+        );
         check_all(&mut c);
         // Still a working server: writes and a fresh client.
-        assert_eq!(c.cmd(&["SET", &format!("gen{generation}"), "ok"]).unwrap(), Reply::Status("OK".into()));
-        assert_eq!(c.cmd(&["DEL", &format!("gen{generation}")]).unwrap(), Reply::Int(1));
+        assert_eq!(
+            c.cmd(&["SET", &format!("gen{generation}"), "ok"]).unwrap(),
+            Reply::Status("OK".into())
+        );
+        assert_eq!(
+            c.cmd(&["DEL", &format!("gen{generation}")]).unwrap(),
+            Reply::Int(1)
+        );
     }
     let out = cur.stop();
     assert!(out.contains("\"stopped\""), "{out}");

@@ -6,7 +6,11 @@ use tardi_checkpointer::{checkpoint, image::Checkpoint, restore};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let log = std::fs::OpenOptions::new().create(true).append(true).open("/tmp/bare-restore.log").unwrap();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open("/tmp/bare-restore.log")
+        .unwrap();
     let mut child = std::process::Command::new(&args[0])
         .args(&args[1..])
         .stdout(log.try_clone().unwrap())
@@ -16,7 +20,11 @@ fn main() {
     let pid = child.id() as i32;
     std::thread::sleep(Duration::from_millis(1500));
     let (ck, stats) = checkpoint(pid, 1).expect("checkpoint");
-    println!("checkpoint: {stats:?}, {} vmas, {} fds", ck.image.vmas.len(), ck.image.fds.len());
+    println!(
+        "checkpoint: {stats:?}, {} vmas, {} fds",
+        ck.image.vmas.len(),
+        ck.image.fds.len()
+    );
     let bytes = ck.to_bytes();
     child.kill().unwrap();
     child.wait().unwrap();
@@ -58,9 +66,11 @@ fn main() {
     }
     // Find the init (our grandchild) and its child, the restored process.
     let host_pid = loop {
-        let kids = std::fs::read_to_string(format!("/proc/{outer}/task/{outer}/children")).unwrap_or_default();
+        let kids = std::fs::read_to_string(format!("/proc/{outer}/task/{outer}/children"))
+            .unwrap_or_default();
         if let Some(init) = kids.split_whitespace().next() {
-            let k = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap_or_default();
+            let k = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
+                .unwrap_or_default();
             if let Some(p) = k.split_whitespace().next() {
                 break p.parse::<i32>().unwrap();
             }
@@ -68,8 +78,18 @@ fn main() {
         std::thread::sleep(Duration::from_micros(100));
     };
     let fin = restore::finish(prep, host_pid, Duration::from_secs(10));
-    println!("restore: {:?} total {:?} host pid {host_pid}", fin, t0.elapsed());
+    println!(
+        "restore: {:?} total {:?} host pid {host_pid}",
+        fin,
+        t0.elapsed()
+    );
     std::thread::sleep(Duration::from_millis(2500));
-    println!("maps after:\n{}", std::fs::read_to_string(format!("/proc/{host_pid}/maps")).unwrap_or_default().lines().count());
+    println!(
+        "maps after:\n{}",
+        std::fs::read_to_string(format!("/proc/{host_pid}/maps"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    );
     unsafe { libc::kill(host_pid, libc::SIGKILL) };
 }

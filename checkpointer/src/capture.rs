@@ -25,11 +25,23 @@ pub enum CaptureError {
     #[error(transparent)]
     Ptrace(#[from] PtraceError),
     #[error("reading {what} of process {pid}: {source}")]
-    Proc { pid: Pid, what: String, source: io::Error },
+    Proc {
+        pid: Pid,
+        what: String,
+        source: io::Error,
+    },
     #[error("cannot checkpoint: {0}")]
     Unsupported(String),
     #[error("injected {call} in thread {tid} failed with errno {errno}")]
-    Injected { call: &'static str, tid: Pid, errno: i64 },
+    Injected {
+        call: &'static str,
+        tid: Pid,
+        errno: i64,
+    },
+    #[error(
+        "cannot checkpoint: signals {0:?} are pending (not yet delivered) and stayed pending; capturing pending signals is not implemented yet"
+    )]
+    PendingSignals(Vec<u32>),
 }
 
 type Result<T> = std::result::Result<T, CaptureError>;
@@ -53,7 +65,23 @@ pub struct CaptureStats {
 }
 
 /// Takes a full checkpoint of process `pid` (a host PID). The process keeps running.
+///
+/// A signal can be queued at the very moment the threads stop; it would be lost, so such an
+/// attempt is abandoned and retried a few times before giving up.
 pub fn checkpoint(pid: Pid, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
+    let mut attempt = 0;
+    loop {
+        match checkpoint_once(pid, epoch) {
+            Err(CaptureError::PendingSignals(_)) if attempt < 20 => {
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(attempt));
+            }
+            r => return r,
+        }
+    }
+}
+
+fn checkpoint_once(pid: Pid, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
     let mut stats = CaptureStats::default();
     let t0 = Instant::now();
     let mut st = Stopped::stop(pid)?;
@@ -65,11 +93,22 @@ pub fn checkpoint(pid: Pid, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
     let (mut image, mut data, file_ids) = captured?;
     resumed?;
     // Off the critical path: identify mapped files, drop all-zero anonymous pages.
-    image.files = file_ids.into_iter().map(|f| f.identify(pid)).collect::<Result<_>>()?;
+    image.files = file_ids
+        .into_iter()
+        .map(|f| f.identify(pid))
+        .collect::<Result<_>>()?;
     image.exe = identify_path(pid, &format!("/proc/{pid}/exe"), &image.exe.path)?;
     drop_zero_pages(&mut image, &mut data);
     stats.saved_bytes = data.len() as u64;
-    Ok((Checkpoint { epoch, kind: Kind::Full, image, data }, stats))
+    Ok((
+        Checkpoint {
+            epoch,
+            kind: Kind::Full,
+            image,
+            data,
+        },
+        stats,
+    ))
 }
 
 /// A mapped file found during the pause, hashed after it.
@@ -86,18 +125,35 @@ impl PendingFile {
 }
 
 /// Hash cache: (dev, ino, size, mtime) → BLAKE3, so a file is hashed once per supervisor.
-static HASHES: Mutex<Option<HashMap<(u64, u64, u64, i64, i64), [u8; 32]>>> = Mutex::new(None);
+static HASHES: Mutex<Option<HashMap<FileKey, [u8; 32]>>> = Mutex::new(None);
+
+/// (dev, ino, size, mtime seconds, mtime nanoseconds): a file's identity on this machine.
+type FileKey = (u64, u64, u64, i64, i64);
 
 fn identify_path(pid: Pid, open_path: &str, path: &str) -> Result<FileRef> {
     let f = std::fs::File::open(open_path).map_err(proc_err(pid, format!("mapped file {path}")))?;
-    let m = f.metadata().map_err(proc_err(pid, format!("mapped file {path}")))?;
+    let m = f
+        .metadata()
+        .map_err(proc_err(pid, format!("mapped file {path}")))?;
     let key = (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec());
     if let Some(h) = HASHES.lock().unwrap().get_or_insert_default().get(&key) {
-        return Ok(FileRef { path: path.to_string(), size: m.size(), hash: *h });
+        return Ok(FileRef {
+            path: path.to_string(),
+            size: m.size(),
+            hash: *h,
+        });
     }
     let hash = hash_file(f).map_err(proc_err(pid, format!("hashing {path}")))?;
-    HASHES.lock().unwrap().get_or_insert_default().insert(key, hash);
-    Ok(FileRef { path: path.to_string(), size: m.size(), hash })
+    HASHES
+        .lock()
+        .unwrap()
+        .get_or_insert_default()
+        .insert(key, hash);
+    Ok(FileRef {
+        path: path.to_string(),
+        size: m.size(),
+        hash,
+    })
 }
 
 pub(crate) fn hash_file(mut f: std::fs::File) -> io::Result<[u8; 32]> {
@@ -113,6 +169,7 @@ fn capture_stopped(st: &mut Stopped, stats: &mut CaptureStats) -> Result<Capture
     let view = crate::view::read(pid).map_err(proc_err(pid, "maps and descriptors"))?;
     let maps = procfs::parse_smaps(&view.smaps);
     check_pending_signals(pid, &st.tids)?;
+    check_supported(pid, &st.tids)?;
 
     // Threads: registers and what ptrace reads directly.
     let mut threads = Vec::with_capacity(st.tids.len());
@@ -121,20 +178,42 @@ fn capture_stopped(st: &mut Stopped, stats: &mut CaptureStats) -> Result<Capture
         let regs = st.regs(tid)?;
         let xstate = st.xstate(tid)?;
         let (robust_list, robust_len) = st.robust_list(tid)?;
-        let rseq = st.rseq(tid)?.map(|(addr, len, sig)| Rseq { addr, len, sig });
+        let rseq = st
+            .rseq(tid)?
+            .map(|(addr, len, sig)| Rseq { addr, len, sig });
         let ns_tid = procfs::ns_pid(pid, tid).map_err(proc_err(pid, "NSpid"))?;
         max_tid = max_tid.max(ns_tid);
         let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
             .map_err(proc_err(pid, "comm"))?;
         // clear_child_tid and the alternate signal stack have no outside interface.
-        let (r, _, out) = st.inject(&maps, tid, libc::SYS_prctl, [libc::PR_GET_TID_ADDRESS as u64, SCRATCH, 0, 0, 0, 0], 8)?;
+        let (r, _, out) = st.inject(
+            &maps,
+            tid,
+            libc::SYS_prctl,
+            [libc::PR_GET_TID_ADDRESS as u64, SCRATCH, 0, 0, 0, 0],
+            8,
+        )?;
         if r < 0 {
-            return Err(CaptureError::Injected { call: "prctl(PR_GET_TID_ADDRESS)", tid, errno: -r });
+            return Err(CaptureError::Injected {
+                call: "prctl(PR_GET_TID_ADDRESS)",
+                tid,
+                errno: -r,
+            });
         }
         let clear_child_tid = u64::from_le_bytes(out[..8].try_into().unwrap());
-        let (r, _, out) = st.inject(&maps, tid, libc::SYS_sigaltstack, [0, SCRATCH, 0, 0, 0, 0], 24)?;
+        let (r, _, out) = st.inject(
+            &maps,
+            tid,
+            libc::SYS_sigaltstack,
+            [0, SCRATCH, 0, 0, 0, 0],
+            24,
+        )?;
         if r < 0 {
-            return Err(CaptureError::Injected { call: "sigaltstack", tid, errno: -r });
+            return Err(CaptureError::Injected {
+                call: "sigaltstack",
+                tid,
+                errno: -r,
+            });
         }
         let altstack = AltStack {
             sp: u64::from_le_bytes(out[..8].try_into().unwrap()),
@@ -160,10 +239,20 @@ fn capture_stopped(st: &mut Stopped, stats: &mut CaptureStats) -> Result<Capture
     let sigactions = capture_sigactions(st, &maps, leader)?;
     let (brk, _, _) = st.inject(&maps, leader, libc::SYS_brk, [0; 6], 0)?;
     let (umask_now, _, _) = st.inject(&maps, leader, libc::SYS_umask, [0o022, 0, 0, 0, 0, 0], 0)?;
-    st.inject(&maps, leader, libc::SYS_umask, [umask_now as u64, 0, 0, 0, 0, 0], 0)?;
+    st.inject(
+        &maps,
+        leader,
+        libc::SYS_umask,
+        [umask_now as u64, 0, 0, 0, 0, 0],
+        0,
+    )?;
     let stat = procfs::stat_fields(pid).map_err(proc_err(pid, "stat"))?;
     // proc(5) numbers fields from 1.
-    let f = |n: usize| stat.get(n - 1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let f = |n: usize| {
+        stat.get(n - 1)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     let mm = MmInfo {
         start_code: f(26),
         end_code: f(27),
@@ -178,7 +267,10 @@ fn capture_stopped(st: &mut Stopped, stats: &mut CaptureStats) -> Result<Capture
         env_end: f(51),
     };
     let auxv_raw = std::fs::read(format!("/proc/{pid}/auxv")).map_err(proc_err(pid, "auxv"))?;
-    let auxv = auxv_raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+    let auxv = auxv_raw
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     let cwd = view.cwd.clone();
     let exe_path = view.exe.clone();
     let rlimits = capture_rlimits(pid)?;
@@ -192,7 +284,11 @@ fn capture_stopped(st: &mut Stopped, stats: &mut CaptureStats) -> Result<Capture
     let image = ProcessImage {
         pid: threads[0].tid,
         comm: threads[0].comm.clone(),
-        exe: FileRef { path: exe_path, size: 0, hash: [0; 32] },
+        exe: FileRef {
+            path: exe_path,
+            size: 0,
+            hash: [0; 32],
+        },
         cwd,
         umask: umask_now as u32,
         rlimits,
@@ -235,10 +331,51 @@ fn check_pending_signals(pid: Pid, tids: &[Pid]) -> Result<()> {
         all |= parse(format!("/proc/{pid}/task/{t}/status"), "SigPnd")?;
     }
     if all != 0 {
-        let sigs: Vec<u32> = (0..64).filter(|b| all & (1 << b) != 0).map(|b| b + 1).collect();
+        let sigs: Vec<u32> = (0..64)
+            .filter(|b| all & (1 << b) != 0)
+            .map(|b| b + 1)
+            .collect();
+        return Err(CaptureError::PendingSignals(sigs));
+    }
+    Ok(())
+}
+
+/// Process-level state this checkpointer cannot restore yet: refuse it by name rather than
+/// produce a checkpoint that restores into something different.
+fn check_supported(pid: Pid, tids: &[Pid]) -> Result<()> {
+    let status_path = format!("/proc/{pid}/status");
+    let field =
+        |k: &str| procfs::status_field(&status_path, k).map_err(proc_err(pid, k.to_string()));
+    let mut children = Vec::new();
+    for t in tids {
+        let c =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{t}/children")).unwrap_or_default();
+        children.extend(c.split_whitespace().map(str::to_string));
+    }
+    if !children.is_empty() {
         return Err(CaptureError::Unsupported(format!(
-            "signals {sigs:?} are pending (not yet delivered); capturing pending signals is not implemented yet"
+            "the service has child processes (host PIDs {}); process trees (fork) are not supported yet",
+            children.join(", ")
         )));
+    }
+    if field("Seccomp")? != "0" {
+        return Err(CaptureError::Unsupported(
+            "the service installed a seccomp filter; restoring seccomp filters is not supported yet".into(),
+        ));
+    }
+    for k in ["Uid", "Gid"] {
+        let v = field(k)?;
+        if v.split_whitespace().any(|x| x != "0") {
+            return Err(CaptureError::Unsupported(format!(
+                "the service changed its credentials ({k}: {v}); restoring credentials other than root is not supported yet"
+            )));
+        }
+    }
+    let timers = std::fs::read_to_string(format!("/proc/{pid}/timers")).unwrap_or_default();
+    if !timers.trim().is_empty() {
+        return Err(CaptureError::Unsupported(
+            "the service has POSIX timers (timer_create); they are not supported yet".into(),
+        ));
     }
     Ok(())
 }
@@ -256,13 +393,28 @@ fn capture_sigactions(st: &mut Stopped, maps: &[MapEntry], tid: Pid) -> Result<V
         if interesting & (1 << (signo - 1)) == 0 || signo == 9 || signo == 19 {
             continue;
         }
-        let (r, _, buf) =
-            st.inject(maps, tid, libc::SYS_rt_sigaction, [signo as u64, 0, SCRATCH, 8, 0, 0], 32)?;
+        let (r, _, buf) = st.inject(
+            maps,
+            tid,
+            libc::SYS_rt_sigaction,
+            [signo as u64, 0, SCRATCH, 8, 0, 0],
+            32,
+        )?;
         if r < 0 {
-            return Err(CaptureError::Injected { call: "rt_sigaction", tid, errno: -r });
+            return Err(CaptureError::Injected {
+                call: "rt_sigaction",
+                tid,
+                errno: -r,
+            });
         }
         let w = |i: usize| u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap());
-        out.push(SigAction { signo, handler: w(0), flags: w(1), restorer: w(2), mask: w(3) });
+        out.push(SigAction {
+            signo,
+            handler: w(0),
+            flags: w(1),
+            restorer: w(2),
+            mask: w(3),
+        });
     }
     Ok(out)
 }
@@ -270,7 +422,10 @@ fn capture_sigactions(st: &mut Stopped, maps: &[MapEntry], tid: Pid) -> Result<V
 fn capture_rlimits(pid: Pid) -> Result<Vec<(u32, u64, u64)>> {
     let mut v = Vec::new();
     for res in 0..16u32 {
-        let mut lim = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
+        let mut lim = libc::rlimit64 {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
         // SAFETY: prlimit64 with a NULL new limit only writes `lim`.
         let r = unsafe { libc::prlimit64(pid, res as _, std::ptr::null(), &mut lim) };
         if r == 0 {
@@ -280,18 +435,18 @@ fn capture_rlimits(pid: Pid) -> Result<Vec<(u32, u64, u64)>> {
     Ok(v)
 }
 
+/// Mappings, saved runs, their contents, and the mapped files to identify after the pause.
+type CapturedMemory = (Vec<Vma>, Vec<PageRun>, Vec<u8>, Vec<PendingFile>);
+
 /// Walks the mappings, decides what each needs, and copies the saved pages.
-fn capture_memory(
-    pid: Pid,
-    maps: &[MapEntry],
-) -> Result<(Vec<Vma>, Vec<PageRun>, Vec<u8>, Vec<PendingFile>)> {
+fn capture_memory(pid: Pid, maps: &[MapEntry]) -> Result<CapturedMemory> {
     let mut vmas = Vec::new();
     let mut files: Vec<PendingFile> = Vec::new();
     let mut file_index: HashMap<String, u32> = HashMap::new();
     // (addr, len, readable) of every range to save.
     let mut want: Vec<(u64, u64, bool)> = Vec::new();
-    let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap"))
-        .map_err(proc_err(pid, "pagemap"))?;
+    let pagemap =
+        std::fs::File::open(format!("/proc/{pid}/pagemap")).map_err(proc_err(pid, "pagemap"))?;
     let mut pm_buf: Vec<u64> = Vec::new();
 
     for m in maps {
@@ -353,7 +508,10 @@ fn capture_memory(
                 });
                 next
             });
-            Backing::File { index, offset: m.offset }
+            Backing::File {
+                index,
+                offset: m.offset,
+            }
         } else {
             Backing::Anon
         };
@@ -422,7 +580,11 @@ fn capture_memory(
         Ok(())
     };
     for &(addr, len, readable) in &want {
-        runs.push(PageRun { addr, len, data_off: off });
+        runs.push(PageRun {
+            addr,
+            len,
+            data_off: off,
+        });
         if readable {
             if batch.is_empty() {
                 batch_off = off;
@@ -445,7 +607,8 @@ fn capture_memory(
 fn read_pagemap(f: &std::fs::File, start: u64, out: &mut [u64]) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
     // SAFETY: u64 has no invalid bit patterns; we view the slice as bytes to fill it.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 8) };
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 8) };
     f.read_exact_at(bytes, start / PAGE * 8)
 }
 
@@ -481,7 +644,13 @@ fn drop_zero_pages(image: &mut ProcessImage, data: &mut Vec<u8>) {
             data.copy_within(src..src + PAGE as usize, w);
             match &mut cur {
                 Some(c) => c.len += PAGE,
-                None => cur = Some(PageRun { addr: r.addr + p * PAGE, len: PAGE, data_off: w as u64 }),
+                None => {
+                    cur = Some(PageRun {
+                        addr: r.addr + p * PAGE,
+                        len: PAGE,
+                        data_off: w as u64,
+                    })
+                }
             }
             w += PAGE as usize;
         }

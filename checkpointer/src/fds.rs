@@ -38,7 +38,12 @@ pub fn capture(pid: Pid, links: &[(i32, String)]) -> Result<Vec<FdImage>> {
         let cloexec = all_flags & libc::O_CLOEXEC != 0;
         let flags = all_flags & !libc::O_CLOEXEC;
         let kind = classify(pid, &pidfd, fd, link, &info, &raw, flags, &mut pipes)?;
-        out.push(FdImage { fd, cloexec, flags, kind });
+        out.push(FdImage {
+            fd,
+            cloexec,
+            flags,
+            kind,
+        });
     }
     Ok(out)
 }
@@ -56,28 +61,55 @@ fn classify(
 ) -> Result<FdKind> {
     if let Some(path) = link.strip_prefix('/').map(|_| link) {
         if path.ends_with(" (deleted)") {
-            return Err(unsupported(fd, format!("{path}: open deleted files are not supported yet")));
+            return Err(unsupported(
+                fd,
+                format!("{path}: open deleted files are not supported yet"),
+            ));
         }
         if path.starts_with("/memfd:") {
-            return Err(unsupported(fd, format!("memfd {path} is not supported yet")));
+            return Err(unsupported(
+                fd,
+                format!("memfd {path} is not supported yet"),
+            ));
         }
         let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
             .map_err(perr(pid, format!("fd {fd}")))?;
         use std::os::unix::fs::FileTypeExt;
         let ft = meta.file_type();
         if ft.is_fifo() || ft.is_socket() {
-            return Err(unsupported(fd, format!("{path}: named FIFOs/sockets are not supported yet")));
+            return Err(unsupported(
+                fd,
+                format!("{path}: named FIFOs/sockets are not supported yet"),
+            ));
         }
-        let pos = procfs::get(info, "pos").and_then(|p| p.parse().ok()).unwrap_or(0);
-        return Ok(FdKind::Path { path: path.to_string(), pos, is_dir: ft.is_dir() });
+        let pos = procfs::get(info, "pos")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        return Ok(FdKind::Path {
+            path: path.to_string(),
+            pos,
+            is_dir: ft.is_dir(),
+        });
     }
-    if let Some(ino) = link.strip_prefix("pipe:[").and_then(|s| s.strip_suffix(']')) {
+    if let Some(ino) = link
+        .strip_prefix("pipe:[")
+        .and_then(|s| s.strip_suffix(']'))
+    {
         let id: u64 = ino.parse().unwrap_or(0);
         let write_end = flags & libc::O_ACCMODE == libc::O_WRONLY;
         let capacity = pipe_capacity(pid, fd)?;
-        let buffered = if pipes.contains_key(&id) { Vec::new() } else { peek_pipe(pid, fd)? };
+        let buffered = if pipes.contains_key(&id) {
+            Vec::new()
+        } else {
+            peek_pipe(pid, fd)?
+        };
         pipes.insert(id, Vec::new());
-        return Ok(FdKind::Pipe { id, write_end, buffered, capacity });
+        return Ok(FdKind::Pipe {
+            id,
+            write_end,
+            buffered,
+            capacity,
+        });
     }
     if link.starts_with("socket:[") {
         let dup = sys::pidfd_getfd(pidfd, fd).map_err(perr(pid, format!("socket fd {fd}")))?;
@@ -111,7 +143,12 @@ fn classify(
         "anon_inode:[timerfd]" => {
             let num = |k: &str| procfs::get(info, k).and_then(|v| v.parse::<u64>().ok());
             let ts = |k: &str| procfs::get(info, k).and_then(procfs::parse_timespec);
-            match (num("clockid"), num("ticks"), ts("it_value"), ts("it_interval")) {
+            match (
+                num("clockid"),
+                num("ticks"),
+                ts("it_value"),
+                ts("it_interval"),
+            ) {
                 (Some(c), Some(ticks), Some(value_ns), Some(interval_ns)) => Ok(FdKind::TimerFd {
                     clockid: c as i32,
                     ticks,
@@ -141,9 +178,16 @@ fn pipe_capacity(pid: Pid, fd: i32) -> Result<u32> {
 fn open_proc_fd(pid: Pid, fd: i32) -> Result<OwnedFd> {
     let p = CString::new(format!("/proc/{pid}/fd/{fd}")).unwrap();
     // SAFETY: `p` is a valid C string; reopening a pipe through /proc gives a new file on it.
-    let r = unsafe { libc::open(p.as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) };
+    let r = unsafe {
+        libc::open(
+            p.as_ptr(),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
     if r < 0 {
-        return Err(perr(pid, format!("reopening fd {fd}"))(io::Error::last_os_error()));
+        return Err(perr(pid, format!("reopening fd {fd}"))(
+            io::Error::last_os_error(),
+        ));
     }
     // SAFETY: `r` is a fresh descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(r) })
@@ -163,7 +207,12 @@ fn peek_pipe(pid: Pid, fd: i32) -> Result<Vec<u8>> {
     unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
     // SAFETY: tee between two pipe descriptors we hold.
     let n = unsafe {
-        libc::tee(src.as_raw_fd(), w.as_raw_fd(), 1 << 20, libc::SPLICE_F_NONBLOCK)
+        libc::tee(
+            src.as_raw_fd(),
+            w.as_raw_fd(),
+            1 << 20,
+            libc::SPLICE_F_NONBLOCK,
+        )
     };
     if n < 0 {
         let e = io::Error::last_os_error();
@@ -197,7 +246,9 @@ const TCP_OPTS: &[(i32, i32)] = &[
 ];
 
 fn capture_socket(fd: i32, s: RawFd) -> Result<SocketImage> {
-    let opt = |l, n| sys::getsockopt_int(s, l, n).map_err(|e| unsupported(fd, format!("socket option: {e}")));
+    let opt = |l, n| {
+        sys::getsockopt_int(s, l, n).map_err(|e| unsupported(fd, format!("socket option: {e}")))
+    };
     let family = opt(libc::SOL_SOCKET, libc::SO_DOMAIN)?;
     let ty = opt(libc::SOL_SOCKET, libc::SO_TYPE)?;
     let protocol = opt(libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
@@ -210,7 +261,10 @@ fn capture_socket(fd: i32, s: RawFd) -> Result<SocketImage> {
         return Err(unsupported(fd, format!("{name} is not supported yet")));
     }
     if ty != libc::SOCK_STREAM && ty != libc::SOCK_DGRAM {
-        return Err(unsupported(fd, format!("socket type {ty} is not supported yet")));
+        return Err(unsupported(
+            fd,
+            format!("socket type {ty} is not supported yet"),
+        ));
     }
     let local = sys::sock_addr(s, false).map_err(|e| unsupported(fd, e))?;
     let peer = sys::sock_addr(s, true).map_err(|e| unsupported(fd, e))?;
@@ -237,7 +291,11 @@ fn capture_socket(fd: i32, s: RawFd) -> Result<SocketImage> {
             1 | 8 => SocketState::ConnectedTcp, // ESTABLISHED, CLOSE_WAIT
             st => {
                 // SYN_SENT, FIN_WAIT, ...: restored as reset too (the peer sees the reset).
-                tracing::debug!(fd, st, "TCP socket in a transitional state, restored as reset");
+                tracing::debug!(
+                    fd,
+                    st,
+                    "TCP socket in a transitional state, restored as reset"
+                );
                 SocketState::ConnectedTcp
             }
         }
@@ -246,7 +304,15 @@ fn capture_socket(fd: i32, s: RawFd) -> Result<SocketImage> {
     } else {
         SocketState::ConnectedUdp
     };
-    Ok(SocketImage { family, ty, protocol, state, local, peer, options })
+    Ok(SocketImage {
+        family,
+        ty,
+        protocol,
+        state,
+        local,
+        peer,
+        options,
+    })
 }
 
 /// (tcpi_state, max backlog) from TCP_INFO; for a listener `tcpi_sacked` is the backlog.
@@ -255,10 +321,19 @@ fn tcp_state(s: RawFd) -> io::Result<(u8, i32)> {
     let mut len = buf.len() as libc::socklen_t;
     // SAFETY: `buf`/`len` describe a writable buffer; the kernel truncates to it.
     sys::cvt_i(unsafe {
-        libc::getsockopt(s, libc::IPPROTO_TCP, libc::TCP_INFO, buf.as_mut_ptr().cast(), &mut len)
+        libc::getsockopt(
+            s,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
     })?;
     // struct tcp_info: u8 state, ...; u32 tcpi_sacked at offset 28.
-    Ok((buf[0], u32::from_le_bytes(buf[28..32].try_into().unwrap()) as i32))
+    Ok((
+        buf[0],
+        u32::from_le_bytes(buf[28..32].try_into().unwrap()) as i32,
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -279,7 +354,11 @@ fn rerr(fd: i32, what: &str) -> impl FnOnce(io::Error) -> RecreateError {
 }
 
 fn check(r: libc::c_int) -> io::Result<RawFd> {
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
 }
 
 /// Moves `tmp` to descriptor number `target` (without close-on-exec).
@@ -351,7 +430,12 @@ pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), Recrea
                 let tmp = lift(tmp, floor).map_err(rerr(f.fd, "eventfd"))?;
                 place(tmp, f.fd).map_err(rerr(f.fd, "eventfd"))?;
             }
-            FdKind::TimerFd { clockid, ticks, value_ns, interval_ns } => {
+            FdKind::TimerFd {
+                clockid,
+                ticks,
+                value_ns,
+                interval_ns,
+            } => {
                 let tmp = recreate_timerfd(f, *clockid, *ticks, *value_ns, *interval_ns)
                     .map_err(rerr(f.fd, "timerfd"))?;
                 let tmp = lift(tmp, floor).map_err(rerr(f.fd, "timerfd"))?;
@@ -380,7 +464,10 @@ pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), Recrea
     for f in fds {
         if let FdKind::Epoll { interests } = &f.kind {
             for i in interests {
-                let mut ev = libc::epoll_event { events: i.events, u64: i.data };
+                let mut ev = libc::epoll_event {
+                    events: i.events,
+                    u64: i.data,
+                };
                 // SAFETY: `ev` is a valid epoll_event.
                 check(unsafe { libc::epoll_ctl(f.fd, libc::EPOLL_CTL_ADD, i.fd, &mut ev) })
                     .map_err(rerr(f.fd, &format!("epoll interest in fd {}", i.fd)))?;
@@ -391,8 +478,10 @@ pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), Recrea
 }
 
 fn recreate_pipe(fds: &[FdImage], id: u64, floor: RawFd) -> std::result::Result<(), RecreateError> {
-    let ends: Vec<&FdImage> =
-        fds.iter().filter(|f| matches!(f.kind, FdKind::Pipe { id: i, .. } if i == id)).collect();
+    let ends: Vec<&FdImage> = fds
+        .iter()
+        .filter(|f| matches!(f.kind, FdKind::Pipe { id: i, .. } if i == id))
+        .collect();
     let first = ends[0].fd;
     let mut p = [0; 2];
     // SAFETY: `p` has room for two descriptors.
@@ -401,7 +490,12 @@ fn recreate_pipe(fds: &[FdImage], id: u64, floor: RawFd) -> std::result::Result<
     let w = lift(p[1], floor).map_err(rerr(first, "pipe"))?;
     let mut buffered: &[u8] = &[];
     for e in &ends {
-        if let FdKind::Pipe { capacity, buffered: b, .. } = &e.kind {
+        if let FdKind::Pipe {
+            capacity,
+            buffered: b,
+            ..
+        } = &e.kind
+        {
             // SAFETY: F_SETPIPE_SZ takes an int.
             unsafe { libc::fcntl(w, libc::F_SETPIPE_SZ, *capacity as i32) };
             if !b.is_empty() {
@@ -417,7 +511,9 @@ fn recreate_pipe(fds: &[FdImage], id: u64, floor: RawFd) -> std::result::Result<
         }
     }
     for e in &ends {
-        let FdKind::Pipe { write_end, .. } = e.kind else { unreachable!() };
+        let FdKind::Pipe { write_end, .. } = e.kind else {
+            unreachable!()
+        };
         let src = if write_end { w } else { r };
         // SAFETY: dup2 onto the target number; status flags set per end.
         check(unsafe { libc::dup2(src, e.fd) }).map_err(rerr(e.fd, "pipe"))?;
@@ -432,12 +528,24 @@ fn recreate_pipe(fds: &[FdImage], id: u64, floor: RawFd) -> std::result::Result<
     Ok(())
 }
 
-fn recreate_timerfd(f: &FdImage, clockid: i32, ticks: u64, value_ns: u64, interval_ns: u64) -> io::Result<RawFd> {
+fn recreate_timerfd(
+    f: &FdImage,
+    clockid: i32,
+    ticks: u64,
+    value_ns: u64,
+    interval_ns: u64,
+) -> io::Result<RawFd> {
     let fl = libc::TFD_CLOEXEC | (f.flags & libc::O_NONBLOCK);
     // SAFETY: plain timerfd creation.
     let fd = check(unsafe { libc::timerfd_create(clockid, fl) })?;
-    let ts = |ns: u64| libc::timespec { tv_sec: (ns / 1_000_000_000) as i64, tv_nsec: (ns % 1_000_000_000) as i64 };
-    let spec = libc::itimerspec { it_interval: ts(interval_ns), it_value: ts(value_ns) };
+    let ts = |ns: u64| libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as i64,
+        tv_nsec: (ns % 1_000_000_000) as i64,
+    };
+    let spec = libc::itimerspec {
+        it_interval: ts(interval_ns),
+        it_value: ts(value_ns),
+    };
     // SAFETY: `spec` is valid; relative time (fdinfo reports the remaining time).
     check(unsafe { libc::timerfd_settime(fd, 0, &spec, std::ptr::null_mut()) })?;
     if ticks > 0 {
@@ -448,9 +556,19 @@ fn recreate_timerfd(f: &FdImage, clockid: i32, ticks: u64, value_ns: u64, interv
     Ok(fd)
 }
 
-fn recreate_socket(f: &FdImage, s: &SocketImage, floor: RawFd) -> std::result::Result<RawFd, RecreateError> {
+fn recreate_socket(
+    f: &FdImage,
+    s: &SocketImage,
+    floor: RawFd,
+) -> std::result::Result<RawFd, RecreateError> {
     let e = |what: &'static str| rerr(f.fd, what);
-    let ty = s.ty | libc::SOCK_CLOEXEC | if f.flags & libc::O_NONBLOCK != 0 { libc::SOCK_NONBLOCK } else { 0 };
+    let ty = s.ty
+        | libc::SOCK_CLOEXEC
+        | if f.flags & libc::O_NONBLOCK != 0 {
+            libc::SOCK_NONBLOCK
+        } else {
+            0
+        };
     if s.state == SocketState::ConnectedTcp {
         return reset_connection(s, ty, floor).map_err(e("reset TCP connection"));
     }
@@ -483,7 +601,13 @@ fn recreate_socket(f: &FdImage, s: &SocketImage, floor: RawFd) -> std::result::R
 /// The wildcard address with port 0: the socket was never bound.
 fn is_unspecified_port_zero(sa: &[u8]) -> bool {
     let port_zero = sa.len() >= 4 && sa[2] == 0 && sa[3] == 0;
-    let addr = if sa.len() >= 24 { &sa[8..24] } else if sa.len() >= 8 { &sa[4..8] } else { &[][..] };
+    let addr = if sa.len() >= 24 {
+        &sa[8..24]
+    } else if sa.len() >= 8 {
+        &sa[4..8]
+    } else {
+        &[][..]
+    };
     port_zero && addr.iter().all(|&b| b == 0)
 }
 
@@ -507,17 +631,43 @@ fn reset_connection(s: &SocketImage, ty: i32, floor: RawFd) -> io::Result<RawFd>
     unsafe {
         let l = check(libc::socket(fam, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0))?;
         let l = OwnedFd::from_raw_fd(l);
-        check(libc::bind(l.as_raw_fd(), addr.as_ptr().cast(), addr.len() as u32))?;
+        check(libc::bind(
+            l.as_raw_fd(),
+            addr.as_ptr().cast(),
+            addr.len() as u32,
+        ))?;
         check(libc::listen(l.as_raw_fd(), 1))?;
         let mut bound = vec![0u8; 128];
         let mut blen = bound.len() as u32;
-        check(libc::getsockname(l.as_raw_fd(), bound.as_mut_ptr().cast(), &mut blen))?;
-        let c = check(libc::socket(fam, (ty & !libc::SOCK_NONBLOCK) | libc::SOCK_CLOEXEC, 0))?;
+        check(libc::getsockname(
+            l.as_raw_fd(),
+            bound.as_mut_ptr().cast(),
+            &mut blen,
+        ))?;
+        let c = check(libc::socket(
+            fam,
+            (ty & !libc::SOCK_NONBLOCK) | libc::SOCK_CLOEXEC,
+            0,
+        ))?;
         let c = lift(c, floor)?;
         check(libc::connect(c, bound.as_ptr().cast(), blen))?;
-        let a = OwnedFd::from_raw_fd(check(libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC))?);
-        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
-        libc::setsockopt(a.as_raw_fd(), libc::SOL_SOCKET, libc::SO_LINGER, (&raw const linger).cast(), std::mem::size_of::<libc::linger>() as u32);
+        let a = OwnedFd::from_raw_fd(check(libc::accept4(
+            l.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        ))?);
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        libc::setsockopt(
+            a.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const linger).cast(),
+            std::mem::size_of::<libc::linger>() as u32,
+        );
         drop(a); // sends RST
         if ty & libc::SOCK_NONBLOCK != 0 {
             libc::fcntl(c, libc::F_SETFL, libc::O_NONBLOCK | libc::O_RDWR);
@@ -528,6 +678,6 @@ fn reset_connection(s: &SocketImage, ty: i32, floor: RawFd) -> io::Result<RawFd>
 
 fn as_bytes<T>(v: &T) -> Vec<u8> {
     // SAFETY: reading the bytes of a plain-data sockaddr.
-    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }.to_vec()
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+        .to_vec()
 }
-

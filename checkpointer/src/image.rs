@@ -22,11 +22,15 @@ pub enum FormatError {
     /// not a Tardi checkpoint (bad magic)
     #[error("not a Tardi checkpoint (bad magic bytes)")]
     BadMagic,
-    #[error("checkpoint format version {found} is not supported (this build reads version {FORMAT_VERSION})")]
+    #[error(
+        "checkpoint format version {found} is not supported (this build reads version {FORMAT_VERSION})"
+    )]
     Version { found: u32 },
     #[error("checkpoint is truncated: expected {expected} bytes, found {found}")]
     Truncated { expected: u64, found: u64 },
-    #[error("checkpoint is corrupted: checksum mismatch (stored {stored:08x}, computed {computed:08x})")]
+    #[error(
+        "checkpoint is corrupted: checksum mismatch (stored {stored:08x}, computed {computed:08x})"
+    )]
     Checksum { stored: u32, computed: u32 },
     #[error("checkpoint metadata is malformed: {0}")]
     Meta(String),
@@ -101,7 +105,10 @@ pub struct FileRef {
 pub enum Backing {
     Anon,
     /// `files[index]` at byte offset `offset`.
-    File { index: u32, offset: u64 },
+    File {
+        index: u32,
+        offset: u64,
+    },
     /// The vDSO set (`[vvar]`, `[vvar_vclock]`, `[vdso]`): recreated by the kernel, not saved.
     Vdso,
 }
@@ -180,15 +187,36 @@ pub struct FdImage {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum FdKind {
     /// A regular file, directory or device, reopened by path.
-    Path { path: String, pos: u64, is_dir: bool },
+    Path {
+        path: String,
+        pos: u64,
+        is_dir: bool,
+    },
     /// One end of a pipe. `id` pairs the ends; `buffered` is what sat in it (kept on the read
     /// end's record); `capacity` is F_GETPIPE_SZ.
-    Pipe { id: u64, write_end: bool, buffered: Vec<u8>, capacity: u32 },
+    Pipe {
+        id: u64,
+        write_end: bool,
+        buffered: Vec<u8>,
+        capacity: u32,
+    },
     Socket(SocketImage),
-    EventFd { count: u64, semaphore: bool },
-    TimerFd { clockid: i32, ticks: u64, value_ns: u64, interval_ns: u64 },
-    SignalFd { mask: u64 },
-    Epoll { interests: Vec<EpollInterest> },
+    EventFd {
+        count: u64,
+        semaphore: bool,
+    },
+    TimerFd {
+        clockid: i32,
+        ticks: u64,
+        value_ns: u64,
+        interval_ns: u64,
+    },
+    SignalFd {
+        mask: u64,
+    },
+    Epoll {
+        interests: Vec<EpollInterest>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -218,7 +246,9 @@ pub struct SocketImage {
 pub enum SocketState {
     /// Created, possibly bound, not listening or connected.
     Unconnected,
-    Listening { backlog: i32 },
+    Listening {
+        backlog: i32,
+    },
     /// A connected TCP socket: restored as a connection reset by its peer.
     ConnectedTcp,
     /// A UDP socket with a default peer.
@@ -258,7 +288,10 @@ impl Checkpoint {
             return Err(FormatError::BadMagic);
         }
         if bytes.len() < HEADER_LEN + 4 {
-            return Err(FormatError::Truncated { expected: HEADER_LEN as u64 + 4, found });
+            return Err(FormatError::Truncated {
+                expected: HEADER_LEN as u64 + 4,
+                found,
+            });
         }
         let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
@@ -274,7 +307,10 @@ impl Checkpoint {
             .checked_add(meta_len)
             .and_then(|x| x.checked_add(data_len))
             .and_then(|x| x.checked_add(4))
-            .ok_or(FormatError::Truncated { expected: u64::MAX, found })?;
+            .ok_or(FormatError::Truncated {
+                expected: u64::MAX,
+                found,
+            })?;
         if found != expected {
             return Err(FormatError::Truncated { expected, found });
         }
@@ -293,7 +329,12 @@ impl Checkpoint {
         bytes.truncate(body);
         let data = bytes.split_off(meta_end);
         image.validate(data.len() as u64)?;
-        Ok(Checkpoint { epoch, kind: Kind::Full, image, data })
+        Ok(Checkpoint {
+            epoch,
+            kind: Kind::Full,
+            image,
+            data,
+        })
     }
 }
 
@@ -306,10 +347,20 @@ impl ProcessImage {
         }
         for r in &self.runs {
             if r.data_off.checked_add(r.len).is_none_or(|e| e > data_len) {
-                return bad(format!("page run at {:#x} lies outside the page data", r.addr));
+                return bad(format!(
+                    "page run at {:#x} lies outside the page data",
+                    r.addr
+                ));
             }
-            if !self.vmas.iter().any(|v| v.start <= r.addr && r.addr + r.len <= v.end) {
-                return bad(format!("page run at {:#x} lies outside every mapping", r.addr));
+            if !self
+                .vmas
+                .iter()
+                .any(|v| v.start <= r.addr && r.addr + r.len <= v.end)
+            {
+                return bad(format!(
+                    "page run at {:#x} lies outside every mapping",
+                    r.addr
+                ));
             }
         }
         for v in &self.vmas {

@@ -53,7 +53,9 @@ fn parse_map_line(line: &str) -> Option<MapEntry> {
 
 /// Reads `/proc/PID/smaps` (for `VmFlags`).
 pub fn smaps(pid: Pid) -> io::Result<Vec<MapEntry>> {
-    Ok(parse_smaps(&std::fs::read_to_string(format!("/proc/{pid}/smaps"))?))
+    Ok(parse_smaps(&std::fs::read_to_string(format!(
+        "/proc/{pid}/smaps"
+    ))?))
 }
 
 pub fn parse_smaps(text: &str) -> Vec<MapEntry> {
@@ -63,10 +65,13 @@ pub fn parse_smaps(text: &str) -> Vec<MapEntry> {
             if let Some(last) = out.last_mut() {
                 last.vmflags = flags.split_whitespace().map(str::to_string).collect();
             }
-        } else if line.split(' ').next().is_some_and(|t| t.contains('-') && !t.ends_with(':')) {
-            if let Some(e) = parse_map_line(line) {
-                out.push(e);
-            }
+        } else if line
+            .split(' ')
+            .next()
+            .is_some_and(|t| t.contains('-') && !t.ends_with(':'))
+            && let Some(e) = parse_map_line(line)
+        {
+            out.push(e);
         }
     }
     out
@@ -76,8 +81,16 @@ pub fn parse_smaps(text: &str) -> Vec<MapEntry> {
 pub fn stat_fields(pid: Pid) -> io::Result<Vec<String>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // comm may contain spaces and parentheses: split after the last ')'.
-    let close = text.rfind(')').ok_or_else(|| io::Error::other("malformed stat"))?;
-    let mut v = vec![text[..close].split_once('(').map(|x| x.0.trim()).unwrap_or("").to_string()];
+    let close = text
+        .rfind(')')
+        .ok_or_else(|| io::Error::other("malformed stat"))?;
+    let mut v = vec![
+        text[..close]
+            .split_once('(')
+            .map(|x| x.0.trim())
+            .unwrap_or("")
+            .to_string(),
+    ];
     v.push(text[text.find('(').unwrap() + 1..close].to_string());
     v.extend(text[close + 1..].split_whitespace().map(str::to_string));
     Ok(v)
@@ -138,7 +151,10 @@ mod tests {
     #[test]
     fn parses_map_lines() {
         let e = parse_map_line("7f00-7f10 r-xp 00001000 08:01 1234    /usr/lib/libc.so.6").unwrap();
-        assert_eq!((e.start, e.end, e.offset, e.inode), (0x7f00, 0x7f10, 0x1000, 1234));
+        assert_eq!(
+            (e.start, e.end, e.offset, e.inode),
+            (0x7f00, 0x7f10, 0x1000, 1234)
+        );
         assert!(e.read && !e.write && e.exec && !e.shared);
         assert_eq!(e.name, "/usr/lib/libc.so.6");
         let e = parse_map_line("1000-2000 rw-s 00000000 00:00 0 ").unwrap();

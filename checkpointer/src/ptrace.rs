@@ -34,9 +34,17 @@ const NT_X86_XSTATE: usize = 0x202;
 #[derive(Debug, thiserror::Error)]
 pub enum PtraceError {
     #[error("ptrace {op} on thread {tid} failed: {source}")]
-    Op { op: &'static str, tid: Pid, source: io::Error },
+    Op {
+        op: &'static str,
+        tid: Pid,
+        source: io::Error,
+    },
     #[error("thread {tid} stopped unexpectedly (wait status {status:#x}) during {during}")]
-    UnexpectedStop { tid: Pid, status: i32, during: &'static str },
+    UnexpectedStop {
+        tid: Pid,
+        status: i32,
+        during: &'static str,
+    },
     #[error("thread {tid} exited while it was being stopped")]
     Exited { tid: Pid },
     #[error("the process has no vDSO `syscall` instruction to inject system calls at")]
@@ -46,7 +54,11 @@ pub enum PtraceError {
 type Result<T> = std::result::Result<T, PtraceError>;
 
 fn op(opname: &'static str, tid: Pid) -> impl FnOnce(io::Error) -> PtraceError {
-    move |source| PtraceError::Op { op: opname, tid, source }
+    move |source| PtraceError::Op {
+        op: opname,
+        tid,
+        source,
+    }
 }
 
 unsafe fn ptrace(req: u32, tid: Pid, addr: u64, data: u64) -> io::Result<libc::c_long> {
@@ -82,10 +94,19 @@ impl Stopped {
     /// Seizes and stops every thread of `pid`, rescanning `/proc/PID/task` until no new thread
     /// appears.
     pub fn stop(pid: Pid) -> Result<Stopped> {
-        let mut st = Stopped { pid, tids: Vec::new(), syscall_insn: None, _not_send: PhantomData };
+        let mut st = Stopped {
+            pid,
+            tids: Vec::new(),
+            syscall_insn: None,
+            _not_send: PhantomData,
+        };
         loop {
             let now = crate::procfs::tids(pid).map_err(op("list threads", pid))?;
-            let new: Vec<Pid> = now.iter().copied().filter(|t| !st.tids.contains(t)).collect();
+            let new: Vec<Pid> = now
+                .iter()
+                .copied()
+                .filter(|t| !st.tids.contains(t))
+                .collect();
             if new.is_empty() {
                 break;
             }
@@ -96,7 +117,13 @@ impl Stopped {
                 match r {
                     Ok(_) => st.tids.push(tid),
                     Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue, // just exited
-                    Err(e) => return Err(PtraceError::Op { op: "seize", tid, source: e }),
+                    Err(e) => {
+                        return Err(PtraceError::Op {
+                            op: "seize",
+                            tid,
+                            source: e,
+                        });
+                    }
                 }
             }
             for &tid in &new {
@@ -122,22 +149,21 @@ impl Stopped {
             let sig = libc::WSTOPSIG(status);
             // A signal-delivery stop: deliver it and keep waiting for our interrupt.
             // SAFETY: CONT takes the signal number as data, no pointers.
-            unsafe { ptrace(libc::PTRACE_CONT as u32, tid, 0, sig as u64) }
-                .map_err(op("cont", tid))?;
+            unsafe { ptrace(libc::PTRACE_CONT, tid, 0, sig as u64) }.map_err(op("cont", tid))?;
         }
     }
 
     pub fn regs(&self, tid: Pid) -> Result<Regs> {
         let mut r = Regs::default();
         // SAFETY: GETREGS writes a `user_regs_struct`, which `Regs` mirrors.
-        unsafe { ptrace(libc::PTRACE_GETREGS as u32, tid, 0, (&raw mut r) as u64) }
+        unsafe { ptrace(libc::PTRACE_GETREGS, tid, 0, (&raw mut r) as u64) }
             .map_err(op("getregs", tid))?;
         Ok(r)
     }
 
     pub fn set_regs(&self, tid: Pid, r: &Regs) -> Result<()> {
         // SAFETY: SETREGS reads a `user_regs_struct`, which `Regs` mirrors.
-        unsafe { ptrace(libc::PTRACE_SETREGS as u32, tid, 0, r as *const Regs as u64) }
+        unsafe { ptrace(libc::PTRACE_SETREGS, tid, 0, r as *const Regs as u64) }
             .map_err(op("setregs", tid))?;
         Ok(())
     }
@@ -145,10 +171,20 @@ impl Stopped {
     /// The XSAVE area (`NT_X86_XSTATE`).
     pub fn xstate(&self, tid: Pid) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; crate::abi::XSTATE_MAX];
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
         // SAFETY: the iovec describes `buf`; the kernel shrinks iov_len to what it wrote.
-        unsafe { ptrace(PTRACE_GETREGSET, tid, NT_X86_XSTATE as u64, (&raw mut iov) as u64) }
-            .map_err(op("getregset(xstate)", tid))?;
+        unsafe {
+            ptrace(
+                PTRACE_GETREGSET,
+                tid,
+                NT_X86_XSTATE as u64,
+                (&raw mut iov) as u64,
+            )
+        }
+        .map_err(op("getregset(xstate)", tid))?;
         buf.truncate(iov.iov_len);
         Ok(buf)
     }
@@ -175,8 +211,12 @@ impl Stopped {
         let mut c = RseqConf::default();
         // SAFETY: the kernel writes at most `addr` bytes of the configuration to `data`.
         unsafe {
-            ptrace(PTRACE_GET_RSEQ_CONFIGURATION, tid, std::mem::size_of::<RseqConf>() as u64,
-                   (&raw mut c) as u64)
+            ptrace(
+                PTRACE_GET_RSEQ_CONFIGURATION,
+                tid,
+                std::mem::size_of::<RseqConf>() as u64,
+                (&raw mut c) as u64,
+            )
         }
         .map_err(op("get_rseq_configuration", tid))?;
         Ok((c.addr != 0).then_some((c.addr, c.len, c.sig)))
@@ -187,7 +227,12 @@ impl Stopped {
         let (mut head, mut len): (u64, usize) = (0, 0);
         // SAFETY: the kernel writes one pointer and one size_t.
         cvt(unsafe {
-            libc::syscall(libc::SYS_get_robust_list, tid, (&raw mut head), (&raw mut len))
+            libc::syscall(
+                libc::SYS_get_robust_list,
+                tid,
+                (&raw mut head),
+                (&raw mut len),
+            )
         })
         .map_err(op("get_robust_list", tid))?;
         Ok((head, len as u64))
@@ -198,11 +243,17 @@ impl Stopped {
         if let Some(a) = self.syscall_insn {
             return Ok(a);
         }
-        let vdso = maps.iter().find(|m| m.name == "[vdso]").ok_or(PtraceError::NoSyscallInsn)?;
+        let vdso = maps
+            .iter()
+            .find(|m| m.name == "[vdso]")
+            .ok_or(PtraceError::NoSyscallInsn)?;
         let mut text = vec![0u8; (vdso.end - vdso.start) as usize];
         crate::sys::read_remote(self.pid, vdso.start, &mut text)
             .map_err(op("read vdso", self.pid))?;
-        let off = text.windows(2).position(|w| w == [0x0f, 0x05]).ok_or(PtraceError::NoSyscallInsn)?;
+        let off = text
+            .windows(2)
+            .position(|w| w == [0x0f, 0x05])
+            .ok_or(PtraceError::NoSyscallInsn)?;
         self.syscall_insn = Some(vdso.start + off as u64);
         Ok(vdso.start + off as u64)
     }
@@ -229,15 +280,22 @@ impl Stopped {
         r.rax = nr as u64;
         r.orig_rax = u64::MAX;
         r.rip = insn;
-        let a: Vec<u64> = args.iter().map(|&x| if x == SCRATCH { scratch } else { x }).collect();
+        let a: Vec<u64> = args
+            .iter()
+            .map(|&x| if x == SCRATCH { scratch } else { x })
+            .collect();
         (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) = (a[0], a[1], a[2], a[3], a[4], a[5]);
         self.set_regs(tid, &r)?;
         for during in ["injected syscall entry", "injected syscall exit"] {
             // SAFETY: PTRACE_SYSCALL takes no pointers.
-            unsafe { ptrace(libc::PTRACE_SYSCALL as u32, tid, 0, 0) }.map_err(op("syscall", tid))?;
+            unsafe { ptrace(libc::PTRACE_SYSCALL, tid, 0, 0) }.map_err(op("syscall", tid))?;
             let status = wait_tid(tid).map_err(op("wait", tid))?;
             if !libc::WIFSTOPPED(status) || libc::WSTOPSIG(status) != (libc::SIGTRAP | 0x80) {
-                return Err(PtraceError::UnexpectedStop { tid, status, during });
+                return Err(PtraceError::UnexpectedStop {
+                    tid,
+                    status,
+                    during,
+                });
             }
         }
         let ret = self.regs(tid)?.rax as i64;
@@ -256,10 +314,14 @@ impl Stopped {
         let mut first_err = None;
         for tid in tids {
             // SAFETY: DETACH takes no pointers.
-            if let Err(e) = unsafe { ptrace(libc::PTRACE_DETACH as u32, tid, 0, 0) }
+            if let Err(e) = unsafe { ptrace(libc::PTRACE_DETACH, tid, 0, 0) }
                 && e.raw_os_error() != Some(libc::ESRCH)
             {
-                first_err.get_or_insert(PtraceError::Op { op: "detach", tid, source: e });
+                first_err.get_or_insert(PtraceError::Op {
+                    op: "detach",
+                    tid,
+                    source: e,
+                });
             }
         }
         first_err.map_or(Ok(()), Err)
@@ -270,7 +332,7 @@ impl Drop for Stopped {
     fn drop(&mut self) {
         for &tid in &self.tids {
             // SAFETY: DETACH takes no pointers; errors (thread gone) are irrelevant here.
-            let _ = unsafe { ptrace(libc::PTRACE_DETACH as u32, tid, 0, 0) };
+            let _ = unsafe { ptrace(libc::PTRACE_DETACH, tid, 0, 0) };
         }
     }
 }

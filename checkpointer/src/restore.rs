@@ -12,7 +12,10 @@
 //! 3. [`finish`] (supervisor): waits for the restorer's report, then removes the restorer's blob
 //!    from the restored process once no thread executes in it.
 
-use crate::abi::{self, PLAN_MAGIC, PLAN_VERSION, PlanHeader, MmMap, Regs, SigactionDesc, ThreadDesc, VmaDesc, VMA_ANON, VMA_SHARED, XSTATE_MAX};
+use crate::abi::{
+    self, MmMap, PLAN_MAGIC, PLAN_VERSION, PlanHeader, Regs, SigactionDesc, ThreadDesc, VMA_ANON,
+    VMA_SHARED, VmaDesc, XSTATE_MAX,
+};
 use crate::capture::regs_from_slice;
 use crate::fds;
 use crate::image::*;
@@ -39,7 +42,11 @@ pub enum RestoreError {
     #[error("the restored process failed while {0}")]
     Child(String),
     #[error("the restorer failed at step {step} ({what}): errno {errno}")]
-    Restorer { step: u64, what: &'static str, errno: i64 },
+    Restorer {
+        step: u64,
+        what: &'static str,
+        errno: i64,
+    },
     #[error("the restorer exited before reporting (see the sandbox log)")]
     Died,
     #[error("timed out waiting for the restorer")]
@@ -90,7 +97,12 @@ pub fn prepare(ckpt: &Checkpoint, host_path: &dyn Fn(&str) -> Option<PathBuf>) -
     let plan_fd = sys::memfd("tardi-plan")?;
     let restorer = sys::memfd("tardi-restorer")?;
     let (notify_r, notify_w) = pipe()?;
-    let inherit = vec![plan_fd.as_raw_fd(), pages.as_raw_fd(), notify_w.as_raw_fd(), restorer.as_raw_fd()];
+    let inherit = vec![
+        plan_fd.as_raw_fd(),
+        pages.as_raw_fd(),
+        notify_w.as_raw_fd(),
+        restorer.as_raw_fd(),
+    ];
     let base = max_fd.max(*inherit.iter().max().unwrap()) + 1;
 
     std::fs::File::from(pages.try_clone()?).write_all(&ckpt.data)?;
@@ -134,9 +146,13 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 
 fn verify_files(img: &ProcessImage, host_path: &dyn Fn(&str) -> Option<PathBuf>) -> Result<()> {
     for f in img.files.iter().chain(std::iter::once(&img.exe)) {
-        let err = |reason: String| RestoreError::File { path: f.path.clone(), reason };
+        let err = |reason: String| RestoreError::File {
+            path: f.path.clone(),
+            reason,
+        };
         let host = host_path(&f.path).ok_or_else(|| err("not visible in the sandbox".into()))?;
-        let file = std::fs::File::open(&host).map_err(|e| err(format!("{}: {e}", host.display())))?;
+        let file =
+            std::fs::File::open(&host).map_err(|e| err(format!("{}: {e}", host.display())))?;
         let hash = crate::capture::hash_file(file).map_err(|e| err(e.to_string()))?;
         if hash != f.hash {
             return Err(err(format!(
@@ -195,9 +211,16 @@ fn build_plan(img: &ProcessImage, base: RawFd) -> Result<Vec<u8>> {
         while ri < runs.len() && runs[ri].addr < v.end {
             let r = runs[ri];
             if r.addr < v.start || r.addr + r.len > v.end {
-                return Err(RestoreError::Invalid(format!("page run at {:#x} straddles a mapping", r.addr)));
+                return Err(RestoreError::Invalid(format!(
+                    "page run at {:#x} straddles a mapping",
+                    r.addr
+                )));
             }
-            plan_runs.push(abi::PageRun { addr: r.addr, len: r.len, data_off: r.data_off });
+            plan_runs.push(abi::PageRun {
+                addr: r.addr,
+                len: r.len,
+                data_off: r.data_off,
+            });
             ri += 1;
         }
         let (fd, file_off) = match v.backing {
@@ -224,7 +247,9 @@ fn build_plan(img: &ProcessImage, base: RawFd) -> Result<Vec<u8>> {
         });
     }
     if ri != runs.len() {
-        return Err(RestoreError::Invalid("page runs outside every mapping".into()));
+        return Err(RestoreError::Invalid(
+            "page runs outside every mapping".into(),
+        ));
     }
 
     // The largest gap between mappings, with margins (stacks grow down into gaps).
@@ -232,7 +257,10 @@ fn build_plan(img: &ProcessImage, base: RawFd) -> Result<Vec<u8>> {
     bounds.sort_unstable();
     let mut hole = (0u64, 0u64);
     let mut prev_end = 1u64 << 24;
-    for &(s, e) in bounds.iter().chain(std::iter::once(&(0x7fff_ffff_f000, 0x7fff_ffff_f000))) {
+    for &(s, e) in bounds
+        .iter()
+        .chain(std::iter::once(&(0x7fff_ffff_f000, 0x7fff_ffff_f000)))
+    {
         if s > prev_end && s - prev_end > hole.1 - hole.0 {
             hole = (prev_end, s);
         }
@@ -240,7 +268,9 @@ fn build_plan(img: &ProcessImage, base: RawFd) -> Result<Vec<u8>> {
     }
     let margin = 64 << 20;
     if hole.1 - hole.0 < 4 * margin {
-        return Err(RestoreError::Invalid("no room in the address space for the restorer".into()));
+        return Err(RestoreError::Invalid(
+            "no room in the address space for the restorer".into(),
+        ));
     }
     let (hole_start, hole_end) = (hole.0 + margin, hole.1 - margin);
 
@@ -270,7 +300,9 @@ fn build_plan(img: &ProcessImage, base: RawFd) -> Result<Vec<u8>> {
         threads.push(d);
     }
     if img.threads[0].tid != img.pid {
-        return Err(RestoreError::Invalid("the first thread is not the process leader".into()));
+        return Err(RestoreError::Invalid(
+            "the first thread is not the process leader".into(),
+        ));
     }
     let sigs: Vec<SigactionDesc> = img
         .sigactions
@@ -295,14 +327,14 @@ fn build_plan(img: &ProcessImage, base: RawFd) -> Result<Vec<u8>> {
     // Lay the sections out after the header, each 64-byte aligned.
     let mut buf = vec![0u8; std::mem::size_of::<PlanHeader>()];
     let mut section = |bytes: &[u8]| -> u32 {
-        while buf.len() % 64 != 0 {
+        while !buf.len().is_multiple_of(64) {
             buf.push(0);
         }
         let off = buf.len() as u32;
         buf.extend_from_slice(bytes);
         off
     };
-        let vmas_off = section(&cat(&vmas));
+    let vmas_off = section(&cat(&vmas));
     let runs_off = section(&cat(&plan_runs));
     let threads_off = section(&cat(&threads));
     let sigactions_off = section(&cat(&sigs));
@@ -366,11 +398,15 @@ pub fn child_main(payload: &[u8]) -> ! {
     };
     let notify = plan.base + 2;
     let err = child_setup(&plan);
-    let msg = format!("{err}");
+    let msg = err;
     let notify_fd = if plan.inherited.len() == INHERITED {
         // Before or after the move: try the final number first.
         // SAFETY: F_GETFD only queries.
-        if unsafe { libc::fcntl(notify, libc::F_GETFD) } >= 0 { notify } else { plan.inherited[2] }
+        if unsafe { libc::fcntl(notify, libc::F_GETFD) } >= 0 {
+            notify
+        } else {
+            plan.inherited[2]
+        }
     } else {
         -1
     };
@@ -397,7 +433,12 @@ fn child_setup(p: &ChildPlan) -> String {
     // not the target's and must not leak into it).
     unsafe {
         libc::syscall(libc::SYS_close_range, 0u32, (p.base - 1) as u32, 0u32);
-        libc::syscall(libc::SYS_close_range, (p.base + INHERITED as RawFd) as u32, u32::MAX, 0u32);
+        libc::syscall(
+            libc::SYS_close_range,
+            (p.base + INHERITED as RawFd) as u32,
+            u32::MAX,
+            0u32,
+        );
     }
     // 2. Mapped files and the executable.
     let n = p.files.len();
@@ -405,9 +446,17 @@ fn child_setup(p: &ChildPlan) -> String {
         let target = p.base + INHERITED as RawFd + i as RawFd;
         let c = CString::new(path.as_str()).unwrap();
         // SAFETY: valid C string.
-        let fd = unsafe { libc::open(c.as_ptr(), if i == n { libc::O_PATH } else { libc::O_RDONLY }) };
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                if i == n { libc::O_PATH } else { libc::O_RDONLY },
+            )
+        };
         if fd < 0 {
-            return step(&format!("opening mapped file {path}"), io::Error::last_os_error());
+            return step(
+                &format!("opening mapped file {path}"),
+                io::Error::last_os_error(),
+            );
         }
         // SAFETY: moving our fresh descriptor to its planned number.
         unsafe {
@@ -438,7 +487,10 @@ fn child_setup(p: &ChildPlan) -> String {
         return step(&format!("chdir {}", p.cwd), io::Error::last_os_error());
     }
     for &(res, cur, max) in &p.rlimits {
-        let lim = libc::rlimit64 { rlim_cur: cur, rlim_max: max };
+        let lim = libc::rlimit64 {
+            rlim_cur: cur,
+            rlim_max: max,
+        };
         // SAFETY: `lim` is valid; failures (e.g. raising a hard limit) are not fatal.
         unsafe { libc::prlimit64(0, res as _, &lim, std::ptr::null_mut()) };
     }
@@ -485,7 +537,11 @@ pub fn finish(prep: Prepared, pid: Pid, timeout: Duration) -> Result<FinishStats
     let deadline = Instant::now() + timeout;
     let mut got = 0;
     while got < 24 {
-        let mut pfd = libc::pollfd { fd: r.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd: r.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd.
         let n = unsafe { libc::poll(&mut pfd, 1, 20) };
         if n > 0 {
@@ -507,15 +563,24 @@ pub fn finish(prep: Prepared, pid: Pid, timeout: Duration) -> Result<FinishStats
         if step == 0 {
             let mut msg = vec![0u8; val.min(4096) as usize];
             let _ = r.read_exact(&mut msg);
-            return Err(RestoreError::Child(String::from_utf8_lossy(&msg).into_owned()));
+            return Err(RestoreError::Child(
+                String::from_utf8_lossy(&msg).into_owned(),
+            ));
         }
-        return Err(RestoreError::Restorer { step, what: step_name(step), errno: -(val as i64) });
+        return Err(RestoreError::Restorer {
+            step,
+            what: step_name(step),
+            errno: -(val as i64),
+        });
     }
     let stats_restorer = t0.elapsed();
     let (base, total) = (w(0), w(1));
     let t1 = Instant::now();
     unmap_blob(pid, base, total).map_err(|e| RestoreError::Finish(e.to_string()))?;
-    Ok(FinishStats { restorer: stats_restorer, cleanup: t1.elapsed() })
+    Ok(FinishStats {
+        restorer: stats_restorer,
+        cleanup: t1.elapsed(),
+    })
 }
 
 fn step_name(step: u64) -> &'static str {
@@ -538,11 +603,17 @@ fn step_name(step: u64) -> &'static str {
 }
 
 /// Stops the restored process once none of its threads is inside the blob, unmaps the blob.
-fn unmap_blob(pid: Pid, base: u64, total: u64) -> std::result::Result<(), Box<dyn std::error::Error>> {
+fn unmap_blob(
+    pid: Pid,
+    base: u64,
+    total: u64,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
     for _ in 0..1000 {
         let mut st = Stopped::stop(pid)?;
         let inside = st.tids.iter().any(|&t| {
-            st.regs(t).map(|r| r.rip >= base && r.rip < base + total).unwrap_or(true)
+            st.regs(t)
+                .map(|r| r.rip >= base && r.rip < base + total)
+                .unwrap_or(true)
         });
         if inside {
             st.resume()?;
@@ -551,7 +622,13 @@ fn unmap_blob(pid: Pid, base: u64, total: u64) -> std::result::Result<(), Box<dy
         }
         let maps = crate::procfs::smaps(pid)?;
         let leader = st.tids[0];
-        let (r, _, _) = st.inject(&maps, leader, libc::SYS_munmap, [base, total, 0, 0, 0, 0], 0)?;
+        let (r, _, _) = st.inject(
+            &maps,
+            leader,
+            libc::SYS_munmap,
+            [base, total, 0, 0, 0, 0],
+            0,
+        )?;
         st.resume()?;
         if r != 0 {
             return Err(format!("munmap returned {r}").into());

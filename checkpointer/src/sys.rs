@@ -8,11 +8,19 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 pub type Pid = libc::pid_t;
 
 pub fn cvt(r: libc::c_long) -> io::Result<libc::c_long> {
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
 }
 
 pub fn cvt_i(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
 }
 
 /// Reads remote memory `[addr, addr+buf.len())` of `pid` with `process_vm_readv`, splitting the
@@ -21,8 +29,14 @@ pub fn read_remote(pid: Pid, addr: u64, buf: &mut [u8]) -> io::Result<()> {
     let mut done = 0usize;
     while done < buf.len() {
         let left = buf.len() - done;
-        let local = libc::iovec { iov_base: buf[done..].as_mut_ptr().cast(), iov_len: left };
-        let remote = libc::iovec { iov_base: (addr + done as u64) as *mut _, iov_len: left };
+        let local = libc::iovec {
+            iov_base: buf[done..].as_mut_ptr().cast(),
+            iov_len: left,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr + done as u64) as *mut _,
+            iov_len: left,
+        };
         // SAFETY: `local` covers writable memory we own; the kernel checks the remote side.
         let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
         if n <= 0 {
@@ -46,10 +60,16 @@ pub fn read_remote_vectored(pid: Pid, ranges: &[(u64, u64)], buf: &mut [u8]) -> 
     for chunk in ranges.chunks(1024) {
         let remote: Vec<libc::iovec> = chunk
             .iter()
-            .map(|&(a, l)| libc::iovec { iov_base: a as *mut _, iov_len: l as usize })
+            .map(|&(a, l)| libc::iovec {
+                iov_base: a as *mut _,
+                iov_len: l as usize,
+            })
             .collect();
         let len: usize = chunk.iter().map(|r| r.1 as usize).sum();
-        let local = libc::iovec { iov_base: buf[off..].as_mut_ptr().cast(), iov_len: len };
+        let local = libc::iovec {
+            iov_base: buf[off..].as_mut_ptr().cast(),
+            iov_len: len,
+        };
         // SAFETY: `local` covers `len` writable bytes of `buf` (checked by the assert above).
         let n = unsafe {
             libc::process_vm_readv(pid, &local, 1, remote.as_ptr(), remote.len() as _, 0)
@@ -67,8 +87,14 @@ pub fn read_remote_vectored(pid: Pid, ranges: &[(u64, u64)], buf: &mut [u8]) -> 
 }
 
 pub fn write_remote(pid: Pid, addr: u64, buf: &[u8]) -> io::Result<()> {
-    let local = libc::iovec { iov_base: buf.as_ptr() as *mut _, iov_len: buf.len() };
-    let remote = libc::iovec { iov_base: addr as *mut _, iov_len: buf.len() };
+    let local = libc::iovec {
+        iov_base: buf.as_ptr() as *mut _,
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut _,
+        iov_len: buf.len(),
+    };
     // SAFETY: `local` covers readable memory we own; the kernel checks the remote side.
     let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
     if n as usize != buf.len() {
@@ -111,7 +137,13 @@ pub fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
 pub fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
     // SAFETY: passes a pointer to a live int and its size.
     cvt_i(unsafe {
-        libc::setsockopt(fd, level, name, (&raw const v).cast(), std::mem::size_of::<i32>() as _)
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&raw const v).cast(),
+            std::mem::size_of::<i32>() as _,
+        )
     })?;
     Ok(())
 }
@@ -131,7 +163,11 @@ pub fn sock_addr(fd: RawFd, peer: bool) -> io::Result<Vec<u8>> {
     };
     if r < 0 {
         let e = io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::ENOTCONN) { Ok(Vec::new()) } else { Err(e) };
+        return if e.raw_os_error() == Some(libc::ENOTCONN) {
+            Ok(Vec::new())
+        } else {
+            Err(e)
+        };
     }
     // SAFETY: the kernel wrote `len` bytes into `ss`.
     let bytes = unsafe { std::slice::from_raw_parts((&raw const ss).cast::<u8>(), len as usize) };

@@ -21,7 +21,11 @@ pub struct View {
 }
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
 }
 
 fn readlinkat(dir: RawFd, name: &str) -> io::Result<String> {
@@ -46,7 +50,11 @@ fn openat(dir: RawFd, name: &str, flags: i32) -> io::Result<OwnedFd> {
 
 /// Reads the view of process `pid` (host PID).
 pub fn read(pid: Pid) -> io::Result<View> {
-    let dir = openat(libc::AT_FDCWD, &format!("/proc/{pid}"), libc::O_PATH | libc::O_DIRECTORY)?;
+    let dir = openat(
+        libc::AT_FDCWD,
+        &format!("/proc/{pid}"),
+        libc::O_PATH | libc::O_DIRECTORY,
+    )?;
     let root = format!("/proc/{pid}/root");
     std::thread::scope(|s| {
         s.spawn(|| -> io::Result<View> {
@@ -84,7 +92,14 @@ fn list_dir_fd(dir: &OwnedFd) -> io::Result<Vec<i32>> {
     let mut buf = vec![0u8; 65536];
     loop {
         // SAFETY: `buf` is writable for its length.
-        let n = unsafe { libc::syscall(libc::SYS_getdents64, dir.as_raw_fd(), buf.as_mut_ptr(), buf.len()) };
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                dir.as_raw_fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }

@@ -95,11 +95,22 @@ pub(crate) fn create_link(subnet: Ipv4Addr, want: Option<u32>) -> Result<Link> {
     let mut tried = HashSet::new();
     if let Some(index) = want {
         if !(1..=MAX_INDEX).contains(&index) {
-            return Err(SandboxError::InvalidConfig(format!("link index {index} out of range")));
+            return Err(SandboxError::InvalidConfig(format!(
+                "link index {index} out of range"
+            )));
         }
         let link = Link::new(subnet, index);
         return match run(
-            Command::new("ip").args(["link", "add", &link.host_if, "type", "veth", "peer", "name", &link.sandbox_if]),
+            Command::new("ip").args([
+                "link",
+                "add",
+                &link.host_if,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &link.sandbox_if,
+            ]),
             None,
         ) {
             Ok(()) => Ok(link),

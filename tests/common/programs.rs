@@ -44,16 +44,19 @@ pub fn build(name: &str) -> PathBuf {
 pub fn build_variant(name: &str, suffix: &str, extra_flags: &[&str]) -> PathBuf {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
 
-    let src = workspace_root().join("tests").join("programs").join(format!("{name}.c"));
+    let src = workspace_root()
+        .join("tests")
+        .join("programs")
+        .join(format!("{name}.c"));
     let out_dir = programs_out_dir();
     let out = out_dir.join(format!("{name}{suffix}"));
     let src_mtime = std::fs::metadata(&src)
         .and_then(|m| m.modified())
         .unwrap_or_else(|e| panic!("test program source {}: {e}", src.display()));
-    if let Ok(bin_mtime) = std::fs::metadata(&out).and_then(|m| m.modified()) {
-        if bin_mtime >= src_mtime {
-            return out;
-        }
+    if let Ok(bin_mtime) = std::fs::metadata(&out).and_then(|m| m.modified())
+        && bin_mtime >= src_mtime
+    {
+        return out;
     }
     std::fs::create_dir_all(&out_dir)
         .unwrap_or_else(|e| panic!("create {}: {e}", out_dir.display()));
@@ -91,7 +94,10 @@ pub fn build_variant(name: &str, suffix: &str, extra_flags: &[&str]) -> PathBuf 
 
 /// Source path of a test program (useful for error messages).
 pub fn source(name: &str) -> PathBuf {
-    workspace_root().join("tests").join("programs").join(format!("{name}.c"))
+    workspace_root()
+        .join("tests")
+        .join("programs")
+        .join(format!("{name}.c"))
 }
 
 // ---------------------------------------------------------------------------
@@ -217,7 +223,12 @@ impl Report {
                 _ => {}
             }
         }
-        Some(Report { steps: steps?, sig: sig?, digest: digest?, expected: expected? })
+        Some(Report {
+            steps: steps?,
+            sig: sig?,
+            digest: digest?,
+            expected: expected?,
+        })
     }
 
     /// Total steps over all threads.
@@ -230,7 +241,11 @@ impl Report {
     pub fn check(&self) -> Result<(), String> {
         let ours = expected_digest(&self.steps, self.sig);
         if self.sig != expected_sig(&self.steps) {
-            return Err(format!("sig={} but steps imply {}: {self:?}", self.sig, expected_sig(&self.steps)));
+            return Err(format!(
+                "sig={} but steps imply {}: {self:?}",
+                self.sig,
+                expected_sig(&self.steps)
+            ));
         }
         if self.digest != self.expected || self.digest != ours {
             return Err(format!(
@@ -274,7 +289,9 @@ pub fn request(addr: SocketAddr, cmd: &str, timeout: Duration) -> io::Result<Str
     loop {
         let now = Instant::now();
         if now >= deadline {
-            let why = last_err.map(|e| e.to_string()).unwrap_or_else(|| "no reply".into());
+            let why = last_err
+                .map(|e| e.to_string())
+                .unwrap_or_else(|| "no reply".into());
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!("UDP {cmd:?} to {addr}: timed out after {timeout:?} ({why})"),
@@ -298,7 +315,10 @@ pub fn request(addr: SocketAddr, cmd: &str, timeout: Duration) -> io::Result<Str
                     return Ok(String::from_utf8_lossy(&buf[..n]).trim_end().to_string());
                 }
                 Err(e)
-                    if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
                 {
                     break;
                 }
@@ -319,7 +339,10 @@ pub fn request(addr: SocketAddr, cmd: &str, timeout: Duration) -> io::Result<Str
 pub fn query(addr: SocketAddr, timeout: Duration) -> io::Result<Report> {
     let line = request(addr, "digest", timeout)?;
     Report::parse(&line).ok_or_else(|| {
-        io::Error::new(io::ErrorKind::InvalidData, format!("bad digest reply from {addr}: {line:?}"))
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad digest reply from {addr}: {line:?}"),
+        )
     })
 }
 
@@ -330,7 +353,10 @@ pub fn ping(addr: SocketAddr, timeout: Duration) -> io::Result<String> {
     if line.starts_with("pong") {
         Ok(line)
     } else {
-        Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad ping reply: {line:?}")))
+        Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad ping reply: {line:?}"),
+        ))
     }
 }
 
@@ -345,7 +371,12 @@ pub fn dirtier_written(addr: SocketAddr, timeout: Duration) -> io::Result<u64> {
     line.split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("bad dirtier pong: {line:?}")))
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad dirtier pong: {line:?}"),
+            )
+        })
 }
 
 /// A UDP port that was free a moment ago (racy; prefer retrying on

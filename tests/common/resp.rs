@@ -21,7 +21,10 @@ impl Conn {
     pub fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<Conn> {
         let s = TcpStream::connect_timeout(&addr, timeout)?;
         s.set_read_timeout(Some(Duration::from_secs(20)))?;
-        Ok(Conn { r: BufReader::new(s.try_clone()?), w: s })
+        Ok(Conn {
+            r: BufReader::new(s.try_clone()?),
+            w: s,
+        })
     }
 
     /// Connects, retrying until `timeout` (the service may still be starting).
@@ -50,7 +53,9 @@ impl Conn {
     }
 
     pub fn cmd(&mut self, args: &[&str]) -> std::io::Result<Reply> {
-        Ok(self.pipeline(&[args.iter().map(|s| s.to_string()).collect()])?.remove(0))
+        Ok(self
+            .pipeline(&[args.iter().map(|s| s.to_string()).collect()])?
+            .remove(0))
     }
 
     pub fn pipeline(&mut self, cmds: &[Vec<String>]) -> std::io::Result<Vec<Reply>> {

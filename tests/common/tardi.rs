@@ -39,7 +39,8 @@ impl Running {
             let _ = child.wait();
             return Err(err);
         }
-        let v: serde_json::Value = serde_json::from_str(&line).map_err(|e| format!("{e}: {line}"))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&line).map_err(|e| format!("{e}: {line}"))?;
         Ok(Running {
             name: v["name"].as_str().unwrap().to_string(),
             address: v["address"].as_str().unwrap().parse().unwrap(),
@@ -62,7 +63,13 @@ impl Running {
     /// `tardi snapshot NAME -o FILE --json`.
     pub fn snapshot(&self, file: &Path) -> Result<serde_json::Value, String> {
         let out = Command::new(tardi())
-            .args(["snapshot", &self.name, "-o", file.to_str().unwrap(), "--json"])
+            .args([
+                "snapshot",
+                &self.name,
+                "-o",
+                file.to_str().unwrap(),
+                "--json",
+            ])
             .output()
             .map_err(|e| e.to_string())?;
         if !out.status.success() {
@@ -122,7 +129,10 @@ impl Drop for Running {
 
 /// Writes a manifest for a test program with a unique sandbox name.
 pub fn manifest_for(dir: &Path, name: &str, binary: &Path, args: &[&str]) -> PathBuf {
-    let mut argv = vec![format!("{:?}", binary.file_name().unwrap().to_str().unwrap())];
+    let mut argv = vec![format!(
+        "{:?}",
+        binary.file_name().unwrap().to_str().unwrap()
+    )];
     argv.extend(args.iter().map(|a| format!("{a:?}")));
     let text = format!(
         "libos.entrypoint = {:?}\nloader.argv = [{}]\n\n[tardi]\nname = {:?}\n",

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Quiesce benchmark: how long Tardi's ptrace quiescence (tardi_checkpointer::ptrace::Stopped::stop:
+# PTRACE_SEIZE + PTRACE_INTERRUPT every thread, wait for every interrupt stop) takes, and the full
+# stop + resume (PTRACE_DETACH) cycle, for a process of 1, 4 and 16 threads that are either blocked
+# (futex wait, nanosleep) or spinning in user space.
+#
+# Usage: bench/quiesce.sh            (run as root; writes bench/out/quiesce-DATE.md)
+# Env:   ITERATIONS (default 200)    stop/resume cycles per case
+#        THREADS    (default "1 4 16")
+#        MODES      (default "futex sleep busy")
+# Reports figures only; it asserts nothing about them.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(dirname "$HERE")"
+OUT_DIR="$HERE/out"
+ITERATIONS="${ITERATIONS:-200}"
+THREADS="${THREADS:-1 4 16}"
+MODES="${MODES:-futex sleep busy}"
+
+[[ $EUID -eq 0 ]] || { echo "run as root (ptrace of another process)" >&2; exit 1; }
+
+need=()
+command -v cc >/dev/null || need+=(gcc libc6-dev)
+command -v jq >/dev/null || need+=(jq)
+if ((${#need[@]})); then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
+fi
+
+echo "building quiesce_bench (release)..." >&2
+(cd "$ROOT" && cargo build --release -q -p tardi-checkpointer --example quiesce_bench) >&2
+BENCH="$ROOT/target/release/examples/quiesce_bench"
+WORK="$(mktemp -d /tmp/tardi-quiesce.XXXXXX)"
+TARGET_PID=""
+cleanup() {
+    if [[ -n "$TARGET_PID" ]] && kill -0 "$TARGET_PID" 2>/dev/null; then
+        kill -KILL "$TARGET_PID" 2>/dev/null || true
+        wait "$TARGET_PID" 2>/dev/null || true
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+cc -O2 -Wall -pthread -o "$WORK/threads" "$HERE/threads.c"
+
+mkdir -p "$OUT_DIR"
+STAMP="$(date +%Y%m%d-%H%M%S)"
+OUT="$OUT_DIR/quiesce-$STAMP.md"
+{
+    echo "## Quiesce: Stopped::stop + resume, $ITERATIONS cycles per case"
+    echo
+    echo "Machine: $(nproc) CPUs, kernel $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo
+    echo "| threads | state | stop min µs | stop median µs | stop p99 µs | stop max µs | stop+resume min µs | stop+resume median µs | stop+resume p99 µs |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+} | tee "$OUT"
+
+for mode in $MODES; do
+    for n in $THREADS; do
+        "$WORK/threads" "$mode" "$n" > "$WORK/ready" &
+        TARGET_PID=$!
+        for _ in $(seq 1 500); do [[ -s "$WORK/ready" ]] && break; sleep 0.01; done
+        [[ -s "$WORK/ready" ]] || { echo "threads $mode $n did not start" >&2; exit 1; }
+        sleep 0.2 # let every thread reach its steady state (blocked or spinning)
+        got="$(ls "/proc/$TARGET_PID/task" | wc -l)"
+        [[ "$got" -eq "$n" ]] || { echo "expected $n threads, found $got" >&2; exit 1; }
+        json="$("$BENCH" "$TARGET_PID" "$ITERATIONS")"
+        kill -KILL "$TARGET_PID"; wait "$TARGET_PID" 2>/dev/null || true; TARGET_PID=""
+        jq -r --arg mode "$mode" '"| \(.threads) | \($mode) | \(.stop_us.min) | \(.stop_us.median) | \(.stop_us.p99) | \(.stop_us.max) | \(.cycle_us.min) | \(.cycle_us.median) | \(.cycle_us.p99) |"' <<<"$json" | tee -a "$OUT"
+        echo "$json" >> "$OUT_DIR/quiesce-$STAMP.jsonl"
+    done
+done
+echo >&2
+echo "written: $OUT" >&2

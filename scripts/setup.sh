@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what Tardi needs on a fresh Debian 12 machine (idempotent): the services used by the
+# tests and the demo, the tools the sandbox calls, and a Rust toolchain if there is none.
+set -euo pipefail
+need=()
+for pkg_bin in redis-server:/usr/bin/redis-server redis-tools:/usr/bin/redis-cli \
+               iproute2:/usr/sbin/ip util-linux:/usr/bin/nsenter gcc:/usr/bin/gcc \
+               python3:/usr/bin/python3; do
+  [ -x "${pkg_bin#*:}" ] || need+=("${pkg_bin%%:*}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# Debian starts a system redis on 127.0.0.1:6379; Tardi's sandboxes have their own network
+# namespaces and do not need it stopped, but it wastes memory on a CI machine.
+if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server 2>/dev/null || true; fi
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] || { echo "setup: no Rust toolchain (install rustup)"; exit 1; }
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+[ "$(id -u)" = 0 ] || { echo "setup: Tardi needs root (namespaces, ptrace, veth)"; exit 1; }

@@ -136,7 +136,7 @@ stats() {
         | [.[0], $med, .[-1]] | map(. / $d | . * 10 | round / 10 | tostring) | join(" / ")' "$2"
 }
 
-MACHINE="$(nproc) CPUs, $(awk '/MemTotal/{printf "%.0f GiB RAM", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(redis-server --version | awk '{print $3}')"
+MACHINE="$(nproc) CPUs, $(awk '/MemTotal/{printf "%.0f GiB RAM", $2/1048576}' /proc/meminfo), kernel $(uname -r), redis $(redis-server --version | awk '{sub("v=","",$3); print $3}')"
 {
     echo "# Tardi checkpoint / restore benchmark ($STAMP)"
     echo
@@ -145,6 +145,7 @@ MACHINE="$(nproc) CPUs, $(awk '/MemTotal/{printf "%.0f GiB RAM", $2/1048576}' /p
     echo "$SNAPSHOTS snapshots and $ROUNDS kill+restore rounds per size. Times: min / median / max."
 } > "$OUT"
 SNAP_ROWS=()
+SNAP_FAILURES=()
 RESTORE_ROWS=()
 
 for mb in $SIZES_MB; do
@@ -168,7 +169,13 @@ for mb in $SIZES_MB; do
     snaps="$WORK/snaps-$mb.jsonl"
     : > "$snaps"
     for i in $(seq 1 "$SNAPSHOTS"); do
-        line="$("$TARDI" snapshot "$NAME" -o "$snapfile" --json)"
+        if ! line="$("$TARDI" snapshot "$NAME" -o "$snapfile" --json 2> "$WORK/snap.err")"; then
+            echo "   snapshot $i FAILED: $(cat "$WORK/snap.err")" >&2
+            jq -nc --argjson mb "$mb" --arg err "$(cat "$WORK/snap.err")" \
+                '{bench:"snapshot", size_mb:$mb, error:$err}' >> "$RAW"
+            SNAP_FAILURES+=("$mb MiB snapshot $i: $(cat "$WORK/snap.err")")
+            continue
+        fi
         echo "$line" >> "$snaps"
         jq -c --argjson mb "$mb" --argjson used "$used" --argjson keys "$dbsize" \
             '{bench:"snapshot", size_mb:$mb, used_memory:$used, keys:$keys} + .' <<<"$line" >> "$RAW"
@@ -177,6 +184,7 @@ for mb in $SIZES_MB; do
     done
     after="$(rcli dbsize)"
     [[ "$after" == "$dbsize" ]] || echo "warning: DBSIZE changed across snapshots: $dbsize -> $after" >&2
+    [[ -s "$snaps" ]] || { echo "every snapshot failed; stopping" >&2; exit 1; }
     last="$(tail -n1 "$snaps")"
     SNAP_ROWS+=("| $mb MiB | $((used / 1048576)) | $dbsize | $(jq .threads <<<"$last") | $(jq '.bytes / 1048576 | round' <<<"$last") | $(jq '.memory_bytes / 1048576 | round' <<<"$last") | $(stats pause_us "$snaps" 1000) | $(stats quiesce_us "$snaps") | $(stats memory_copy_us "$snaps" 1000) |")
 
@@ -185,18 +193,31 @@ for mb in $SIZES_MB; do
     for r in $(seq 1 "$ROUNDS"); do
         stop_current
         echo "   round $r: restoring $(du -h "$snapfile" | cut -f1) checkpoint" >&2
-        t0=$(date +%s%N)
-        if ! start_tardi "$TARDI" restore "$snapfile" --json; then
+        # A restore must get its old address back (same link index). A sandbox started by
+        # someone else on this machine in the gap may hold it: then wait and try again.
+        retries=0
+        while :; do
+            t0=$(date +%s%N)
+            start_tardi "$TARDI" restore "$snapfile" --json && break
+            if grep -q "is in use" "$WORK/tardi.err" && ((retries < 60)); then
+                retries=$((retries + 1))
+                echo "   round $r: address taken by another sandbox; retry $retries in 0.5 s" >&2
+                jq -nc --argjson mb "$mb" --argjson r "$r" --arg err "$(cat "$WORK/tardi.err")" \
+                    '{bench:"restore", size_mb:$mb, round:$r, error:$err, retried:true}' >> "$RAW"
+                sleep 0.5
+                continue
+            fi
             RESTORE_ROWS+=("| $mb MiB | $r | restore failed: $(tr '\n' ' ' < "$WORK/tardi.err" | cut -c1-200) |||||||")
             jq -nc --argjson mb "$mb" --argjson r "$r" --arg err "$(cat "$WORK/tardi.err")" \
                 '{bench:"restore", size_mb:$mb, round:$r, error:$err}' >> "$RAW"
-            continue
-        fi
+            continue 2
+        done
         t_started=$(date +%s%N)
         wait_redis
         got="$(rcli dbsize)"
         t_served=$(date +%s%N)
         ok=$([[ "$got" == "$dbsize" ]] && echo yes || echo "NO ($got)")
+        ((retries == 0)) || ok="$ok (after $retries failed attempt(s): address in use)"
         jq -c '.restore' <<<"$STARTED" >> "$rest"
         jq -c --argjson mb "$mb" --argjson r "$r" --argjson got "$got" --argjson want "$dbsize" \
             --argjson started_ms "$(((t_started - t0) / 1000000))" --argjson served_ms "$(((t_served - t0) / 1000000))" \
@@ -220,6 +241,7 @@ done
     echo "| data | used_memory MiB | keys | threads | file MiB | memory saved MiB | pause ms | quiesce µs | memory copy ms |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     printf '%s\n' "${SNAP_ROWS[@]}"
+    for f in "${SNAP_FAILURES[@]}"; do echo; echo "FAILED: $f"; done
     echo
     echo "## Restore (SIGTERM the running sandbox, then tardi restore FILE)"
     echo

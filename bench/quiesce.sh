@@ -8,6 +8,8 @@
 # Env:   ITERATIONS (default 200)    stop/resume cycles per case
 #        THREADS    (default "1 4 16")
 #        MODES      (default "futex sleep busy")
+#        RT=1       run the tracer as SCHED_FIFO 50 (chrt), to separate ptrace's own cost from
+#                   waiting for a CPU (the tracer competes with busy threads on few cores)
 # Reports figures only; it asserts nothing about them.
 set -euo pipefail
 
@@ -30,6 +32,8 @@ fi
 echo "building quiesce_bench (release)..." >&2
 (cd "$ROOT" && cargo build --release -q -p tardi-checkpointer --example quiesce_bench) >&2
 BENCH="$ROOT/target/release/examples/quiesce_bench"
+TRACER=("$BENCH"); TRACER_DESC="tracer at default priority (SCHED_OTHER, nice 0)"
+if [[ "${RT:-0}" == 1 ]]; then TRACER=(chrt -f 50 "$BENCH"); TRACER_DESC="tracer SCHED_FIFO 50"; fi
 WORK="$(mktemp -d /tmp/tardi-quiesce.XXXXXX)"
 TARGET_PID=""
 cleanup() {
@@ -44,11 +48,13 @@ cc -O2 -Wall -pthread -o "$WORK/threads" "$HERE/threads.c"
 
 mkdir -p "$OUT_DIR"
 STAMP="$(date +%Y%m%d-%H%M%S)"
-OUT="$OUT_DIR/quiesce-$STAMP.md"
+SUFFIX=""; [[ "${RT:-0}" == 1 ]] && SUFFIX="-rt"
+OUT="$OUT_DIR/quiesce-$STAMP$SUFFIX.md"
 {
-    echo "## Quiesce: Stopped::stop + resume, $ITERATIONS cycles per case"
+    echo "## Quiesce: Stopped::stop + resume, $ITERATIONS cycles per case, $TRACER_DESC"
     echo
-    echo "Machine: $(nproc) CPUs, kernel $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "Machine: $(nproc) CPUs, kernel $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ); load average before: $(cut -d' ' -f1-3 /proc/loadavg)."
+    echo "Source: $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)$(cd "$ROOT" && git --no-optional-locks diff --quiet HEAD -- checkpointer 2>/dev/null || echo ' + uncommitted changes in checkpointer/')."
     echo
     echo "| threads | state | stop min µs | stop median µs | stop p99 µs | stop max µs | stop+resume min µs | stop+resume median µs | stop+resume p99 µs |"
     echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
@@ -63,10 +69,10 @@ for mode in $MODES; do
         sleep 0.2 # let every thread reach its steady state (blocked or spinning)
         got="$(ls "/proc/$TARGET_PID/task" | wc -l)"
         [[ "$got" -eq "$n" ]] || { echo "expected $n threads, found $got" >&2; exit 1; }
-        json="$("$BENCH" "$TARGET_PID" "$ITERATIONS")"
+        json="$("${TRACER[@]}" "$TARGET_PID" "$ITERATIONS")"
         kill -KILL "$TARGET_PID"; wait "$TARGET_PID" 2>/dev/null || true; TARGET_PID=""
         jq -r --arg mode "$mode" '"| \(.threads) | \($mode) | \(.stop_us.min) | \(.stop_us.median) | \(.stop_us.p99) | \(.stop_us.max) | \(.cycle_us.min) | \(.cycle_us.median) | \(.cycle_us.p99) |"' <<<"$json" | tee -a "$OUT"
-        echo "$json" >> "$OUT_DIR/quiesce-$STAMP.jsonl"
+        echo "$json" >> "$OUT_DIR/quiesce-$STAMP$SUFFIX.jsonl"
     done
 done
 echo >&2

@@ -168,9 +168,10 @@ impl Stopped {
         Ok(())
     }
 
-    /// The XSAVE area (`NT_X86_XSTATE`).
+    /// The XSAVE area (`NT_X86_XSTATE`), whole: the buffer is larger than any area the plan can
+    /// carry, so the caller can refuse one that does not fit instead of truncating it.
     pub fn xstate(&self, tid: Pid) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; crate::abi::XSTATE_MAX];
+        let mut buf = vec![0u8; 4 * crate::abi::XSTATE_MAX];
         let mut iov = libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),
             iov_len: buf.len(),

@@ -141,6 +141,7 @@ MACHINE="$(nproc) CPUs, $(awk '/MemTotal/{printf "%.0f GiB RAM", $2/1048576}' /p
     echo "# Tardi checkpoint / restore benchmark ($STAMP)"
     echo
     echo "Machine: $MACHINE. Load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
+    echo "Source: $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)$(cd "$ROOT" && git --no-optional-locks diff --quiet HEAD -- src checkpointer sandbox 2>/dev/null || echo ' + uncommitted changes')."
     echo "Redis filled with distinct ${VALUE_SIZE}-byte values until used_memory >= target;"
     echo "$SNAPSHOTS snapshots and $ROUNDS kill+restore rounds per size. Times: min / median / max."
 } > "$OUT"

@@ -8,6 +8,8 @@
 # Env:   ITERATIONS (default 200)    stop/resume cycles per case
 #        THREADS    (default "1 4 16")
 #        MODES      (default "futex sleep busy")
+#        WAIT_QUIET=N  before each case, wait up to N s for the machine to be <= 20% busy
+#                   (other processes' load distorts the figures; the busy % is reported)
 #        RT=1       run the tracer as SCHED_FIFO 50 (chrt), to separate ptrace's own cost from
 #                   waiting for a CPU (the tracer competes with busy threads on few cores)
 # Reports figures only; it asserts nothing about them.
@@ -20,6 +22,7 @@ ITERATIONS="${ITERATIONS:-200}"
 THREADS="${THREADS:-1 4 16}"
 MODES="${MODES:-futex sleep busy}"
 
+. "$HERE/lib.sh"
 [[ $EUID -eq 0 ]] || { echo "run as root (ptrace of another process)" >&2; exit 1; }
 
 need=()
@@ -56,12 +59,15 @@ OUT="$OUT_DIR/quiesce-$STAMP$SUFFIX.md"
     echo "Machine: $(nproc) CPUs, kernel $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ); load average before: $(cut -d' ' -f1-3 /proc/loadavg)."
     echo "Source: $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)$(cd "$ROOT" && git --no-optional-locks diff --quiet HEAD -- checkpointer 2>/dev/null || echo ' + uncommitted changes in checkpointer/')."
     echo
-    echo "| threads | state | stop min µs | stop median µs | stop p99 µs | stop max µs | stop+resume min µs | stop+resume median µs | stop+resume p99 µs |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+    echo "CPU busy = share of all CPUs busy with other work during the 2 s before each case."
+    echo
+    echo "| threads | state | stop min µs | stop median µs | stop p99 µs | stop max µs | stop+resume min µs | stop+resume median µs | stop+resume p99 µs | CPU busy before |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 } | tee "$OUT"
 
 for mode in $MODES; do
     for n in $THREADS; do
+        busy="$(wait_quiet)"
         "$WORK/threads" "$mode" "$n" > "$WORK/ready" &
         TARGET_PID=$!
         for _ in $(seq 1 500); do [[ -s "$WORK/ready" ]] && break; sleep 0.01; done
@@ -71,8 +77,8 @@ for mode in $MODES; do
         [[ "$got" -eq "$n" ]] || { echo "expected $n threads, found $got" >&2; exit 1; }
         json="$("${TRACER[@]}" "$TARGET_PID" "$ITERATIONS")"
         kill -KILL "$TARGET_PID"; wait "$TARGET_PID" 2>/dev/null || true; TARGET_PID=""
-        jq -r --arg mode "$mode" '"| \(.threads) | \($mode) | \(.stop_us.min) | \(.stop_us.median) | \(.stop_us.p99) | \(.stop_us.max) | \(.cycle_us.min) | \(.cycle_us.median) | \(.cycle_us.p99) |"' <<<"$json" | tee -a "$OUT"
-        echo "$json" >> "$OUT_DIR/quiesce-$STAMP$SUFFIX.jsonl"
+        jq -r --arg mode "$mode" --arg busy "$busy" '"| \(.threads) | \($mode) | \(.stop_us.min) | \(.stop_us.median) | \(.stop_us.p99) | \(.stop_us.max) | \(.cycle_us.min) | \(.cycle_us.median) | \(.cycle_us.p99) | \($busy)% |"' <<<"$json" | tee -a "$OUT"
+        jq -c --arg mode "$mode" --argjson busy "$busy" '{mode:$mode, cpu_busy_before_pct:$busy} + .' <<<"$json" >> "$OUT_DIR/quiesce-$STAMP$SUFFIX.jsonl"
     done
 done
 echo >&2

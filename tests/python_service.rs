@@ -94,12 +94,25 @@ fn run(manifest: &Path) -> Running {
     .unwrap_or_else(|e| panic!("tardi run {}: {e}", manifest.display()))
 }
 
+/// `tardi restore FILE`. The restored sandbox takes its old link (address) again; a sandbox
+/// started by someone else between our stop and this restore may hold it meanwhile (every new
+/// `tardi` process hands link indices out lowest-free-first): wait a bounded while for it to go
+/// away rather than fail on another test's behalf.
 fn restore(file: &Path) -> Running {
-    let f = file.to_path_buf();
-    bounded("tardi restore", file, TARDI_TIMEOUT, move || {
-        Running::restore(&f)
-    })
-    .unwrap_or_else(|e| panic!("tardi restore {}: {e}", file.display()))
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let f = file.to_path_buf();
+        match bounded("tardi restore", file, TARDI_TIMEOUT, move || {
+            Running::restore(&f)
+        }) {
+            Ok(r) => return r,
+            Err(e) if e.contains("is in use (link") && Instant::now() < deadline => {
+                eprintln!("note: the restored sandbox's address is taken, retrying: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("tardi restore {}: {e}", file.display()),
+        }
+    }
 }
 
 fn snapshot(r: &Running, file: &Path) -> serde_json::Value {
@@ -143,6 +156,17 @@ fn wait_threads(r: &Running, n: usize, what: &str) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Removes what a passing test's sandbox legitimately kept: its service log and run directory.
+fn forget(name: &str) {
+    let dir = Path::new("/run/tardi").join(name);
+    // The log, and the link index the name keeps (sandbox/src/net.rs) — our names are unique
+    // per test run, so keeping it would only hold an address forever.
+    for f in ["service.log", "link-index"] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// Main thread + ticker thread: no connection open.
@@ -552,6 +576,7 @@ fn python_kv_server_survives_two_generations_of_snapshot_and_restore() {
         !log.contains("Traceback"),
         "the service logged an exception:\n{log}"
     );
+    forget(&name);
     eprintln!("python_service: {:.1} s", t0.elapsed().as_secs_f64());
 }
 
@@ -605,4 +630,5 @@ fn thread_exiting_while_restore_finishes() {
         std::fs::remove_file(&file).unwrap();
     }
     cur.stop();
+    forget(&name);
 }

@@ -8,6 +8,7 @@
 //! object: {"pid","threads","iterations","stop_us":{min,median,p99,max},"cycle_us":{...}}.
 
 use std::time::{Duration, Instant};
+use tardi_checkpointer::procfs::Proc;
 use tardi_checkpointer::ptrace::Stopped;
 
 fn summary(v: &mut [f64]) -> String {
@@ -33,9 +34,14 @@ fn main() {
     let gap = Duration::from_millis(args.get(2).map_or(2, |s| s.parse().expect("GAP_MS")));
     let (mut stop_us, mut cycle_us) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
     let mut threads = 0;
+    // Opened once, as a checkpointer keeps it for the life of the service.
+    let proc = Proc::open(pid).unwrap_or_else(|e| {
+        eprintln!("cannot open /proc/{pid}: {e}");
+        std::process::exit(1);
+    });
     for i in 0..iters {
         let t0 = Instant::now();
-        let st = match Stopped::stop(pid) {
+        let st = match Stopped::stop(&proc) {
             Ok(st) => st,
             Err(e) => {
                 eprintln!("iteration {i}: stop failed: {e}");

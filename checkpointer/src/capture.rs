@@ -8,7 +8,7 @@
 use crate::abi::{self, Regs};
 use crate::fds;
 use crate::image::*;
-use crate::procfs::{self, MapEntry};
+use crate::procfs::{self, MapEntry, Proc};
 use crate::ptrace::{PtraceError, SCRATCH, Stopped};
 use crate::sys::{self, Pid};
 use std::collections::HashMap;
@@ -69,9 +69,15 @@ pub struct CaptureStats {
 /// A signal can be queued at the very moment the threads stop; it would be lost, so such an
 /// attempt is abandoned and retried a few times before giving up.
 pub fn checkpoint(pid: Pid, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
+    procfs::in_view(pid, |proc| checkpoint_in_view(proc, epoch))
+        .map_err(proc_err(pid, "the sandbox's view"))?
+}
+
+/// [`checkpoint`] for a caller already inside [`procfs::in_view`].
+pub fn checkpoint_in_view(proc: &Proc, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
     let mut attempt = 0;
     loop {
-        match checkpoint_once(pid, epoch) {
+        match checkpoint_once(proc, epoch) {
             Err(CaptureError::PendingSignals(_)) if attempt < 20 => {
                 attempt += 1;
                 std::thread::sleep(Duration::from_millis(attempt));
@@ -81,16 +87,16 @@ pub fn checkpoint(pid: Pid, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
     }
 }
 
-fn checkpoint_once(pid: Pid, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
+fn checkpoint_once(proc: &Proc, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
     let mut stats = CaptureStats::default();
     // The copy destination is faulted in before the pause: a fresh 100 MB buffer would otherwise
     // cost ~25,000 page faults inside it.
-    let buf = prefaulted_buffer(estimate_private_bytes(pid));
+    let buf = prefaulted_buffer(estimate_private_bytes(proc));
     let t0 = Instant::now();
-    let mut st = Stopped::stop(pid)?;
+    let mut st = Stopped::stop(proc)?;
     stats.quiesce = t0.elapsed();
     stats.threads = st.tids.len();
-    let captured = capture_stopped(&mut st, &mut stats, buf);
+    let captured = capture_stopped(proc, &mut st, &mut stats, buf);
     let resumed = st.resume();
     stats.pause = t0.elapsed();
     let (mut image, mut data, file_ids) = captured?;
@@ -98,9 +104,9 @@ fn checkpoint_once(pid: Pid, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
     // Off the critical path: identify mapped files, drop all-zero anonymous pages.
     image.files = file_ids
         .into_iter()
-        .map(|f| f.identify(pid))
+        .map(|f| f.identify(proc))
         .collect::<Result<_>>()?;
-    image.exe = identify_path(pid, &format!("/proc/{pid}/exe"), &image.exe.path)?;
+    image.exe = identify_path(proc, "exe", &image.exe.path)?;
     drop_zero_pages(&mut image, &mut data);
     stats.saved_bytes = data.len() as u64;
     Ok((
@@ -117,13 +123,13 @@ fn checkpoint_once(pid: Pid, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
 /// A mapped file found during the pause, hashed after it.
 struct PendingFile {
     path: String,
-    /// `/proc/PID/map_files/START-END` of one mapping of it.
+    /// `map_files/START-END` (under `/proc/PID`) of one mapping of it.
     map_file: String,
 }
 
 impl PendingFile {
-    fn identify(self, pid: Pid) -> Result<FileRef> {
-        identify_path(pid, &self.map_file, &self.path)
+    fn identify(self, proc: &Proc) -> Result<FileRef> {
+        identify_path(proc, &self.map_file, &self.path)
     }
 }
 
@@ -133,8 +139,11 @@ static HASHES: Mutex<Option<HashMap<FileKey, [u8; 32]>>> = Mutex::new(None);
 /// (dev, ino, size, mtime seconds, mtime nanoseconds): a file's identity on this machine.
 type FileKey = (u64, u64, u64, i64, i64);
 
-fn identify_path(pid: Pid, open_path: &str, path: &str) -> Result<FileRef> {
-    let f = std::fs::File::open(open_path).map_err(proc_err(pid, format!("mapped file {path}")))?;
+fn identify_path(proc: &Proc, rel: &str, path: &str) -> Result<FileRef> {
+    let pid = proc.pid;
+    let f = proc
+        .open_file(rel, libc::O_RDONLY)
+        .map_err(proc_err(pid, format!("mapped file {path}")))?;
     let m = f
         .metadata()
         .map_err(proc_err(pid, format!("mapped file {path}")))?;
@@ -168,8 +177,8 @@ pub(crate) fn hash_file(mut f: std::fs::File) -> io::Result<[u8; 32]> {
 type Captured = (ProcessImage, Vec<u8>, Vec<PendingFile>);
 
 /// Anonymous (including copied-on-write) and swapped memory of `pid`, plus slack.
-fn estimate_private_bytes(pid: Pid) -> usize {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+fn estimate_private_bytes(proc: &Proc) -> usize {
+    let text = proc.read_string("smaps_rollup").unwrap_or_default();
     let kb = |key: &str| -> u64 {
         text.lines()
             .find_map(|l| l.strip_prefix(key))
@@ -193,12 +202,16 @@ fn prefaulted_buffer(bytes: usize) -> Vec<u8> {
     v
 }
 
-fn capture_stopped(st: &mut Stopped, stats: &mut CaptureStats, buf: Vec<u8>) -> Result<Captured> {
+fn capture_stopped(
+    proc: &Proc,
+    st: &mut Stopped,
+    stats: &mut CaptureStats,
+    buf: Vec<u8>,
+) -> Result<Captured> {
     let pid = st.pid;
-    let view = crate::view::read(pid).map_err(proc_err(pid, "maps and descriptors"))?;
-    let maps = procfs::parse_smaps(&view.smaps);
-    check_pending_signals(pid, &st.tids)?;
-    check_supported(pid, &st.tids)?;
+    let maps = proc.smaps().map_err(proc_err(pid, "smaps"))?;
+    check_pending_signals(proc, &st.tids)?;
+    check_supported(proc, &st.tids)?;
 
     // Threads: registers and what ptrace reads directly.
     let mut threads = Vec::with_capacity(st.tids.len());
@@ -217,9 +230,10 @@ fn capture_stopped(st: &mut Stopped, stats: &mut CaptureStats, buf: Vec<u8>) -> 
         let rseq = st
             .rseq(tid)?
             .map(|(addr, len, sig)| Rseq { addr, len, sig });
-        let ns_tid = procfs::ns_pid(pid, tid).map_err(proc_err(pid, "NSpid"))?;
+        let ns_tid = proc.ns_pid(tid).map_err(proc_err(pid, "NSpid"))?;
         max_tid = max_tid.max(ns_tid);
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        let comm = proc
+            .read_string(&format!("task/{tid}/comm"))
             .map_err(proc_err(pid, "comm"))?;
         // clear_child_tid and the alternate signal stack have no outside interface.
         let (r, _, out) = st.inject(
@@ -272,7 +286,7 @@ fn capture_stopped(st: &mut Stopped, stats: &mut CaptureStats, buf: Vec<u8>) -> 
 
     // Process-wide state.
     let leader = st.tids[0];
-    let sigactions = capture_sigactions(st, &maps, leader)?;
+    let sigactions = capture_sigactions(proc, st, &maps, leader)?;
     let (brk, _, _) = st.inject(&maps, leader, libc::SYS_brk, [0; 6], 0)?;
     let (umask_now, _, _) = st.inject(&maps, leader, libc::SYS_umask, [0o022, 0, 0, 0, 0, 0], 0)?;
     st.inject(
@@ -282,7 +296,7 @@ fn capture_stopped(st: &mut Stopped, stats: &mut CaptureStats, buf: Vec<u8>) -> 
         [umask_now as u64, 0, 0, 0, 0, 0],
         0,
     )?;
-    let stat = procfs::stat_fields(pid).map_err(proc_err(pid, "stat"))?;
+    let stat = proc.stat_fields().map_err(proc_err(pid, "stat"))?;
     // proc(5) numbers fields from 1.
     let f = |n: usize| {
         stat.get(n - 1)
@@ -302,19 +316,19 @@ fn capture_stopped(st: &mut Stopped, stats: &mut CaptureStats, buf: Vec<u8>) -> 
         env_start: f(50),
         env_end: f(51),
     };
-    let auxv_raw = std::fs::read(format!("/proc/{pid}/auxv")).map_err(proc_err(pid, "auxv"))?;
+    let auxv_raw = proc.read("auxv").map_err(proc_err(pid, "auxv"))?;
     let auxv = auxv_raw
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
         .collect();
-    let cwd = view.cwd.clone();
-    let exe_path = view.exe.clone();
+    let cwd = proc.read_link("cwd").map_err(proc_err(pid, "cwd"))?;
+    let exe_path = proc.read_link("exe").map_err(proc_err(pid, "exe"))?;
     let rlimits = capture_rlimits(pid)?;
-    let fds = fds::capture(pid, &view.fd_links)?;
+    let fds = fds::capture(proc)?;
 
     // Memory.
     let tm = Instant::now();
-    let (vmas, runs, data, files) = capture_memory(pid, &maps, buf)?;
+    let (vmas, runs, data, files) = capture_memory(proc, &maps, buf)?;
     stats.memory_copy = tm.elapsed();
 
     let image = ProcessImage {
@@ -356,15 +370,18 @@ pub(crate) fn regs_from_slice(v: &[u64]) -> Regs {
 
 /// Signals that are pending (queued but not yet delivered) would be lost: refuse them, naming
 /// the signal. (Capturing and re-queueing them is not implemented yet.)
-fn check_pending_signals(pid: Pid, tids: &[Pid]) -> Result<()> {
+fn check_pending_signals(proc: &Proc, tids: &[Pid]) -> Result<()> {
+    let pid = proc.pid;
     let parse = |path: String, key: &str| -> Result<u64> {
-        let v = procfs::status_field(&path, key).map_err(proc_err(pid, key.to_string()))?;
+        let v = proc
+            .status_field(&path, key)
+            .map_err(proc_err(pid, key.to_string()))?;
         u64::from_str_radix(&v, 16).map_err(|e| CaptureError::Unsupported(format!("{key}: {e}")))
     };
-    let shared = parse(format!("/proc/{pid}/status"), "ShdPnd")?;
+    let shared = parse("status".into(), "ShdPnd")?;
     let mut all = shared;
     for &t in tids {
-        all |= parse(format!("/proc/{pid}/task/{t}/status"), "SigPnd")?;
+        all |= parse(format!("task/{t}/status"), "SigPnd")?;
     }
     if all != 0 {
         let sigs: Vec<u32> = (0..64)
@@ -378,14 +395,17 @@ fn check_pending_signals(pid: Pid, tids: &[Pid]) -> Result<()> {
 
 /// Process-level state this checkpointer cannot restore yet: refuse it by name rather than
 /// produce a checkpoint that restores into something different.
-fn check_supported(pid: Pid, tids: &[Pid]) -> Result<()> {
-    let status_path = format!("/proc/{pid}/status");
-    let field =
-        |k: &str| procfs::status_field(&status_path, k).map_err(proc_err(pid, k.to_string()));
+fn check_supported(proc: &Proc, tids: &[Pid]) -> Result<()> {
+    let pid = proc.pid;
+    let field = |k: &str| {
+        proc.status_field("status", k)
+            .map_err(proc_err(pid, k.to_string()))
+    };
     let mut children = Vec::new();
     for t in tids {
-        let c =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{t}/children")).unwrap_or_default();
+        let c = proc
+            .read_string(&format!("task/{t}/children"))
+            .unwrap_or_default();
         children.extend(c.split_whitespace().map(str::to_string));
     }
     if !children.is_empty() {
@@ -407,7 +427,7 @@ fn check_supported(pid: Pid, tids: &[Pid]) -> Result<()> {
             )));
         }
     }
-    let timers = std::fs::read_to_string(format!("/proc/{pid}/timers")).unwrap_or_default();
+    let timers = proc.read_string("timers").unwrap_or_default();
     if !timers.trim().is_empty() {
         return Err(CaptureError::Unsupported(
             "the service has POSIX timers (timer_create); they are not supported yet".into(),
@@ -416,11 +436,17 @@ fn check_supported(pid: Pid, tids: &[Pid]) -> Result<()> {
     Ok(())
 }
 
-fn capture_sigactions(st: &mut Stopped, maps: &[MapEntry], tid: Pid) -> Result<Vec<SigAction>> {
+fn capture_sigactions(
+    proc: &Proc,
+    st: &mut Stopped,
+    maps: &[MapEntry],
+    tid: Pid,
+) -> Result<Vec<SigAction>> {
     let pid = st.pid;
-    let path = format!("/proc/{pid}/status");
     let mask = |k: &str| -> Result<u64> {
-        let v = procfs::status_field(&path, k).map_err(proc_err(pid, k.to_string()))?;
+        let v = proc
+            .status_field("status", k)
+            .map_err(proc_err(pid, k.to_string()))?;
         u64::from_str_radix(&v, 16).map_err(|e| CaptureError::Unsupported(format!("{k}: {e}")))
     };
     let interesting = mask("SigIgn")? | mask("SigCgt")?;
@@ -475,14 +501,16 @@ fn capture_rlimits(pid: Pid) -> Result<Vec<(u32, u64, u64)>> {
 type CapturedMemory = (Vec<Vma>, Vec<PageRun>, Vec<u8>, Vec<PendingFile>);
 
 /// Walks the mappings, decides what each needs, and copies the saved pages.
-fn capture_memory(pid: Pid, maps: &[MapEntry], mut data: Vec<u8>) -> Result<CapturedMemory> {
+fn capture_memory(proc: &Proc, maps: &[MapEntry], mut data: Vec<u8>) -> Result<CapturedMemory> {
+    let pid = proc.pid;
     let mut vmas = Vec::new();
     let mut files: Vec<PendingFile> = Vec::new();
     let mut file_index: HashMap<String, u32> = HashMap::new();
     // (addr, len, readable) of every range to save.
     let mut want: Vec<(u64, u64, bool)> = Vec::new();
-    let pagemap =
-        std::fs::File::open(format!("/proc/{pid}/pagemap")).map_err(proc_err(pid, "pagemap"))?;
+    let pagemap = proc
+        .open_file("pagemap", libc::O_RDONLY)
+        .map_err(proc_err(pid, "pagemap"))?;
     let mut pm_buf: Vec<u64> = Vec::new();
 
     for m in maps {
@@ -540,7 +568,7 @@ fn capture_memory(pid: Pid, maps: &[MapEntry], mut data: Vec<u8>) -> Result<Capt
             let index = *file_index.entry(name.to_string()).or_insert_with(|| {
                 files.push(PendingFile {
                     path: name.to_string(),
-                    map_file: format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end),
+                    map_file: format!("map_files/{:x}-{:x}", m.start, m.end),
                 });
                 next
             });
@@ -598,7 +626,9 @@ fn capture_memory(pid: Pid, maps: &[MapEntry], mut data: Vec<u8>) -> Result<Capt
     let mut off = 0u64;
     let mut batch: Vec<(u64, u64)> = Vec::new();
     let mut batch_off = 0u64;
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).map_err(proc_err(pid, "mem"))?;
+    let mem = proc
+        .open_file("mem", libc::O_RDONLY)
+        .map_err(proc_err(pid, "mem"))?;
     let flush = |batch: &mut Vec<(u64, u64)>, at: u64, data: &mut [u8]| -> Result<()> {
         if batch.is_empty() {
             return Ok(());

@@ -7,7 +7,7 @@
 
 use crate::capture::CaptureError;
 use crate::image::*;
-use crate::procfs;
+use crate::procfs::{self, Proc};
 use crate::sys::{self, Pid};
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -24,20 +24,36 @@ fn perr(pid: Pid, what: String) -> impl FnOnce(io::Error) -> CaptureError {
     move |source| CaptureError::Proc { pid, what, source }
 }
 
-/// Captures every descriptor of `pid` (which must be stopped). `links` are the descriptors'
-/// `/proc/PID/fd` links as the process sees them (see [`crate::view`]).
-pub fn capture(pid: Pid, links: &[(i32, String)]) -> Result<Vec<FdImage>> {
+/// Captures every descriptor of the (stopped) process. Run inside [`crate::procfs::in_view`] so
+/// that paths read as the process sees them.
+pub fn capture(proc: &Proc) -> Result<Vec<FdImage>> {
+    let pid = proc.pid;
+    let mut numbers: Vec<i32> = proc
+        .list("fd")
+        .map_err(perr(pid, "fd table".into()))?
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    numbers.sort_unstable();
+    let mut links = Vec::with_capacity(numbers.len());
+    for fd in numbers {
+        match proc.read_link(&format!("fd/{fd}")) {
+            Ok(l) => links.push((fd, l)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {} // closed meanwhile
+            Err(e) => return Err(perr(pid, format!("fd {fd}"))(e)),
+        }
+    }
     let pidfd = sys::pidfd_open(pid).map_err(perr(pid, "pidfd".into()))?;
     let mut pipes: HashMap<u64, Vec<u8>> = HashMap::new();
     let mut out = Vec::with_capacity(links.len());
-    for (fd, link) in links {
+    for (fd, link) in &links {
         let (fd, link) = (*fd, link.as_str());
-        let (info, raw) = procfs::fdinfo(pid, fd).map_err(perr(pid, format!("fdinfo {fd}")))?;
+        let (info, raw) = proc.fdinfo(fd).map_err(perr(pid, format!("fdinfo {fd}")))?;
         let flags_octal = procfs::get(&info, "flags").unwrap_or("0");
         let all_flags = i32::from_str_radix(flags_octal, 8).unwrap_or(0);
         let cloexec = all_flags & libc::O_CLOEXEC != 0;
         let flags = all_flags & !libc::O_CLOEXEC;
-        let kind = classify(pid, &pidfd, fd, link, &info, &raw, flags, &mut pipes)?;
+        let kind = classify(proc, &pidfd, fd, link, &info, &raw, flags, &mut pipes)?;
         out.push(FdImage {
             fd,
             cloexec,
@@ -50,7 +66,7 @@ pub fn capture(pid: Pid, links: &[(i32, String)]) -> Result<Vec<FdImage>> {
 
 #[allow(clippy::too_many_arguments)]
 fn classify(
-    pid: Pid,
+    proc: &Proc,
     pidfd: &OwnedFd,
     fd: i32,
     link: &str,
@@ -72,11 +88,11 @@ fn classify(
                 format!("memfd {path} is not supported yet"),
             ));
         }
-        let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
-            .map_err(perr(pid, format!("fd {fd}")))?;
-        use std::os::unix::fs::FileTypeExt;
-        let ft = meta.file_type();
-        if ft.is_fifo() || ft.is_socket() {
+        let st = proc
+            .stat(&format!("fd/{fd}"))
+            .map_err(perr(proc.pid, format!("fd {fd}")))?;
+        let fmt = st.st_mode & libc::S_IFMT;
+        if fmt == libc::S_IFIFO || fmt == libc::S_IFSOCK {
             return Err(unsupported(
                 fd,
                 format!("{path}: named FIFOs/sockets are not supported yet"),
@@ -88,7 +104,7 @@ fn classify(
         return Ok(FdKind::Path {
             path: path.to_string(),
             pos,
-            is_dir: ft.is_dir(),
+            is_dir: fmt == libc::S_IFDIR,
         });
     }
     if let Some(ino) = link
@@ -97,11 +113,11 @@ fn classify(
     {
         let id: u64 = ino.parse().unwrap_or(0);
         let write_end = flags & libc::O_ACCMODE == libc::O_WRONLY;
-        let capacity = pipe_capacity(pid, fd)?;
+        let capacity = pipe_capacity(proc, fd)?;
         let buffered = if pipes.contains_key(&id) {
             Vec::new()
         } else {
-            peek_pipe(pid, fd)?
+            peek_pipe(proc, fd)?
         };
         pipes.insert(id, Vec::new());
         return Ok(FdKind::Pipe {
@@ -112,7 +128,7 @@ fn classify(
         });
     }
     if link.starts_with("socket:[") {
-        let dup = sys::pidfd_getfd(pidfd, fd).map_err(perr(pid, format!("socket fd {fd}")))?;
+        let dup = sys::pidfd_getfd(pidfd, fd).map_err(perr(proc.pid, format!("socket fd {fd}")))?;
         return capture_socket(fd, dup.as_raw_fd()).map(FdKind::Socket);
     }
     match link {
@@ -168,34 +184,24 @@ fn classify(
     }
 }
 
-fn pipe_capacity(pid: Pid, fd: i32) -> Result<u32> {
-    let f = open_proc_fd(pid, fd)?;
+fn pipe_capacity(proc: &Proc, fd: i32) -> Result<u32> {
+    let f = open_proc_fd(proc, fd)?;
     // SAFETY: F_GETPIPE_SZ takes no pointer.
     let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETPIPE_SZ) };
     Ok(if r > 0 { r as u32 } else { 65536 })
 }
 
-fn open_proc_fd(pid: Pid, fd: i32) -> Result<OwnedFd> {
-    let p = CString::new(format!("/proc/{pid}/fd/{fd}")).unwrap();
-    // SAFETY: `p` is a valid C string; reopening a pipe through /proc gives a new file on it.
-    let r = unsafe {
-        libc::open(
-            p.as_ptr(),
-            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        )
-    };
-    if r < 0 {
-        return Err(perr(pid, format!("reopening fd {fd}"))(
-            io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: `r` is a fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+fn open_proc_fd(proc: &Proc, fd: i32) -> Result<OwnedFd> {
+    // Reopening a pipe through /proc gives a new file on the same pipe.
+    proc.open_file(&format!("fd/{fd}"), libc::O_RDONLY | libc::O_NONBLOCK)
+        .map(OwnedFd::from)
+        .map_err(perr(proc.pid, format!("reopening fd {fd}")))
 }
 
 /// Copies the bytes buffered in a pipe without consuming them (`tee` into a pipe of ours).
-fn peek_pipe(pid: Pid, fd: i32) -> Result<Vec<u8>> {
-    let src = open_proc_fd(pid, fd)?;
+fn peek_pipe(proc: &Proc, fd: i32) -> Result<Vec<u8>> {
+    let pid = proc.pid;
+    let src = open_proc_fd(proc, fd)?;
     let mut p = [0; 2];
     // SAFETY: `p` has room for two descriptors.
     if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } < 0 {

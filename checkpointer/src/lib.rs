@@ -19,7 +19,6 @@ pub mod procfs;
 pub mod ptrace;
 pub mod restore;
 pub mod sys;
-pub mod view;
 
 pub use capture::{CaptureError, CaptureStats, checkpoint};
 pub use image::{Checkpoint, FormatError};

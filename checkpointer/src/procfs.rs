@@ -1,8 +1,11 @@
-//! Parsers for the `/proc/PID/*` files the checkpointer reads. Pure text handling on top of
-//! `std::fs`; no ptrace here.
+//! Reading `/proc/PID/*`: a [`Proc`] directory handle, the parsers, and [`in_view`], which runs
+//! code with the process's own view of paths. No ptrace here.
 
 use crate::sys::Pid;
-use std::io;
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// One line of `/proc/PID/smaps` with its `VmFlags`.
 #[derive(Debug, Clone)]
@@ -51,11 +54,224 @@ fn parse_map_line(line: &str) -> Option<MapEntry> {
     })
 }
 
-/// Reads `/proc/PID/smaps` (for `VmFlags`).
-pub fn smaps(pid: Pid) -> io::Result<Vec<MapEntry>> {
-    Ok(parse_smaps(&std::fs::read_to_string(format!(
-        "/proc/{pid}/smaps"
-    ))?))
+/// `/proc/PID` of one process, held as a directory descriptor.
+///
+/// Every read goes through the descriptor (`openat`, `readlinkat`, ...), never through a path
+/// from `/`, so a `Proc` keeps working in a thread that has chroot'ed into the process's own root
+/// (see [`in_view`]) — where the kernel prints paths as the process sees them.
+pub struct Proc {
+    pub pid: Pid,
+    dir: OwnedFd,
+}
+
+fn cstr(rel: &str) -> CString {
+    CString::new(rel).expect("no NUL in /proc paths")
+}
+
+impl Proc {
+    pub fn open(pid: Pid) -> io::Result<Proc> {
+        let p = cstr(&format!("/proc/{pid}"));
+        // SAFETY: valid C string; on success the descriptor is ours.
+        let fd = unsafe {
+            libc::open(
+                p.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor.
+        Ok(Proc {
+            pid,
+            dir: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Opens `rel` (relative to `/proc/PID`; magic links like `fd/3` are followed).
+    pub fn open_file(&self, rel: &str, flags: i32) -> io::Result<File> {
+        let c = cstr(rel);
+        // SAFETY: valid C string relative to our directory descriptor.
+        let fd = unsafe { libc::openat(self.dir.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    pub fn read(&self, rel: &str) -> io::Result<Vec<u8>> {
+        let mut v = Vec::new();
+        self.open_file(rel, libc::O_RDONLY)?.read_to_end(&mut v)?;
+        Ok(v)
+    }
+
+    pub fn read_string(&self, rel: &str) -> io::Result<String> {
+        let mut s = String::new();
+        self.open_file(rel, libc::O_RDONLY)?
+            .read_to_string(&mut s)?;
+        Ok(s)
+    }
+
+    pub fn read_link(&self, rel: &str) -> io::Result<String> {
+        let c = cstr(rel);
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: `buf` is writable for its length; `c` is a valid C string.
+        let n = unsafe {
+            libc::readlinkat(
+                self.dir.as_raw_fd(),
+                c.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        buf.truncate(n as usize);
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// `fstatat` following links (for `fd/N`: the open file itself).
+    pub fn stat(&self, rel: &str) -> io::Result<libc::stat> {
+        let c = cstr(rel);
+        // SAFETY: `st` is plain data the kernel fills.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid C string and out-pointer.
+        if unsafe { libc::fstatat(self.dir.as_raw_fd(), c.as_ptr(), &mut st, 0) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(st)
+    }
+
+    /// Entry names of directory `rel`.
+    pub fn list(&self, rel: &str) -> io::Result<Vec<String>> {
+        let d = self.open_file(rel, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 32768];
+        loop {
+            // SAFETY: `buf` is writable for its length.
+            let n = unsafe {
+                libc::syscall(
+                    libc::SYS_getdents64,
+                    d.as_raw_fd(),
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                )
+            };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if n == 0 {
+                return Ok(out);
+            }
+            let mut off = 0usize;
+            while off < n as usize {
+                let reclen = u16::from_le_bytes([buf[off + 16], buf[off + 17]]) as usize;
+                let name = &buf[off + 19..off + reclen];
+                let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+                if name != b"." && name != b".." {
+                    out.push(String::from_utf8_lossy(name).into_owned());
+                }
+                off += reclen;
+            }
+        }
+    }
+
+    pub fn smaps(&self) -> io::Result<Vec<MapEntry>> {
+        Ok(parse_smaps(&self.read_string("smaps")?))
+    }
+
+    /// `/proc/PID/maps` (no `VmFlags`; much cheaper than smaps).
+    pub fn maps(&self) -> io::Result<Vec<MapEntry>> {
+        Ok(self
+            .read_string("maps")?
+            .lines()
+            .filter_map(parse_map_line)
+            .collect())
+    }
+
+    /// Fields of `/proc/PID/stat`; index 0 is field 1 of proc(5).
+    pub fn stat_fields(&self) -> io::Result<Vec<String>> {
+        let text = self.read_string("stat")?;
+        // comm may contain spaces and parentheses: split after the last ')'.
+        let close = text
+            .rfind(')')
+            .ok_or_else(|| io::Error::other("malformed stat"))?;
+        let open = text
+            .find('(')
+            .ok_or_else(|| io::Error::other("malformed stat"))?;
+        let mut v = vec![
+            text[..open].trim().to_string(),
+            text[open + 1..close].to_string(),
+        ];
+        v.extend(text[close + 1..].split_whitespace().map(str::to_string));
+        Ok(v)
+    }
+
+    /// A `Key:\tvalue` line of `status` or `task/TID/status`.
+    pub fn status_field(&self, rel: &str, key: &str) -> io::Result<String> {
+        let text = self.read_string(rel)?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')))
+            .map(|v| v.trim().to_string())
+            .ok_or_else(|| io::Error::other(format!("{rel}: no field {key}")))
+    }
+
+    /// The innermost PID of thread `tid` (its TID inside the sandbox).
+    pub fn ns_pid(&self, tid: Pid) -> io::Result<Pid> {
+        let v = self.status_field(&format!("task/{tid}/status"), "NSpid")?;
+        v.split_whitespace()
+            .last()
+            .and_then(|x| x.parse().ok())
+            .ok_or_else(|| io::Error::other("malformed NSpid"))
+    }
+
+    pub fn tids(&self) -> io::Result<Vec<Pid>> {
+        let mut v: Vec<Pid> = self
+            .list("task")?
+            .iter()
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        v.sort_unstable();
+        Ok(v)
+    }
+
+    /// `key:\tvalue` pairs of `fdinfo/FD`, plus the raw text (for epoll's `tfd:` lines).
+    pub fn fdinfo(&self, fd: i32) -> io::Result<(Vec<(String, String)>, String)> {
+        let text = self.read_string(&format!("fdinfo/{fd}"))?;
+        let kv = text
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        Ok((kv, text))
+    }
+}
+
+/// Runs `f` in a thread whose root is process `pid`'s root, with a [`Proc`] opened before the
+/// chroot. The kernel prints paths (maps, fd links, exe, cwd) relative to the *reader's* root, so
+/// inside `f` they read exactly as the sandboxed process sees them.
+pub fn in_view<T: Send>(pid: Pid, f: impl FnOnce(&Proc) -> T + Send) -> io::Result<T> {
+    let proc = Proc::open(pid)?;
+    std::thread::scope(|s| {
+        s.spawn(|| -> io::Result<T> {
+            let root = cstr(&format!("/proc/{pid}/root"));
+            // SAFETY: unshare(CLONE_FS) gives this thread its own root and cwd, shared with no
+            // other thread; chroot/chdir then change only those (we are root: CAP_SYS_CHROOT).
+            unsafe {
+                if libc::unshare(libc::CLONE_FS) < 0
+                    || libc::chroot(root.as_ptr()) < 0
+                    || libc::chdir(c"/".as_ptr()) < 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(f(&proc))
+        })
+        .join()
+        .map_err(|_| io::Error::other("the checkpoint thread panicked"))?
+    })
 }
 
 pub fn parse_smaps(text: &str) -> Vec<MapEntry> {
@@ -75,62 +291,6 @@ pub fn parse_smaps(text: &str) -> Vec<MapEntry> {
         }
     }
     out
-}
-
-/// Fields of `/proc/PID/stat` (1-based field numbers as in proc(5)).
-pub fn stat_fields(pid: Pid) -> io::Result<Vec<String>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // comm may contain spaces and parentheses: split after the last ')'.
-    let close = text
-        .rfind(')')
-        .ok_or_else(|| io::Error::other("malformed stat"))?;
-    let mut v = vec![
-        text[..close]
-            .split_once('(')
-            .map(|x| x.0.trim())
-            .unwrap_or("")
-            .to_string(),
-    ];
-    v.push(text[text.find('(').unwrap() + 1..close].to_string());
-    v.extend(text[close + 1..].split_whitespace().map(str::to_string));
-    Ok(v)
-}
-
-/// A `Key:\tvalue` line of `/proc/PID[/task/TID]/status`.
-pub fn status_field(path: &str, key: &str) -> io::Result<String> {
-    let text = std::fs::read_to_string(path)?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')))
-        .map(|v| v.trim().to_string())
-        .ok_or_else(|| io::Error::other(format!("{path}: no field {key}")))
-}
-
-/// The innermost PID from an `NSpid:` line.
-pub fn ns_pid(host_pid: Pid, tid: Pid) -> io::Result<Pid> {
-    let v = status_field(&format!("/proc/{host_pid}/task/{tid}/status"), "NSpid")?;
-    v.split_whitespace()
-        .last()
-        .and_then(|x| x.parse().ok())
-        .ok_or_else(|| io::Error::other("malformed NSpid"))
-}
-
-pub fn tids(pid: Pid) -> io::Result<Vec<Pid>> {
-    let mut v: Vec<Pid> = std::fs::read_dir(format!("/proc/{pid}/task"))?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    v.sort_unstable();
-    Ok(v)
-}
-
-/// `key:\tvalue` pairs of `/proc/PID/fdinfo/FD`, plus the raw text (for epoll's `tfd:` lines).
-pub fn fdinfo(pid: Pid, fd: i32) -> io::Result<(Vec<(String, String)>, String)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))?;
-    let kv = text
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
-    Ok((kv, text))
 }
 
 pub fn get<'a>(kv: &'a [(String, String)], key: &str) -> Option<&'a str> {
@@ -163,7 +323,10 @@ mod tests {
 
     #[test]
     fn reads_own_smaps_with_flags() {
-        let maps = smaps(std::process::id() as Pid).unwrap();
+        let maps = Proc::open(std::process::id() as Pid)
+            .unwrap()
+            .smaps()
+            .unwrap();
         assert!(maps.iter().any(|m| m.name == "[stack]" && m.has_flag("gd")));
         assert!(maps.iter().all(|m| !m.vmflags.is_empty()));
     }

@@ -93,7 +93,8 @@ pub struct Stopped {
 impl Stopped {
     /// Seizes and stops every thread of `pid`, rescanning `/proc/PID/task` until no new thread
     /// appears.
-    pub fn stop(pid: Pid) -> Result<Stopped> {
+    pub fn stop(proc: &crate::procfs::Proc) -> Result<Stopped> {
+        let pid = proc.pid;
         let mut st = Stopped {
             pid,
             tids: Vec::new(),
@@ -101,7 +102,7 @@ impl Stopped {
             _not_send: PhantomData,
         };
         loop {
-            let now = crate::procfs::tids(pid).map_err(op("list threads", pid))?;
+            let now = proc.tids().map_err(op("list threads", pid))?;
             let new: Vec<Pid> = now
                 .iter()
                 .copied()

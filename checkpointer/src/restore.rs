@@ -608,8 +608,9 @@ fn unmap_blob(
     base: u64,
     total: u64,
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let proc = crate::procfs::Proc::open(pid)?;
     for _ in 0..1000 {
-        let mut st = Stopped::stop(pid)?;
+        let mut st = Stopped::stop(&proc)?;
         let inside = st.tids.iter().any(|&t| {
             st.regs(t)
                 .map(|r| r.rip >= base && r.rip < base + total)
@@ -620,7 +621,7 @@ fn unmap_blob(
             std::thread::sleep(Duration::from_micros(200));
             continue;
         }
-        let maps = crate::procfs::smaps(pid)?;
+        let maps = proc.maps()?;
         let leader = st.tids[0];
         let (r, _, _) = st.inject(
             &maps,

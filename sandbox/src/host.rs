@@ -138,7 +138,7 @@ impl Sandbox {
         }
         sb.created_root = true;
 
-        let link = net::create_link(config.subnet, config.link_index)?;
+        let link = net::create_link_for(config.subnet, config.link_index, &config.run_dir)?;
         let (address, gateway) = (link.sandbox_addr, link.host_addr);
         sb.link = Some(link);
 
@@ -477,6 +477,8 @@ impl Sandbox {
         note(remove_file(&self.lock_path, "removing the lock file"));
         self.lock = None;
         if self.created_run_dir && !self.started {
+            // A sandbox that never started does not keep a link index for its name.
+            let _ = fs::remove_file(self.run_dir.join(net::INDEX_FILE));
             // Only succeeds if empty, which is what we want.
             let _ = fs::remove_dir(&self.run_dir);
         }

@@ -89,10 +89,64 @@ fn used_indices() -> Result<HashSet<u32>> {
     Ok(used)
 }
 
-/// Allocates a free index and creates its veth pair (both ends on the host, down).
-/// With `want`, only that index is tried.
-pub(crate) fn create_link(subnet: Ipv4Addr, want: Option<u32>) -> Result<Link> {
-    let mut tried = HashSet::new();
+/// The file in a sandbox's run directory that records its link index. Run directories outlive
+/// their sandboxes (the log stays), so a name keeps its index — and its address — on this
+/// machine: a restore of a stopped sandbox finds its address free even while other sandboxes
+/// come and go.
+pub const INDEX_FILE: &str = "link-index";
+
+/// Indices recorded by the run directories of other sandbox names.
+fn reserved_indices(run_root: &std::path::Path, own: &std::path::Path) -> HashSet<u32> {
+    let Ok(dirs) = std::fs::read_dir(run_root) else {
+        return HashSet::new();
+    };
+    dirs.filter_map(|d| d.ok())
+        .filter(|d| d.path() != own)
+        .filter_map(|d| {
+            std::fs::read_to_string(d.path().join(INDEX_FILE))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// The index for the sandbox whose run directory is `run_dir`: `want` if given, else the one
+/// the name had before, else a fresh one no other name holds. Creates its veth pair (both ends
+/// on the host, down) and records the index in the run directory.
+pub(crate) fn create_link_for(
+    subnet: Ipv4Addr,
+    want: Option<u32>,
+    run_dir: &std::path::Path,
+) -> Result<Link> {
+    let recorded = std::fs::read_to_string(run_dir.join(INDEX_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    let reserved = run_dir
+        .parent()
+        .map(|root| reserved_indices(root, run_dir))
+        .unwrap_or_default();
+    let link = match want {
+        Some(i) => create_link(subnet, Some(i), &HashSet::new())?,
+        None => match recorded {
+            Some(i) if !reserved.contains(&i) => {
+                match create_link(subnet, Some(i), &HashSet::new()) {
+                    Ok(l) => l,
+                    Err(_) => create_link(subnet, None, &reserved)?,
+                }
+            }
+            _ => create_link(subnet, None, &reserved)?,
+        },
+    };
+    let _ = std::fs::write(run_dir.join(INDEX_FILE), link.index.to_string());
+    Ok(link)
+}
+
+/// Allocates a free index not in `avoid` and creates its veth pair (both ends on the host,
+/// down). With `want`, only that index is tried.
+fn create_link(subnet: Ipv4Addr, want: Option<u32>, avoid: &HashSet<u32>) -> Result<Link> {
+    let mut tried = avoid.clone();
     if let Some(index) = want {
         if !(1..=MAX_INDEX).contains(&index) {
             return Err(SandboxError::InvalidConfig(format!(

@@ -1,0 +1,29 @@
+# Shared helpers for the bench/*.sh scripts (sourced, not run).
+
+# Percentage of all CPUs busy (not idle, not iowait) over the next $1 seconds (default 1),
+# measured from /proc/stat.
+cpu_busy_pct() {
+    local a b
+    a=($(head -n1 /proc/stat))
+    sleep "${1:-1}"
+    b=($(head -n1 /proc/stat))
+    local total=0 idle i
+    for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done
+    idle=$((b[4] - a[4] + b[5] - a[5]))
+    ((total > 0)) || { echo 0; return; }
+    echo $((100 * (total - idle) / total))
+}
+
+# Other load on this machine distorts every figure: with WAIT_QUIET=N (seconds), wait up to N
+# seconds for the CPUs to be at most 20% busy (over 2 s) before measuring. Prints the busy
+# percentage measured last; never fails.
+wait_quiet() {
+    local limit="${WAIT_QUIET:-0}" start=$SECONDS busy
+    busy="$(cpu_busy_pct 2)"
+    while ((busy > 20 && SECONDS - start < limit)); do
+        echo "   machine ${busy}% busy; waiting for it to quieten (WAIT_QUIET=$limit s)" >&2
+        sleep 3
+        busy="$(cpu_busy_pct 2)"
+    done
+    echo "$busy"
+}

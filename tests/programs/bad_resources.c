@@ -1,0 +1,142 @@
+/*
+ * bad_resources: a small UDP service that holds one resource the checkpointer cannot (yet)
+ * capture, for tests/bad_inputs.rs. `tardi snapshot` of it must fail with a message naming the
+ * resource, and the service must keep running afterwards.
+ *
+ *   bad_resources [--port N] MODE
+ *
+ * MODE (what the process holds while it serves):
+ *   none            nothing unusual (a control case: snapshots work)
+ *   unixsock        a connected AF_UNIX socketpair with unread data in it
+ *   fork            a forked child process (pauses forever)
+ *   orphan          a grandchild process (pauses forever) whose parent, our child, exited: it
+ *                   is reparented to the sandbox's init, so it is no child of the service
+ *   shmem           a MAP_SHARED|MAP_ANONYMOUS mapping (one page, written)
+ *   memfd           an open memfd
+ *   pending-signal  SIGUSR1 blocked and pending
+ *
+ * Protocol (UDP, default port 7100): "ping" -> "pong <n> <mode> <detail>" where n counts the
+ * pings answered so far (including this one); "exit" -> "bye", then exit(0).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void die(const char *what) {
+    perror(what);
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    int port = 7100;
+    const char *mode = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--port") == 0 && i + 1 < argc)
+            port = atoi(argv[++i]);
+        else
+            mode = argv[i];
+    }
+    if (!mode) {
+        fprintf(stderr, "usage: %s [--port N] none|unixsock|fork|orphan|shmem|memfd|pending-signal\n", argv[0]);
+        return 2;
+    }
+
+    char detail[128] = "-";
+    if (strcmp(mode, "none") == 0) {
+    } else if (strcmp(mode, "unixsock") == 0) {
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0) die("socketpair");
+        if (write(sv[0], "unread", 6) != 6) die("write");
+        snprintf(detail, sizeof detail, "fds=%d,%d", sv[0], sv[1]);
+    } else if (strcmp(mode, "fork") == 0) {
+        pid_t child = fork();
+        if (child < 0) die("fork");
+        if (child == 0) {
+            for (;;) pause();
+        }
+        snprintf(detail, sizeof detail, "child=%d", (int)child);
+    } else if (strcmp(mode, "orphan") == 0) {
+        int p[2];
+        if (pipe(p) < 0) die("pipe");
+        pid_t child = fork();
+        if (child < 0) die("fork");
+        if (child == 0) {
+            pid_t grandchild = fork();
+            if (grandchild < 0) _exit(1);
+            if (grandchild == 0) {
+                close(p[0]);
+                close(p[1]);
+                for (;;) pause();
+            }
+            if (write(p[1], &grandchild, sizeof grandchild) != sizeof grandchild) _exit(1);
+            _exit(0);
+        }
+        pid_t grandchild = 0;
+        if (read(p[0], &grandchild, sizeof grandchild) != sizeof grandchild) die("read");
+        close(p[0]);
+        close(p[1]);
+        if (waitpid(child, NULL, 0) < 0) die("waitpid");
+        snprintf(detail, sizeof detail, "grandchild=%d", (int)grandchild);
+    } else if (strcmp(mode, "shmem") == 0) {
+        char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) die("mmap");
+        strcpy(p, "shared");
+        snprintf(detail, sizeof detail, "shmem=%p", (void *)p);
+    } else if (strcmp(mode, "memfd") == 0) {
+        int fd = memfd_create("bad-memfd", 0);
+        if (fd < 0) die("memfd_create");
+        snprintf(detail, sizeof detail, "memfd=%d", fd);
+    } else if (strcmp(mode, "pending-signal") == 0) {
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGUSR1);
+        if (sigprocmask(SIG_BLOCK, &set, NULL) < 0) die("sigprocmask");
+        if (raise(SIGUSR1) != 0) die("raise");
+        snprintf(detail, sizeof detail, "pending=SIGUSR1");
+    } else {
+        fprintf(stderr, "unknown mode %s\n", mode);
+        return 2;
+    }
+
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    if (s < 0) die("socket");
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr = {htonl(INADDR_ANY)}};
+    if (bind(s, (struct sockaddr *)&a, sizeof a) < 0) die("bind");
+    printf("bad_resources: mode %s (%s), udp port %d\n", mode, detail, port);
+    fflush(stdout);
+
+    unsigned long n = 0;
+    for (;;) {
+        char buf[256];
+        struct sockaddr_in peer;
+        socklen_t plen = sizeof peer;
+        ssize_t r = recvfrom(s, buf, sizeof buf - 1, 0, (struct sockaddr *)&peer, &plen);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            die("recvfrom");
+        }
+        buf[r] = 0;
+        char out[256];
+        int len;
+        if (strncmp(buf, "ping", 4) == 0) {
+            n++;
+            len = snprintf(out, sizeof out, "pong %lu %s %s", n, mode, detail);
+        } else if (strncmp(buf, "exit", 4) == 0) {
+            sendto(s, "bye", 3, 0, (struct sockaddr *)&peer, plen);
+            return 0;
+        } else {
+            len = snprintf(out, sizeof out, "error: unknown request");
+        }
+        sendto(s, out, len, 0, (struct sockaddr *)&peer, plen);
+    }
+}

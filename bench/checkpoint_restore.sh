@@ -15,6 +15,9 @@
 #        SNAPSHOTS  checkpoints per size (default 5)
 #        ROUNDS     kill + restore rounds per size (default 3)
 #        VALUE_SIZE bytes per value (default 1000)
+#        WAIT_QUIET=N  before the snapshots and before each restore, wait up to N s for the
+#                   machine to be <= 20% busy (other load distorts the figures; the busy % measured
+#                   is reported either way)
 #        WORK_DIR   where checkpoint files go (default a fresh dir under /var/tmp; needs ~1.1x
 #                   the largest size free)
 # Run as root, from anywhere. Needs nothing named "bench-redis" running.
@@ -30,6 +33,7 @@ SNAPSHOTS="${SNAPSHOTS:-5}"
 ROUNDS="${ROUNDS:-3}"
 VALUE_SIZE="${VALUE_SIZE:-1000}"
 
+. "$HERE/lib.sh"
 [[ $EUID -eq 0 ]] || { echo "run as root" >&2; exit 1; }
 
 # --- tools -------------------------------------------------------------------------------------
@@ -166,6 +170,7 @@ for mb in $SIZES_MB; do
     echo "   loaded $dbsize keys, used_memory $used bytes" >&2
     [[ "$dbsize" == "$keys" ]] || echo "warning: DBSIZE $dbsize != keys written $keys" >&2
 
+    busy="$(wait_quiet)"
     snapfile="$WORK/snap-$mb.tardi"
     snaps="$WORK/snaps-$mb.jsonl"
     : > "$snaps"
@@ -178,8 +183,8 @@ for mb in $SIZES_MB; do
             continue
         fi
         echo "$line" >> "$snaps"
-        jq -c --argjson mb "$mb" --argjson used "$used" --argjson keys "$dbsize" \
-            '{bench:"snapshot", size_mb:$mb, used_memory:$used, keys:$keys} + .' <<<"$line" >> "$RAW"
+        jq -c --argjson mb "$mb" --argjson used "$used" --argjson keys "$dbsize" --argjson busy "$busy" \
+            '{bench:"snapshot", size_mb:$mb, cpu_busy_before_pct:$busy, used_memory:$used, keys:$keys} + .' <<<"$line" >> "$RAW"
         echo "   snapshot $i: $(jq -c '{pause_us,quiesce_us,memory_copy_us,bytes}' <<<"$line")" >&2
         sleep 0.2
     done
@@ -187,11 +192,12 @@ for mb in $SIZES_MB; do
     [[ "$after" == "$dbsize" ]] || echo "warning: DBSIZE changed across snapshots: $dbsize -> $after" >&2
     [[ -s "$snaps" ]] || { echo "every snapshot failed; stopping" >&2; exit 1; }
     last="$(tail -n1 "$snaps")"
-    SNAP_ROWS+=("| $mb MiB | $((used / 1048576)) | $dbsize | $(jq .threads <<<"$last") | $(jq '.bytes / 1048576 | round' <<<"$last") | $(jq '.memory_bytes / 1048576 | round' <<<"$last") | $(stats pause_us "$snaps" 1000) | $(stats quiesce_us "$snaps") | $(stats memory_copy_us "$snaps" 1000) |")
+    SNAP_ROWS+=("| $mb MiB | $((used / 1048576)) | $dbsize | $(jq .threads <<<"$last") | $(jq '.bytes / 1048576 | round' <<<"$last") | $(jq '.memory_bytes / 1048576 | round' <<<"$last") | $(stats pause_us "$snaps" 1000) | $(stats quiesce_us "$snaps") | $(stats memory_copy_us "$snaps" 1000) | $busy% |")
 
     rest="$WORK/restores-$mb.jsonl"
     : > "$rest"
     for r in $(seq 1 "$ROUNDS"); do
+        busy="$(wait_quiet)"
         stop_current
         echo "   round $r: restoring $(du -h "$snapfile" | cut -f1) checkpoint" >&2
         # A restore must get its old address back (same link index). A sandbox started by
@@ -208,7 +214,7 @@ for mb in $SIZES_MB; do
                 sleep 0.5
                 continue
             fi
-            RESTORE_ROWS+=("| $mb MiB | $r | restore failed: $(tr '\n' ' ' < "$WORK/tardi.err" | cut -c1-200) |||||||")
+            RESTORE_ROWS+=("| $mb MiB | $r | restore failed: $(tr '\n' ' ' < "$WORK/tardi.err" | cut -c1-200) ||||||||")
             jq -nc --argjson mb "$mb" --argjson r "$r" --arg err "$(cat "$WORK/tardi.err")" \
                 '{bench:"restore", size_mb:$mb, round:$r, error:$err}' >> "$RAW"
             continue 2
@@ -220,16 +226,16 @@ for mb in $SIZES_MB; do
         ok=$([[ "$got" == "$dbsize" ]] && echo yes || echo "NO ($got)")
         ((retries == 0)) || ok="$ok (after $retries failed attempt(s): address in use)"
         jq -c '.restore' <<<"$STARTED" >> "$rest"
-        jq -c --argjson mb "$mb" --argjson r "$r" --argjson got "$got" --argjson want "$dbsize" \
+        jq -c --argjson mb "$mb" --argjson r "$r" --argjson busy "$busy" --argjson got "$got" --argjson want "$dbsize" \
             --argjson started_ms "$(((t_started - t0) / 1000000))" --argjson served_ms "$(((t_served - t0) / 1000000))" \
-            '{bench:"restore", size_mb:$mb, round:$r, dbsize:$got, expected:$want, wall_to_started_ms:$started_ms, wall_to_dbsize_ms:$served_ms} + .restore' \
+            '{bench:"restore", size_mb:$mb, round:$r, cpu_busy_before_pct:$busy, dbsize:$got, expected:$want, wall_to_started_ms:$started_ms, wall_to_dbsize_ms:$served_ms} + .restore' \
             <<<"$STARTED" >> "$RAW"
         echo "   round $r: $(jq -c .restore <<<"$STARTED"), DBSIZE $got (want $dbsize)" >&2
-        RESTORE_ROWS+=("$(jq -r --arg mb "$mb" --arg r "$r" --arg ok "$ok" --arg w "$(((t_served - t0) / 1000000))" \
-            '.restore | "| \($mb) MiB | \($r) | \(.read_verify_us / 1000 * 10 | round / 10) | \(.prepare_us / 1000 * 10 | round / 10) | \(.sandbox_us / 1000 * 10 | round / 10) | \(.restorer_us / 1000 * 10 | round / 10) | \(.cleanup_us / 1000 * 10 | round / 10) | \(.total_us / 1000 * 10 | round / 10) | \($w) | \($ok) |"' <<<"$STARTED")")
+        RESTORE_ROWS+=("$(jq -r --arg mb "$mb" --arg r "$r" --arg ok "$ok" --arg w "$(((t_served - t0) / 1000000))" --arg busy "$busy" \
+            '.restore | "| \($mb) MiB | \($r) | \(.read_verify_us / 1000 * 10 | round / 10) | \(.prepare_us / 1000 * 10 | round / 10) | \(.sandbox_us / 1000 * 10 | round / 10) | \(.restorer_us / 1000 * 10 | round / 10) | \(.cleanup_us / 1000 * 10 | round / 10) | \(.total_us / 1000 * 10 | round / 10) | \($w) | \($ok) | \($busy)% |"' <<<"$STARTED")")
     done
     if [[ -s "$rest" ]]; then
-        RESTORE_ROWS+=("| $mb MiB | median | $(for f in read_verify_us prepare_us sandbox_us restorer_us cleanup_us total_us; do stats "$f" "$rest" 1000 | awk -F' / ' '{printf "%s | ", $2}'; done)| |")
+        RESTORE_ROWS+=("| $mb MiB | median | $(for f in read_verify_us prepare_us sandbox_us restorer_us cleanup_us total_us; do stats "$f" "$rest" 1000 | awk -F' / ' '{printf "%s | ", $2}'; done)| | |")
     fi
     stop_current
     rm -f "$snapfile"
@@ -239,8 +245,10 @@ done
     echo
     echo "## Full checkpoint (tardi snapshot)"
     echo
-    echo "| data | used_memory MiB | keys | threads | file MiB | memory saved MiB | pause ms | quiesce µs | memory copy ms |"
-    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "CPU busy = share of all CPUs busy with other work during the 2 s before the snapshots / the restore."
+    echo
+    echo "| data | used_memory MiB | keys | threads | file MiB | memory saved MiB | pause ms | quiesce µs | memory copy ms | CPU busy before |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     printf '%s\n' "${SNAP_ROWS[@]}"
     for f in "${SNAP_FAILURES[@]}"; do echo; echo "FAILED: $f"; done
     echo
@@ -248,8 +256,8 @@ done
     echo
     echo "Phases from the started event, in ms. wall = from spawning \`tardi restore\` to the first DBSIZE reply."
     echo
-    echo "| data | round | read+verify | prepare | sandbox | restorer | cleanup | total | wall | DBSIZE ok |"
-    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
+    echo "| data | round | read+verify | prepare | sandbox | restorer | cleanup | total | wall | DBSIZE ok | CPU busy before |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"
     printf '%s\n' "${RESTORE_ROWS[@]}"
 } >> "$OUT"
 cat "$OUT"

@@ -539,7 +539,12 @@ fn assert_untraced(pid: i32) {
 /// `parts` (computed from the service's `pong` line), twice, and that the service keeps running
 /// and answering. Returns the error message.
 fn snapshot_refused(mode: &str, parts: impl Fn(&Svc, &str) -> Vec<String>) -> String {
-    let svc = Svc::start(mode, "bad_resources", &[mode], BAD_PORT);
+    snapshot_refused_as(mode, mode, parts)
+}
+
+/// [`snapshot_refused`] with a sandbox name made from `tag` instead of `mode`.
+fn snapshot_refused_as(tag: &str, mode: &str, parts: impl Fn(&Svc, &str) -> Vec<String>) -> String {
+    let svc = Svc::start(tag, "bad_resources", &[mode], BAD_PORT);
     let pong = svc.ping();
     let n0: u64 = pong
         .split_whitespace()
@@ -672,7 +677,7 @@ fn snapshot_refuses_an_orphaned_grandchild() {
 #[test]
 #[ignore = "BUG: shared anonymous memory is reported as 'a deleted file /dev/zero (deleted)'"]
 fn snapshot_error_calls_shared_anonymous_memory_by_its_name() {
-    let msg = snapshot_refused("shmem2", |_, _| vec![]);
+    let msg = snapshot_refused_as("shmem2", "shmem", |_, _| vec![]);
     assert!(msg.contains("shared anonymous memory"), "{msg}");
 }
 

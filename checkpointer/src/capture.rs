@@ -121,14 +121,14 @@ fn checkpoint_once(proc: &Proc, epoch: u64) -> Result<(Checkpoint, CaptureStats)
 }
 
 /// A mapped file found during the pause, hashed after it.
-struct PendingFile {
+pub(crate) struct PendingFile {
     path: String,
     /// `map_files/START-END` (under `/proc/PID`) of one mapping of it.
     map_file: String,
 }
 
 impl PendingFile {
-    fn identify(self, proc: &Proc) -> Result<FileRef> {
+    pub(crate) fn identify(self, proc: &Proc) -> Result<FileRef> {
         identify_path(proc, &self.map_file, &self.path)
     }
 }
@@ -202,20 +202,55 @@ fn prefaulted_buffer(bytes: usize) -> Vec<u8> {
     v
 }
 
+/// Values that cost injected system calls to read, kept between checkpoints of one process.
+/// A full checkpoint refreshes everything; an incremental one re-reads a value only when a
+/// cheap signal says it may have changed (a new thread, other signal masks in `status`, a
+/// different `[heap]` end). Known gap: a thread that changes its sigaltstack or
+/// clear_child_tid, or a process that swaps one handler for another or changes its umask,
+/// is seen at the next full refresh only.
+#[derive(Default)]
+pub struct MetaCache {
+    threads: HashMap<Pid, (u64, AltStack)>,
+    sig_masks: Option<(u64, u64)>,
+    sigactions: Vec<SigAction>,
+    umask: Option<u32>,
+    heap_end: Option<u64>,
+    brk: u64,
+}
+
 fn capture_stopped(
     proc: &Proc,
     st: &mut Stopped,
     stats: &mut CaptureStats,
     buf: Vec<u8>,
 ) -> Result<Captured> {
+    let maps = proc.smaps().map_err(proc_err(proc.pid, "smaps"))?;
+    let mut cache = MetaCache::default();
+    let mut image = capture_meta(proc, st, &maps, &mut cache, true)?;
+    let tm = Instant::now();
+    let (vmas, runs, data, files) = capture_memory(proc, &maps, buf)?;
+    stats.memory_copy = tm.elapsed();
+    image.vmas = vmas;
+    image.runs = runs;
+    Ok((image, data, files))
+}
+
+/// Everything but memory: threads, signal actions, mm layout, descriptors. `refresh` re-reads
+/// every value that needs an injected system call; otherwise `cache` is used where valid.
+pub(crate) fn capture_meta(
+    proc: &Proc,
+    st: &mut Stopped,
+    maps: &[MapEntry],
+    cache: &mut MetaCache,
+    refresh: bool,
+) -> Result<ProcessImage> {
     let pid = st.pid;
-    let maps = proc.smaps().map_err(proc_err(pid, "smaps"))?;
     check_pending_signals(proc, &st.tids)?;
     check_supported(proc, &st.tids)?;
 
-    // Threads: registers and what ptrace reads directly.
     let mut threads = Vec::with_capacity(st.tids.len());
     let mut max_tid = 0;
+    let mut seen = HashMap::new();
     for &tid in &st.tids.clone() {
         let regs = st.regs(tid)?;
         let xstate = st.xstate(tid)?;
@@ -227,49 +262,15 @@ fn capture_stopped(
             )));
         }
         let (robust_list, robust_len) = st.robust_list(tid)?;
-        let rseq = st
-            .rseq(tid)?
-            .map(|(addr, len, sig)| Rseq { addr, len, sig });
+        let rseq = st.rseq(tid)?.map(|(addr, len, sig)| Rseq { addr, len, sig });
         let ns_tid = proc.ns_pid(tid).map_err(proc_err(pid, "NSpid"))?;
         max_tid = max_tid.max(ns_tid);
-        let comm = proc
-            .read_string(&format!("task/{tid}/comm"))
-            .map_err(proc_err(pid, "comm"))?;
-        // clear_child_tid and the alternate signal stack have no outside interface.
-        let (r, _, out) = st.inject(
-            &maps,
-            tid,
-            libc::SYS_prctl,
-            [libc::PR_GET_TID_ADDRESS as u64, SCRATCH, 0, 0, 0, 0],
-            8,
-        )?;
-        if r < 0 {
-            return Err(CaptureError::Injected {
-                call: "prctl(PR_GET_TID_ADDRESS)",
-                tid,
-                errno: -r,
-            });
-        }
-        let clear_child_tid = u64::from_le_bytes(out[..8].try_into().unwrap());
-        let (r, _, out) = st.inject(
-            &maps,
-            tid,
-            libc::SYS_sigaltstack,
-            [0, SCRATCH, 0, 0, 0, 0],
-            24,
-        )?;
-        if r < 0 {
-            return Err(CaptureError::Injected {
-                call: "sigaltstack",
-                tid,
-                errno: -r,
-            });
-        }
-        let altstack = AltStack {
-            sp: u64::from_le_bytes(out[..8].try_into().unwrap()),
-            flags: u32::from_le_bytes(out[8..12].try_into().unwrap()) & !1, // not SS_ONSTACK
-            size: u64::from_le_bytes(out[16..24].try_into().unwrap()),
+        let comm = proc.read_string(&format!("task/{tid}/comm")).map_err(proc_err(pid, "comm"))?;
+        let (clear_child_tid, altstack) = match cache.threads.get(&tid) {
+            Some(v) if !refresh => *v,
+            _ => inject_thread_values(st, maps, tid)?,
         };
+        seen.insert(tid, (clear_child_tid, altstack));
         threads.push(ThreadImage {
             tid: ns_tid,
             comm: comm.trim_end().to_string(),
@@ -283,26 +284,32 @@ fn capture_stopped(
             altstack,
         });
     }
+    cache.threads = seen;
 
     // Process-wide state.
     let leader = st.tids[0];
-    let sigactions = capture_sigactions(proc, st, &maps, leader)?;
-    let (brk, _, _) = st.inject(&maps, leader, libc::SYS_brk, [0; 6], 0)?;
-    let (umask_now, _, _) = st.inject(&maps, leader, libc::SYS_umask, [0o022, 0, 0, 0, 0, 0], 0)?;
-    st.inject(
-        &maps,
-        leader,
-        libc::SYS_umask,
-        [umask_now as u64, 0, 0, 0, 0, 0],
-        0,
-    )?;
+    let masks = signal_masks(proc)?;
+    if refresh || cache.sig_masks != Some(masks) {
+        cache.sigactions = capture_sigactions(st, maps, leader, masks)?;
+        cache.sig_masks = Some(masks);
+    }
+    let heap_end = maps.iter().find(|m| m.name == "[heap]").map(|m| m.end);
+    if refresh || cache.heap_end != heap_end {
+        cache.brk = st.inject(maps, leader, libc::SYS_brk, [0; 6], 0)?.0 as u64;
+        cache.heap_end = heap_end;
+    }
+    let umask = match cache.umask {
+        Some(u) if !refresh => u,
+        _ => {
+            let (u, _, _) = st.inject(maps, leader, libc::SYS_umask, [0o022, 0, 0, 0, 0, 0], 0)?;
+            st.inject(maps, leader, libc::SYS_umask, [u as u64, 0, 0, 0, 0, 0], 0)?;
+            cache.umask = Some(u as u32);
+            u as u32
+        }
+    };
     let stat = proc.stat_fields().map_err(proc_err(pid, "stat"))?;
     // proc(5) numbers fields from 1.
-    let f = |n: usize| {
-        stat.get(n - 1)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let f = |n: usize| stat.get(n - 1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     let mm = MmInfo {
         start_code: f(26),
         end_code: f(27),
@@ -310,50 +317,76 @@ fn capture_stopped(
         start_data: f(45),
         end_data: f(46),
         start_brk: f(47),
-        brk: brk as u64,
+        brk: cache.brk,
         arg_start: f(48),
         arg_end: f(49),
         env_start: f(50),
         env_end: f(51),
     };
     let auxv_raw = proc.read("auxv").map_err(proc_err(pid, "auxv"))?;
-    let auxv = auxv_raw
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let auxv = auxv_raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
     let cwd = proc.read_link("cwd").map_err(proc_err(pid, "cwd"))?;
     let exe_path = proc.read_link("exe").map_err(proc_err(pid, "exe"))?;
     let rlimits = capture_rlimits(pid)?;
     let fds = fds::capture(proc)?;
-
-    // Memory.
-    let tm = Instant::now();
-    let (vmas, runs, data, files) = capture_memory(proc, &maps, buf)?;
-    stats.memory_copy = tm.elapsed();
-
-    let image = ProcessImage {
+    Ok(ProcessImage {
         pid: threads[0].tid,
         comm: threads[0].comm.clone(),
-        exe: FileRef {
-            path: exe_path,
-            size: 0,
-            hash: [0; 32],
-        },
+        exe: FileRef { path: exe_path, size: 0, hash: [0; 32] },
         cwd,
-        umask: umask_now as u32,
+        umask,
         rlimits,
         mm,
         auxv,
-        vmas,
-        runs,
+        vmas: Vec::new(),
+        runs: Vec::new(),
         files: Vec::new(),
         threads,
-        sigactions,
+        sigactions: cache.sigactions.clone(),
         fds,
         max_tid,
         sandbox: Vec::new(),
+        base_epoch: None,
+        reset: Vec::new(),
+        pages: Vec::new(),
+    })
+}
+
+/// clear_child_tid and the alternate signal stack have no outside interface: ask the thread.
+fn inject_thread_values(st: &mut Stopped, maps: &[MapEntry], tid: Pid) -> Result<(u64, AltStack)> {
+    let (r, _, out) = st.inject(
+        maps,
+        tid,
+        libc::SYS_prctl,
+        [libc::PR_GET_TID_ADDRESS as u64, SCRATCH, 0, 0, 0, 0],
+        8,
+    )?;
+    if r < 0 {
+        return Err(CaptureError::Injected { call: "prctl(PR_GET_TID_ADDRESS)", tid, errno: -r });
+    }
+    let clear_child_tid = u64::from_le_bytes(out[..8].try_into().unwrap());
+    let (r, _, out) = st.inject(maps, tid, libc::SYS_sigaltstack, [0, SCRATCH, 0, 0, 0, 0], 24)?;
+    if r < 0 {
+        return Err(CaptureError::Injected { call: "sigaltstack", tid, errno: -r });
+    }
+    let altstack = AltStack {
+        sp: u64::from_le_bytes(out[..8].try_into().unwrap()),
+        flags: u32::from_le_bytes(out[8..12].try_into().unwrap()) & !1, // not SS_ONSTACK
+        size: u64::from_le_bytes(out[16..24].try_into().unwrap()),
     };
-    Ok((image, data, files))
+    Ok((clear_child_tid, altstack))
+}
+
+/// (SigIgn, SigCgt) of the process.
+fn signal_masks(proc: &Proc) -> Result<(u64, u64)> {
+    let text = proc.read_string("status").map_err(proc_err(proc.pid, "status"))?;
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    Ok((field("SigIgn:"), field("SigCgt:")))
 }
 
 fn regs_to_vec(r: &Regs) -> Vec<u64> {
@@ -437,19 +470,12 @@ fn check_supported(proc: &Proc, tids: &[Pid]) -> Result<()> {
 }
 
 fn capture_sigactions(
-    proc: &Proc,
     st: &mut Stopped,
     maps: &[MapEntry],
     tid: Pid,
+    (ign, cgt): (u64, u64),
 ) -> Result<Vec<SigAction>> {
-    let pid = st.pid;
-    let mask = |k: &str| -> Result<u64> {
-        let v = proc
-            .status_field("status", k)
-            .map_err(proc_err(pid, k.to_string()))?;
-        u64::from_str_radix(&v, 16).map_err(|e| CaptureError::Unsupported(format!("{k}: {e}")))
-    };
-    let interesting = mask("SigIgn")? | mask("SigCgt")?;
+    let interesting = ign | cgt;
     let mut out = Vec::new();
     for signo in 1..=64u32 {
         if interesting & (1 << (signo - 1)) == 0 || signo == 9 || signo == 19 {
@@ -501,18 +527,34 @@ fn capture_rlimits(pid: Pid) -> Result<Vec<(u32, u64, u64)>> {
 type CapturedMemory = (Vec<Vma>, Vec<PageRun>, Vec<u8>, Vec<PendingFile>);
 
 /// Walks the mappings, decides what each needs, and copies the saved pages.
-fn capture_memory(proc: &Proc, maps: &[MapEntry], mut data: Vec<u8>) -> Result<CapturedMemory> {
+fn capture_memory(proc: &Proc, maps: &[MapEntry], data: Vec<u8>) -> Result<CapturedMemory> {
     let pid = proc.pid;
+    let (vmas, files) = describe_vmas(maps)?;
+    // (addr, len, readable) of every range to save.
+    let mut want: Vec<(u64, u64, bool)> = Vec::new();
+    let pagemap = proc.open_file("pagemap", libc::O_RDONLY).map_err(proc_err(pid, "pagemap"))?;
+    let mut pm_buf: Vec<u64> = Vec::new();
+    for (m, v) in maps.iter().filter(|m| m.name != "[vsyscall]").zip(&vmas) {
+        if v.backing == Backing::Vdso || m.shared {
+            continue; // recreated by the kernel, or the file holds the data
+        }
+        saved_ranges(&pagemap, m, &mut pm_buf, &mut want).map_err(proc_err(pid, "pagemap"))?;
+    }
+    let (runs, data) = copy_ranges(proc, &want, data)?;
+    Ok((vmas, runs, data, files))
+}
+
+/// Is this mapping private memory that write tracking covers (not the vDSO, not shared)?
+pub(crate) fn trackable(m: &MapEntry) -> bool {
+    !m.shared && !matches!(m.name.as_str(), "[vvar]" | "[vvar_vclock]" | "[vdso]" | "[vsyscall]")
+}
+
+/// The image's description of each mapping (all but `[vsyscall]`, in order), and the mapped
+/// files to identify. Refuses mappings it cannot restore.
+pub(crate) fn describe_vmas(maps: &[MapEntry]) -> Result<(Vec<Vma>, Vec<PendingFile>)> {
     let mut vmas = Vec::new();
     let mut files: Vec<PendingFile> = Vec::new();
     let mut file_index: HashMap<String, u32> = HashMap::new();
-    // (addr, len, readable) of every range to save.
-    let mut want: Vec<(u64, u64, bool)> = Vec::new();
-    let pagemap = proc
-        .open_file("pagemap", libc::O_RDONLY)
-        .map_err(proc_err(pid, "pagemap"))?;
-    let mut pm_buf: Vec<u64> = Vec::new();
-
     for m in maps {
         let name = m.name.as_str();
         if name == "[vsyscall]" {
@@ -546,7 +588,7 @@ fn capture_memory(proc: &Proc, maps: &[MapEntry], mut data: Vec<u8>) -> Result<C
                 flags |= bit;
             }
         }
-        let file_backed = m.inode != 0 && name.starts_with('/');
+        let file_backed = is_file_backed(m);
         if m.shared && !file_backed {
             return Err(CaptureError::Unsupported(format!(
                 "shared anonymous memory at {:#x}-{:#x} ({}) is not supported yet",
@@ -572,10 +614,7 @@ fn capture_memory(proc: &Proc, maps: &[MapEntry], mut data: Vec<u8>) -> Result<C
                 });
                 next
             });
-            Backing::File {
-                index,
-                offset: m.offset,
-            }
+            Backing::File { index, offset: m.offset }
         } else {
             Backing::Anon
         };
@@ -588,37 +627,57 @@ fn capture_memory(proc: &Proc, maps: &[MapEntry], mut data: Vec<u8>) -> Result<C
             backing,
             name: name.to_string(),
         });
-        if vdso || m.shared {
-            continue; // recreated by the kernel, or the file holds the data
-        }
-        // Private memory: save pages that exist (present or swapped) and, for file mappings,
-        // only those that were copied on write (not backed by the file's page cache).
-        let n = ((m.end - m.start) / PAGE) as usize;
-        pm_buf.resize(n, 0);
-        read_pagemap(&pagemap, m.start, &mut pm_buf).map_err(proc_err(pid, "pagemap"))?;
-        let mut i = 0;
-        while i < n {
-            let keep = |e: u64| {
-                let present = e & (1 << 63) != 0;
-                let swapped = e & (1 << 62) != 0;
-                let file_page = e & (1 << 61) != 0;
-                swapped || (present && !(file_backed && file_page))
-            };
-            if !keep(pm_buf[i]) {
-                i += 1;
-                continue;
-            }
-            let s = i;
-            while i < n && keep(pm_buf[i]) {
-                i += 1;
-            }
-            want.push((m.start + s as u64 * PAGE, (i - s) as u64 * PAGE, m.read));
-        }
     }
+    Ok((vmas, files))
+}
 
+pub(crate) fn is_file_backed(m: &MapEntry) -> bool {
+    m.inode != 0 && m.name.starts_with('/')
+}
+
+/// Appends the ranges of `m` to save: pages that exist (present or swapped) and, for file
+/// mappings, only those copied on write (not backed by the file's page cache).
+fn saved_ranges(
+    pagemap: &std::fs::File,
+    m: &MapEntry,
+    pm_buf: &mut Vec<u64>,
+    want: &mut Vec<(u64, u64, bool)>,
+) -> io::Result<()> {
+    let file_backed = is_file_backed(m);
+    let n = ((m.end - m.start) / PAGE) as usize;
+    pm_buf.resize(n, 0);
+    read_pagemap(pagemap, m.start, pm_buf)?;
+    let keep = |e: u64| {
+        let present = e & (1 << 63) != 0;
+        let swapped = e & (1 << 62) != 0;
+        let file_page = e & (1 << 61) != 0;
+        swapped || (present && !(file_backed && file_page))
+    };
+    let mut i = 0;
+    while i < n {
+        if !keep(pm_buf[i]) {
+            i += 1;
+            continue;
+        }
+        let s = i;
+        while i < n && keep(pm_buf[i]) {
+            i += 1;
+        }
+        want.push((m.start + s as u64 * PAGE, (i - s) as u64 * PAGE, m.read));
+    }
+    Ok(())
+}
+
+/// Copies `want` ranges (addr, len, readable) into `data` (grown if needed); returns their runs.
+pub(crate) fn copy_ranges(
+    proc: &Proc,
+    want: &[(u64, u64, bool)],
+    mut data: Vec<u8>,
+) -> Result<(Vec<PageRun>, Vec<u8>)> {
+    let pid = proc.pid;
     // Copy: readable ranges with process_vm_readv in large batches, the rest via /proc/PID/mem
     // (which ignores protections).
-    tracing::debug!(runs = want.len(), vmas = vmas.len(), "memory runs to copy");
+    tracing::debug!(runs = want.len(), "memory runs to copy");
     let total: u64 = want.iter().map(|w| w.1).sum();
     // Normally the prefaulted buffer is large enough; if the estimate fell short it grows here.
     data.resize(total as usize, 0);
@@ -647,7 +706,7 @@ fn capture_memory(proc: &Proc, maps: &[MapEntry], mut data: Vec<u8>) -> Result<C
         batch.clear();
         Ok(())
     };
-    for &(addr, len, readable) in &want {
+    for &(addr, len, readable) in want {
         runs.push(PageRun {
             addr,
             len,
@@ -669,7 +728,7 @@ fn capture_memory(proc: &Proc, maps: &[MapEntry], mut data: Vec<u8>) -> Result<C
         off += len;
     }
     flush(&mut batch, batch_off, &mut data)?;
-    Ok((vmas, runs, data, files))
+    Ok((runs, data))
 }
 
 fn read_pagemap(f: &std::fs::File, start: u64, out: &mut [u64]) -> io::Result<()> {

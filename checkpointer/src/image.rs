@@ -36,10 +36,21 @@ pub enum FormatError {
     Meta(String),
 }
 
-/// Full or incremental (incremental checkpoints arrive with the incremental-checkpoint work).
+/// A full checkpoint stands alone; an incremental one turns the state at epoch `base` into the
+/// state at its own epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Kind {
     Full,
+    Incremental { base: u64 },
+}
+
+impl Kind {
+    fn code(self) -> u32 {
+        match self {
+            Kind::Full => 0,
+            Kind::Incremental { .. } => 1,
+        }
+    }
 }
 
 /// One checkpoint: an epoch number, the process's state and its page contents.
@@ -53,6 +64,12 @@ pub struct Checkpoint {
 }
 
 /// Everything about a process except its page contents.
+///
+/// In a full checkpoint memory is `runs` (raw contents in the data). In an incremental one it is
+/// `reset` (ranges whose previous contents are void: mappings created or replaced during the
+/// epoch) and `pages` (pages written during the epoch, each encoded against the contents the
+/// receiver already has for that page); mappings absent from `vmas` are dropped. Everything else
+/// is complete in every checkpoint.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProcessImage {
     /// PID inside the sandbox's PID namespace.
@@ -75,6 +92,21 @@ pub struct ProcessImage {
     /// Opaque to the checkpointer: the caller's description of the sandbox (the CLI keeps the
     /// manifest here so `tardi restore FILE` needs nothing else).
     pub sandbox: Vec<u8>,
+    /// Incremental only: the epoch this checkpoint applies to.
+    pub base_epoch: Option<u64>,
+    /// Incremental only: ranges whose contents at the base epoch are void.
+    pub reset: Vec<(u64, u64)>,
+    /// Incremental only: pages written during the epoch.
+    pub pages: Vec<EncodedPage>,
+}
+
+/// One page of an incremental checkpoint: `enc` tells how its `enc.encoded_len()` bytes at
+/// `data_off` turn into the page, given the page's previous contents (its twin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncodedPage {
+    pub addr: u64,
+    pub enc: crate::delta::PageEncoding,
+    pub data_off: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -263,7 +295,7 @@ impl Checkpoint {
         let mut header = Vec::with_capacity(HEADER_LEN);
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        header.extend_from_slice(&(self.kind as u32).to_le_bytes());
+        header.extend_from_slice(&self.kind.code().to_le_bytes());
         header.extend_from_slice(&self.epoch.to_le_bytes());
         header.extend_from_slice(&(meta.len() as u64).to_le_bytes());
         header.extend_from_slice(&(self.data.len() as u64).to_le_bytes());
@@ -320,7 +352,7 @@ impl Checkpoint {
         if stored != computed {
             return Err(FormatError::Checksum { stored, computed });
         }
-        if kind != Kind::Full as u32 {
+        if kind > 1 {
             return Err(FormatError::Meta(format!("unknown checkpoint kind {kind}")));
         }
         let meta_end = HEADER_LEN + meta_len as usize;
@@ -344,6 +376,11 @@ impl ProcessImage {
         let bad = |m: String| Err(FormatError::Meta(m));
         if self.threads.is_empty() {
             return bad("no threads".into());
+        }
+        for p in &self.pages {
+            if p.data_off.checked_add(p.enc.encoded_len() as u64).is_none_or(|e| e > data_len) {
+                return bad(format!("page at {:#x} lies outside the page data", p.addr));
+            }
         }
         for r in &self.runs {
             if r.data_off.checked_add(r.len).is_none_or(|e| e > data_len) {

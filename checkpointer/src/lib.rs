@@ -13,12 +13,14 @@
 #[path = "../restorer/abi.rs"]
 pub mod abi;
 pub mod capture;
+pub mod delta;
 pub mod fds;
 pub mod image;
 pub mod procfs;
 pub mod ptrace;
 pub mod restore;
 pub mod sys;
+pub mod track;
 
 pub use capture::{CaptureError, CaptureStats, checkpoint};
 pub use image::{Checkpoint, FormatError};

@@ -1,0 +1,129 @@
+//! An in-memory process image that a chain of checkpoints is applied to: a full checkpoint,
+//! then incremental ones in epoch order. A backup keeps one of these current; a restore turns it
+//! back into a full checkpoint with [`Image::to_full`].
+
+use crate::delta::{PageCodec, PageEncoding};
+use crate::image::*;
+use std::collections::BTreeMap;
+
+const PAGE: u64 = 4096;
+
+/// Why a checkpoint cannot be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("checkpoint {epoch} applies to epoch {base}, but the image is at epoch {have}")]
+    OutOfOrder { epoch: u64, base: u64, have: u64 },
+    #[error("a chain must start with a full checkpoint (got an incremental one for epoch {0})")]
+    NotFull(u64),
+    #[error("page {addr:#x} of checkpoint {epoch} cannot be decoded: {source}")]
+    Decode { epoch: u64, addr: u64, source: crate::delta::DeltaError },
+    #[error("page data of checkpoint {0} is malformed")]
+    Malformed(u64),
+}
+
+/// A process image at one epoch: metadata plus the contents of every saved page.
+pub struct Image {
+    pub epoch: u64,
+    pub meta: ProcessImage,
+    pages: BTreeMap<u64, Box<[u8; 4096]>>,
+    codec: PageCodec,
+}
+
+impl Image {
+    pub fn from_full(ck: &Checkpoint) -> Result<Image, ApplyError> {
+        if ck.kind != Kind::Full {
+            return Err(ApplyError::NotFull(ck.epoch));
+        }
+        let mut pages = BTreeMap::new();
+        for r in &ck.image.runs {
+            for p in 0..r.len / PAGE {
+                let off = (r.data_off + p * PAGE) as usize;
+                let src = ck.data.get(off..off + PAGE as usize).ok_or(ApplyError::Malformed(ck.epoch))?;
+                pages.insert(r.addr + p * PAGE, Box::new(<[u8; 4096]>::try_from(src).unwrap()));
+            }
+        }
+        let mut meta = ck.image.clone();
+        meta.runs.clear();
+        Ok(Image {
+            epoch: ck.epoch,
+            meta,
+            pages,
+            codec: PageCodec::new().map_err(|e| ApplyError::Decode { epoch: ck.epoch, addr: 0, source: e })?,
+        })
+    }
+
+    /// Number of saved pages.
+    pub fn pages(&self) -> usize {
+        self.pages.len()
+    }
+
+    pub fn page(&self, addr: u64) -> Option<&[u8; 4096]> {
+        self.pages.get(&addr).map(|b| &**b)
+    }
+
+    /// Applies the next checkpoint of the chain (a full one replaces the image).
+    pub fn apply(&mut self, ck: &Checkpoint) -> Result<(), ApplyError> {
+        let base = match ck.kind {
+            Kind::Full => {
+                *self = Image::from_full(ck)?;
+                return Ok(());
+            }
+            Kind::Incremental { base } => base,
+        };
+        if base != self.epoch {
+            return Err(ApplyError::OutOfOrder { epoch: ck.epoch, base, have: self.epoch });
+        }
+        let img = &ck.image;
+        // Pages outside the new layout, or in ranges whose contents are void, are gone.
+        let mut vmas: Vec<(u64, u64, bool)> =
+            img.vmas.iter().map(|v| (v.start, v.end, v.backing == Backing::Anon)).collect();
+        vmas.sort_unstable();
+        let find = |addr: u64| -> Option<(u64, u64, bool)> {
+            let i = vmas.partition_point(|v| v.0 <= addr);
+            (i > 0 && addr < vmas[i - 1].1).then(|| vmas[i - 1])
+        };
+        self.pages.retain(|&a, _| find(a).is_some() && !img.reset.iter().any(|&(s, e)| s <= a && a < e));
+        let zero = [0u8; 4096];
+        let mut out = [0u8; 4096];
+        for p in &img.pages {
+            let bytes = ck
+                .data
+                .get(p.data_off as usize..p.data_off as usize + p.enc.encoded_len())
+                .ok_or(ApplyError::Malformed(ck.epoch))?;
+            let anon = find(p.addr).is_some_and(|v| v.2);
+            if p.enc == PageEncoding::Zero && anon {
+                self.pages.remove(&p.addr); // a fresh anonymous page reads as zero
+                continue;
+            }
+            let twin: &[u8] = self.pages.get(&p.addr).map_or(&zero[..], |b| &b[..]);
+            self.codec
+                .decode_page(p.enc, Some(twin), bytes, &mut out)
+                .map_err(|source| ApplyError::Decode { epoch: ck.epoch, addr: p.addr, source })?;
+            self.pages.insert(p.addr, Box::new(out));
+        }
+        let mut meta = img.clone();
+        meta.pages.clear();
+        meta.reset.clear();
+        meta.runs.clear();
+        meta.base_epoch = None;
+        self.meta = meta;
+        self.epoch = ck.epoch;
+        Ok(())
+    }
+
+    /// The image as a full checkpoint (contiguous pages coalesced into runs).
+    pub fn to_full(&self) -> Checkpoint {
+        let mut data = Vec::with_capacity(self.pages.len() * PAGE as usize);
+        let mut runs: Vec<PageRun> = Vec::new();
+        for (&addr, page) in &self.pages {
+            match runs.last_mut() {
+                Some(r) if r.addr + r.len == addr => r.len += PAGE,
+                _ => runs.push(PageRun { addr, len: PAGE, data_off: data.len() as u64 }),
+            }
+            data.extend_from_slice(&page[..]);
+        }
+        let mut image = self.meta.clone();
+        image.runs = runs;
+        Checkpoint { epoch: self.epoch, kind: Kind::Full, image, data }
+    }
+}

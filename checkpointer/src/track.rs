@@ -1,0 +1,237 @@
+//! Write tracking with userfaultfd write-protection in async mode plus `PAGEMAP_SCAN`
+//! (Linux ≥ 6.7): the kernel resolves the first write to a protected page by itself (~1.2 µs)
+//! and marks the page written; one `PAGEMAP_SCAN` per range returns the written pages and
+//! protects them again, atomically.
+//!
+//! The userfaultfd must belong to the target's mm, so it is created *inside* the target by an
+//! injected `userfaultfd()` call, duplicated into the supervisor with `pidfd_getfd`, and closed
+//! in the target again. Its ioctls then act on the target's memory from here.
+//!
+//! Kernel facts this relies on (measured, see shared/KERNEL-FACTS.md):
+//! - `PM_SCAN_CHECK_WPASYNC` fails with `EPERM` when the range holds memory that is not
+//!   registered: that is how a mapping replaced inside one epoch (munmap + mmap at the same
+//!   address) is noticed even though the layout looks unchanged.
+//! - Pages zapped by `MADV_DONTNEED` are reported as written.
+//! - `walk_end` is only meaningful when the output vector came back full.
+//!
+//! The mprotect + SIGSEGV tracker (for kernels without this) is **not implemented yet**.
+
+use crate::ptrace::Stopped;
+use crate::sys;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+const UFFD_API: u64 = 0xAA;
+const UFFDIO_API: u64 = 0xC018_AA3F;
+const UFFDIO_REGISTER: u64 = 0xC020_AA00;
+const UFFDIO_UNREGISTER: u64 = 0x8010_AA01;
+const UFFDIO_WRITEPROTECT: u64 = 0xC018_AA06;
+const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
+const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1;
+const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
+const UFFD_FEATURE_WP_ASYNC: u64 = 1 << 15;
+
+/// `_IOWR('f', 16, struct pm_scan_arg)`.
+const PAGEMAP_SCAN: u64 = 0xC060_6610;
+pub const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
+pub const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
+pub const PAGE_IS_WPALLOWED: u64 = 1 << 0;
+pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
+pub const PAGE_IS_FILE: u64 = 1 << 2;
+pub const PAGE_IS_PRESENT: u64 = 1 << 3;
+pub const PAGE_IS_SWAPPED: u64 = 1 << 4;
+
+#[repr(C)]
+#[derive(Default)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
+}
+
+/// Why tracking could not be set up or a scan failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TrackError {
+    #[error("creating a userfaultfd inside the process failed (errno {0}); write tracking needs Linux >= 6.7 with userfaultfd")]
+    Create(i64),
+    #[error("this kernel's userfaultfd lacks asynchronous write-protection (WP_ASYNC, Linux >= 6.7): {0}")]
+    NoAsync(io::Error),
+    #[error("{op} of {start:#x}-{end:#x} failed: {source}")]
+    Ioctl { op: &'static str, start: u64, end: u64, source: io::Error },
+    #[error(transparent)]
+    Ptrace(#[from] crate::ptrace::PtraceError),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// A scan query: which pages to report (all of `mask`, any of `anyof`, after inverting
+/// `inverted`) and which categories to return for them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Query {
+    pub flags: u64,
+    pub mask: u64,
+    pub inverted: u64,
+    pub anyof: u64,
+    pub ret: u64,
+    /// Stop after this many pages (0: no limit).
+    pub max_pages: u64,
+}
+
+/// One process's tracker: its userfaultfd (as our descriptor) and `pagemap`.
+pub struct UffdTracker {
+    uffd: OwnedFd,
+    pagemap: File,
+    buf: Vec<PageRegion>,
+}
+
+impl UffdTracker {
+    /// Creates the userfaultfd inside the stopped process and enables async write-protection.
+    pub fn new(st: &mut Stopped, maps: &[crate::procfs::MapEntry], pagemap: File) -> Result<Self, TrackError> {
+        let leader = st.tids[0];
+        let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
+        let (fd, _, _) = st.inject(maps, leader, libc::SYS_userfaultfd, [flags, 0, 0, 0, 0, 0], 0)?;
+        if fd < 0 {
+            return Err(TrackError::Create(-fd));
+        }
+        let pidfd = sys::pidfd_open(st.pid)?;
+        let ours = sys::pidfd_getfd(&pidfd, fd as i32);
+        // Whatever happened, the descriptor must not stay in the process's table.
+        st.inject(maps, leader, libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0], 0)?;
+        let uffd = ours?;
+        let mut api = [UFFD_API, UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED, 0];
+        // SAFETY: UFFDIO_API reads and writes a `struct uffdio_api` (three u64).
+        if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_API, api.as_mut_ptr()) } < 0 {
+            return Err(TrackError::NoAsync(io::Error::last_os_error()));
+        }
+        Ok(UffdTracker { uffd, pagemap, buf: vec![PageRegion::default(); 4096] })
+    }
+
+    fn ioctl(&self, op: &'static str, req: u64, arg: *mut u64, start: u64, end: u64) -> Result<(), TrackError> {
+        // SAFETY: `arg` points at the struct `req` expects (callers build it on their stack).
+        if unsafe { libc::ioctl(self.uffd.as_raw_fd(), req, arg) } < 0 {
+            return Err(TrackError::Ioctl { op, start, end, source: io::Error::last_os_error() });
+        }
+        Ok(())
+    }
+
+    /// Registers `[start, end)` (whole mappings) for write-protection and protects it.
+    pub fn arm(&self, start: u64, end: u64) -> Result<(), TrackError> {
+        let mut reg = [start, end - start, UFFDIO_REGISTER_MODE_WP, 0];
+        self.ioctl("UFFDIO_REGISTER", UFFDIO_REGISTER, reg.as_mut_ptr(), start, end)?;
+        self.protect(start, end, true)
+    }
+
+    /// Unregisters `[start, end)`; memory that is no longer mapped is ignored.
+    pub fn disarm(&self, start: u64, end: u64) {
+        let mut r = [start, end - start];
+        let _ = self.ioctl("UFFDIO_UNREGISTER", UFFDIO_UNREGISTER, r.as_mut_ptr(), start, end);
+    }
+
+    /// Write-protects (`wp`) or unprotects `[start, end)`. Unprotected pages are reported as
+    /// written by every scan (hot pages rely on that).
+    pub fn protect(&self, start: u64, end: u64, wp: bool) -> Result<(), TrackError> {
+        let mut w = [start, end - start, if wp { UFFDIO_WRITEPROTECT_MODE_WP } else { 0 }];
+        self.ioctl("UFFDIO_WRITEPROTECT", UFFDIO_WRITEPROTECT, w.as_mut_ptr(), start, end)
+    }
+
+    /// Runs `PAGEMAP_SCAN` over `[start, end)`, appending `(start, end, categories)` regions.
+    pub fn scan(&mut self, start: u64, end: u64, q: Query, out: &mut Vec<(u64, u64, u64)>) -> Result<(), TrackError> {
+        let mut at = start;
+        let mut left = q.max_pages;
+        while at < end {
+            let mut arg = PmScanArg {
+                size: std::mem::size_of::<PmScanArg>() as u64,
+                flags: q.flags,
+                start: at,
+                end,
+                vec: self.buf.as_mut_ptr() as u64,
+                vec_len: self.buf.len() as u64,
+                max_pages: left,
+                category_inverted: q.inverted,
+                category_mask: q.mask,
+                category_anyof_mask: q.anyof,
+                return_mask: q.ret,
+                ..Default::default()
+            };
+            // SAFETY: `arg` is a valid pm_scan_arg whose vec points at our buffer of vec_len
+            // regions; the kernel writes at most that many.
+            let n = unsafe { libc::ioctl(self.pagemap.as_raw_fd(), PAGEMAP_SCAN, &mut arg) };
+            if n < 0 {
+                return Err(TrackError::Ioctl { op: "PAGEMAP_SCAN", start: at, end, source: io::Error::last_os_error() });
+            }
+            let n = n as usize;
+            let mut pages = 0;
+            for r in &self.buf[..n] {
+                out.push((r.start, r.end, r.categories));
+                pages += (r.end - r.start) / 4096;
+            }
+            if q.max_pages != 0 {
+                left = left.saturating_sub(pages);
+                if left == 0 {
+                    break;
+                }
+            }
+            if n < self.buf.len() || arg.walk_end >= end {
+                break;
+            }
+            at = arg.walk_end;
+        }
+        Ok(())
+    }
+
+    /// Written pages of `[start, end)`, protected again by the same scan. `Ok(None)`: the range
+    /// holds memory that is not registered (a mapping replaced since it was armed).
+    pub fn take_written(&mut self, start: u64, end: u64, out: &mut Vec<(u64, u64, u64)>) -> Result<Option<()>, TrackError> {
+        let q = Query {
+            flags: PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+            mask: PAGE_IS_WRITTEN,
+            ret: PAGE_IS_WRITTEN,
+            ..Default::default()
+        };
+        let before = out.len();
+        match self.scan(start, end, q, out) {
+            Err(TrackError::Ioctl { source, .. }) if source.raw_os_error() == Some(libc::EPERM) => {
+                out.truncate(before);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+            Ok(()) => Ok(Some(())),
+        }
+    }
+
+    /// Counts written pages in `ranges` without protecting them, stopping at `limit`.
+    pub fn count_written(&mut self, ranges: &[(u64, u64)], limit: u64) -> u64 {
+        let mut out = Vec::new();
+        let mut n = 0;
+        for &(s, e) in ranges {
+            out.clear();
+            let q = Query { mask: PAGE_IS_WRITTEN, ret: PAGE_IS_WRITTEN, max_pages: limit - n, ..Default::default() };
+            if self.scan(s, e, q, &mut out).is_err() {
+                continue;
+            }
+            n += out.iter().map(|r| (r.1 - r.0) / 4096).sum::<u64>();
+            if n >= limit {
+                break;
+            }
+        }
+        n
+    }
+}

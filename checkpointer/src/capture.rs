@@ -101,13 +101,7 @@ fn checkpoint_once(proc: &Proc, epoch: u64) -> Result<(Checkpoint, CaptureStats)
     stats.pause = t0.elapsed();
     let (mut image, mut data, file_ids) = captured?;
     resumed?;
-    // Off the critical path: identify mapped files, drop all-zero anonymous pages.
-    image.files = file_ids
-        .into_iter()
-        .map(|f| f.identify(proc))
-        .collect::<Result<_>>()?;
-    image.exe = identify_path(proc, "exe", &image.exe.path)?;
-    drop_zero_pages(&mut image, &mut data);
+    finish_full(proc, &mut image, &mut data, file_ids)?;
     stats.saved_bytes = data.len() as u64;
     Ok((
         Checkpoint {
@@ -118,6 +112,39 @@ fn checkpoint_once(proc: &Proc, epoch: u64) -> Result<(Checkpoint, CaptureStats)
         },
         stats,
     ))
+}
+
+/// The work of a full checkpoint that does not need the process stopped: identify mapped files
+/// and the executable, drop all-zero anonymous pages.
+pub(crate) fn finish_full(
+    proc: &Proc,
+    image: &mut ProcessImage,
+    data: &mut Vec<u8>,
+    files: Vec<PendingFile>,
+) -> Result<()> {
+    image.files = files
+        .into_iter()
+        .map(|f| f.identify(proc))
+        .collect::<Result<_>>()?;
+    image.exe = identify_exe(proc, &image.exe.path)?;
+    drop_zero_pages(image, data);
+    Ok(())
+}
+
+pub(crate) fn identify_exe(proc: &Proc, path: &str) -> Result<FileRef> {
+    identify_path(proc, "exe", path)
+}
+
+/// Memory of a full checkpoint for a stopped process whose metadata is `meta`.
+pub(crate) fn full_memory(
+    proc: &Proc,
+    maps: &[MapEntry],
+    mut meta: ProcessImage,
+) -> Result<((ProcessImage, Vec<u8>), Vec<PendingFile>)> {
+    let (vmas, runs, data, files) = capture_memory(proc, maps, Vec::new())?;
+    meta.vmas = vmas;
+    meta.runs = runs;
+    Ok(((meta, data), files))
 }
 
 /// A mapped file found during the pause, hashed after it.
@@ -262,10 +289,14 @@ pub(crate) fn capture_meta(
             )));
         }
         let (robust_list, robust_len) = st.robust_list(tid)?;
-        let rseq = st.rseq(tid)?.map(|(addr, len, sig)| Rseq { addr, len, sig });
+        let rseq = st
+            .rseq(tid)?
+            .map(|(addr, len, sig)| Rseq { addr, len, sig });
         let ns_tid = proc.ns_pid(tid).map_err(proc_err(pid, "NSpid"))?;
         max_tid = max_tid.max(ns_tid);
-        let comm = proc.read_string(&format!("task/{tid}/comm")).map_err(proc_err(pid, "comm"))?;
+        let comm = proc
+            .read_string(&format!("task/{tid}/comm"))
+            .map_err(proc_err(pid, "comm"))?;
         let (clear_child_tid, altstack) = match cache.threads.get(&tid) {
             Some(v) if !refresh => *v,
             _ => inject_thread_values(st, maps, tid)?,
@@ -309,7 +340,11 @@ pub(crate) fn capture_meta(
     };
     let stat = proc.stat_fields().map_err(proc_err(pid, "stat"))?;
     // proc(5) numbers fields from 1.
-    let f = |n: usize| stat.get(n - 1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let f = |n: usize| {
+        stat.get(n - 1)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     let mm = MmInfo {
         start_code: f(26),
         end_code: f(27),
@@ -324,7 +359,10 @@ pub(crate) fn capture_meta(
         env_end: f(51),
     };
     let auxv_raw = proc.read("auxv").map_err(proc_err(pid, "auxv"))?;
-    let auxv = auxv_raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+    let auxv = auxv_raw
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     let cwd = proc.read_link("cwd").map_err(proc_err(pid, "cwd"))?;
     let exe_path = proc.read_link("exe").map_err(proc_err(pid, "exe"))?;
     let rlimits = capture_rlimits(pid)?;
@@ -332,7 +370,11 @@ pub(crate) fn capture_meta(
     Ok(ProcessImage {
         pid: threads[0].tid,
         comm: threads[0].comm.clone(),
-        exe: FileRef { path: exe_path, size: 0, hash: [0; 32] },
+        exe: FileRef {
+            path: exe_path,
+            size: 0,
+            hash: [0; 32],
+        },
         cwd,
         umask,
         rlimits,
@@ -362,12 +404,26 @@ fn inject_thread_values(st: &mut Stopped, maps: &[MapEntry], tid: Pid) -> Result
         8,
     )?;
     if r < 0 {
-        return Err(CaptureError::Injected { call: "prctl(PR_GET_TID_ADDRESS)", tid, errno: -r });
+        return Err(CaptureError::Injected {
+            call: "prctl(PR_GET_TID_ADDRESS)",
+            tid,
+            errno: -r,
+        });
     }
     let clear_child_tid = u64::from_le_bytes(out[..8].try_into().unwrap());
-    let (r, _, out) = st.inject(maps, tid, libc::SYS_sigaltstack, [0, SCRATCH, 0, 0, 0, 0], 24)?;
+    let (r, _, out) = st.inject(
+        maps,
+        tid,
+        libc::SYS_sigaltstack,
+        [0, SCRATCH, 0, 0, 0, 0],
+        24,
+    )?;
     if r < 0 {
-        return Err(CaptureError::Injected { call: "sigaltstack", tid, errno: -r });
+        return Err(CaptureError::Injected {
+            call: "sigaltstack",
+            tid,
+            errno: -r,
+        });
     }
     let altstack = AltStack {
         sp: u64::from_le_bytes(out[..8].try_into().unwrap()),
@@ -379,7 +435,9 @@ fn inject_thread_values(st: &mut Stopped, maps: &[MapEntry], tid: Pid) -> Result
 
 /// (SigIgn, SigCgt) of the process.
 fn signal_masks(proc: &Proc) -> Result<(u64, u64)> {
-    let text = proc.read_string("status").map_err(proc_err(proc.pid, "status"))?;
+    let text = proc
+        .read_string("status")
+        .map_err(proc_err(proc.pid, "status"))?;
     let field = |k: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(k))
@@ -532,7 +590,9 @@ fn capture_memory(proc: &Proc, maps: &[MapEntry], data: Vec<u8>) -> Result<Captu
     let (vmas, files) = describe_vmas(maps)?;
     // (addr, len, readable) of every range to save.
     let mut want: Vec<(u64, u64, bool)> = Vec::new();
-    let pagemap = proc.open_file("pagemap", libc::O_RDONLY).map_err(proc_err(pid, "pagemap"))?;
+    let pagemap = proc
+        .open_file("pagemap", libc::O_RDONLY)
+        .map_err(proc_err(pid, "pagemap"))?;
     let mut pm_buf: Vec<u64> = Vec::new();
     for (m, v) in maps.iter().filter(|m| m.name != "[vsyscall]").zip(&vmas) {
         if v.backing == Backing::Vdso || m.shared {
@@ -546,7 +606,11 @@ fn capture_memory(proc: &Proc, maps: &[MapEntry], data: Vec<u8>) -> Result<Captu
 
 /// Is this mapping private memory that write tracking covers (not the vDSO, not shared)?
 pub(crate) fn trackable(m: &MapEntry) -> bool {
-    !m.shared && !matches!(m.name.as_str(), "[vvar]" | "[vvar_vclock]" | "[vdso]" | "[vsyscall]")
+    !m.shared
+        && !matches!(
+            m.name.as_str(),
+            "[vvar]" | "[vvar_vclock]" | "[vdso]" | "[vsyscall]"
+        )
 }
 
 /// The image's description of each mapping (all but `[vsyscall]`, in order), and the mapped
@@ -614,7 +678,10 @@ pub(crate) fn describe_vmas(maps: &[MapEntry]) -> Result<(Vec<Vma>, Vec<PendingF
                 });
                 next
             });
-            Backing::File { index, offset: m.offset }
+            Backing::File {
+                index,
+                offset: m.offset,
+            }
         } else {
             Backing::Anon
         };

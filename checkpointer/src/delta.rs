@@ -526,7 +526,7 @@ impl TwinStore {
                 a += PAGE_SIZE as u64;
             }
             // Unaligned keys are not expected, but must not survive either.
-            if start % PAGE_SIZE as u64 != 0 || end % PAGE_SIZE as u64 != 0 {
+            if !start.is_multiple_of(PAGE_SIZE as u64) || !end.is_multiple_of(PAGE_SIZE as u64) {
                 self.map.retain(|&a, _| !(start..end).contains(&a));
             }
         } else {
@@ -610,7 +610,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     fn rng() -> StdRng {
-        StdRng::seed_from_u64(0x7a2d_1)
+        StdRng::seed_from_u64(0x7a2d1)
     }
 
     fn random_page(rng: &mut StdRng) -> Vec<u8> {
@@ -636,7 +636,12 @@ mod tests {
     }
 
     /// Encodes (appending after junk), checks the tag survives postcard, decodes, compares.
-    fn roundtrip(pc: &mut PageCodec, codec: Codec, twin: Option<&[u8]>, page: &[u8]) -> PageEncoding {
+    fn roundtrip(
+        pc: &mut PageCodec,
+        codec: Codec,
+        twin: Option<&[u8]>,
+        page: &[u8],
+    ) -> PageEncoding {
         let mut out = vec![0xAB; 7];
         let enc = pc.encode_page(codec, twin, page, &mut out);
         assert_eq!(&out[..7], &[0xAB; 7], "encode must append");
@@ -657,7 +662,10 @@ mod tests {
             assert_eq!(c.to_string().parse::<Codec>().unwrap(), c);
         }
         assert_eq!("xor-zstd".parse::<Codec>().unwrap(), Codec::XorZstd);
-        assert!(matches!("lz4".parse::<Codec>(), Err(DeltaError::UnknownCodec(_))));
+        assert!(matches!(
+            "lz4".parse::<Codec>(),
+            Err(DeltaError::UnknownCodec(_))
+        ));
     }
 
     #[test]
@@ -668,7 +676,11 @@ mod tests {
             let twin = random_page(&mut rng);
             let page = random_page(&mut rng);
             for c in Codec::ALL {
-                assert_eq!(roundtrip(&mut pc, c, Some(&twin), &page), PageEncoding::Raw, "{c}");
+                assert_eq!(
+                    roundtrip(&mut pc, c, Some(&twin), &page),
+                    PageEncoding::Raw,
+                    "{c}"
+                );
                 assert_eq!(roundtrip(&mut pc, c, None, &page), PageEncoding::Raw, "{c}");
             }
         }
@@ -687,7 +699,10 @@ mod tests {
                     "{c}: {enc:?}"
                 );
             }
-            assert_eq!(roundtrip(&mut pc, Codec::Raw, None, &page), PageEncoding::Raw);
+            assert_eq!(
+                roundtrip(&mut pc, Codec::Raw, None, &page),
+                PageEncoding::Raw
+            );
         }
     }
 
@@ -725,7 +740,11 @@ mod tests {
         let mut rng = rng();
         let mut pc = PageCodec::new().unwrap();
         for round in 0..10 {
-            let twin = if round % 2 == 0 { random_page(&mut rng) } else { heapish_page(&mut rng) };
+            let twin = if round % 2 == 0 {
+                random_page(&mut rng)
+            } else {
+                heapish_page(&mut rng)
+            };
             for (what, page) in small_changes(&mut rng, &twin) {
                 for c in Codec::ALL {
                     let enc = roundtrip(&mut pc, c, Some(&twin), &page);
@@ -763,7 +782,10 @@ mod tests {
         let mut page = twin.clone();
         page.copy_within(1000..2000, 1016);
         let enc = roundtrip(&mut pc, Codec::Xdelta3, Some(&twin), &page);
-        assert!(matches!(enc, PageEncoding::Delta { len, .. } if len < 100), "{enc:?}");
+        assert!(
+            matches!(enc, PageEncoding::Delta { len, .. } if len < 100),
+            "{enc:?}"
+        );
     }
 
     #[test]
@@ -774,9 +796,18 @@ mod tests {
         let page = random_page(&mut rng);
         for c in Codec::ALL {
             assert_eq!(roundtrip(&mut pc, c, None, &zero), PageEncoding::Zero);
-            assert_eq!(roundtrip(&mut pc, c, Some(&page), &zero), PageEncoding::Zero);
-            assert_eq!(roundtrip(&mut pc, c, Some(&zero), &zero), PageEncoding::Zero);
-            assert_eq!(roundtrip(&mut pc, c, Some(&page), &page), PageEncoding::Same);
+            assert_eq!(
+                roundtrip(&mut pc, c, Some(&page), &zero),
+                PageEncoding::Zero
+            );
+            assert_eq!(
+                roundtrip(&mut pc, c, Some(&zero), &zero),
+                PageEncoding::Zero
+            );
+            assert_eq!(
+                roundtrip(&mut pc, c, Some(&page), &page),
+                PageEncoding::Same
+            );
         }
         // A page written over a zero twin, and a nearly zero page.
         let mut sparse = zero.clone();
@@ -785,7 +816,10 @@ mod tests {
             let enc = roundtrip(&mut pc, c, Some(&zero), &page);
             assert_eq!(enc, PageEncoding::Raw, "{c}");
             let enc = roundtrip(&mut pc, c, Some(&zero), &sparse);
-            assert!(matches!(enc, PageEncoding::Delta { len, .. } if len < 64), "{c} {enc:?}");
+            assert!(
+                matches!(enc, PageEncoding::Delta { len, .. } if len < 64),
+                "{c} {enc:?}"
+            );
         }
         assert!(matches!(
             roundtrip(&mut pc, Codec::Zstd, None, &sparse),
@@ -819,7 +853,8 @@ mod tests {
             Err(DeltaError::MissingTwin(PageEncoding::Same))
         ));
         // Not needing a twin, none is fine.
-        pc.decode_page(PageEncoding::Zero, None, &[], &mut back).unwrap();
+        pc.decode_page(PageEncoding::Zero, None, &[], &mut back)
+            .unwrap();
         assert_eq!(back, [0; PAGE_SIZE]);
     }
 
@@ -856,7 +891,8 @@ mod tests {
             for n in 0..bytes.len() {
                 let short = with_len(*enc, n);
                 assert!(
-                    pc.decode_page(short, Some(&twin), &bytes[..n], &mut back).is_err(),
+                    pc.decode_page(short, Some(&twin), &bytes[..n], &mut back)
+                        .is_err(),
                     "{enc:?} truncated to {n} decoded"
                 );
             }
@@ -886,18 +922,32 @@ mod tests {
         // Codecs that are not deltas.
         for c in [Codec::Zstd, Codec::Raw] {
             assert!(matches!(
-                pc.decode_page(PageEncoding::Delta { codec: c, len: 3 }, Some(&twin), &[1, 2, 3], &mut back),
+                pc.decode_page(
+                    PageEncoding::Delta { codec: c, len: 3 },
+                    Some(&twin),
+                    &[1, 2, 3],
+                    &mut back
+                ),
                 Err(DeltaError::NotADeltaCodec(_))
             ));
         }
         // Raw and Zero need exactly their lengths.
-        assert!(pc.decode_page(PageEncoding::Raw, None, &page[1..], &mut back).is_err());
-        assert!(pc.decode_page(PageEncoding::Zero, None, &[0], &mut back).is_err());
+        assert!(
+            pc.decode_page(PageEncoding::Raw, None, &page[1..], &mut back)
+                .is_err()
+        );
+        assert!(
+            pc.decode_page(PageEncoding::Zero, None, &[0], &mut back)
+                .is_err()
+        );
     }
 
     fn with_len(enc: PageEncoding, n: usize) -> PageEncoding {
         match enc {
-            PageEncoding::Delta { codec, .. } => PageEncoding::Delta { codec, len: n as u32 },
+            PageEncoding::Delta { codec, .. } => PageEncoding::Delta {
+                codec,
+                len: n as u32,
+            },
             PageEncoding::Compressed { .. } => PageEncoding::Compressed { len: n as u32 },
             e => e,
         }
@@ -975,7 +1025,9 @@ mod tests {
                     assert_eq!(n, before - model.len());
                 }
                 1..=3 => {
-                    let got = s.get(addr).map(|p| u64::from_le_bytes(p[..8].try_into().unwrap()));
+                    let got = s
+                        .get(addr)
+                        .map(|p| u64::from_le_bytes(p[..8].try_into().unwrap()));
                     let want = model.iter().find(|(x, _)| *x == addr).map(|(_, v)| *v);
                     assert_eq!(got, want);
                 }
@@ -1017,7 +1069,10 @@ mod tests {
             s.put(0x10_0000 + a * 4096, 1, &page_of(a));
         }
         // Small range (per-page path), unaligned bounds: pages whose address is inside.
-        assert_eq!(s.remove_range(0x10_0000 + 10 * 4096 - 1, 0x10_0000 + 12 * 4096 + 1), 3);
+        assert_eq!(
+            s.remove_range(0x10_0000 + 10 * 4096 - 1, 0x10_0000 + 12 * 4096 + 1),
+            3
+        );
         assert!(s.get(0x10_0000 + 9 * 4096).is_some());
         assert!(s.get(0x10_0000 + 10 * 4096).is_none());
         assert!(s.get(0x10_0000 + 12 * 4096).is_none());

@@ -361,12 +361,119 @@ impl Checkpoint {
         bytes.truncate(body);
         let data = bytes.split_off(meta_end);
         image.validate(data.len() as u64)?;
+        let kind = match (kind, image.base_epoch) {
+            (0, _) => Kind::Full,
+            (_, Some(base)) => Kind::Incremental { base },
+            (_, None) => {
+                return Err(FormatError::Meta(
+                    "incremental checkpoint without a base epoch".into(),
+                ));
+            }
+        };
         Ok(Checkpoint {
             epoch,
-            kind: Kind::Full,
+            kind,
             image,
             data,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(kind: Kind) -> Checkpoint {
+        let image = ProcessImage {
+            pid: 2,
+            comm: "x".into(),
+            exe: FileRef {
+                path: "/bin/x".into(),
+                size: 1,
+                hash: [1; 32],
+            },
+            cwd: "/".into(),
+            umask: 0o22,
+            rlimits: vec![],
+            mm: MmInfo::default(),
+            auxv: vec![],
+            vmas: vec![Vma {
+                start: 0x1000,
+                end: 0x3000,
+                prot: 3,
+                shared: false,
+                flags: 0,
+                backing: Backing::Anon,
+                name: String::new(),
+            }],
+            runs: vec![PageRun {
+                addr: 0x1000,
+                len: 4096,
+                data_off: 0,
+            }],
+            files: vec![],
+            threads: vec![ThreadImage {
+                tid: 2,
+                comm: "x".into(),
+                regs: vec![0; 27],
+                xstate: vec![0; 832],
+                sigmask: 0,
+                robust_list: 0,
+                robust_len: 0,
+                clear_child_tid: 0,
+                rseq: None,
+                altstack: AltStack::default(),
+            }],
+            sigactions: vec![],
+            fds: vec![],
+            max_tid: 2,
+            sandbox: vec![],
+            base_epoch: match kind {
+                Kind::Full => None,
+                Kind::Incremental { base } => Some(base),
+            },
+            reset: vec![],
+            pages: vec![],
+        };
+        Checkpoint {
+            epoch: 7,
+            kind,
+            image,
+            data: vec![5; 4096],
+        }
+    }
+
+    #[test]
+    fn roundtrips_full_and_incremental() {
+        for kind in [Kind::Full, Kind::Incremental { base: 6 }] {
+            let ck = sample(kind);
+            let back = Checkpoint::from_bytes(ck.to_bytes()).unwrap();
+            assert_eq!((back.epoch, back.kind), (7, kind));
+            assert_eq!(back.data, ck.data);
+            assert_eq!(back.image.runs, ck.image.runs);
+        }
+    }
+
+    #[test]
+    fn refuses_truncated_corrupted_and_foreign_bytes() {
+        let bytes = sample(Kind::Full).to_bytes();
+        for cut in [0, 7, 20, bytes.len() / 2, bytes.len() - 1] {
+            assert!(
+                Checkpoint::from_bytes(bytes[..cut].to_vec()).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut flipped = bytes.clone();
+        let mid = flipped.len() / 2;
+        flipped[mid] ^= 1;
+        assert!(matches!(
+            Checkpoint::from_bytes(flipped),
+            Err(FormatError::Checksum { .. })
+        ));
+        assert!(matches!(
+            Checkpoint::from_bytes(b"not a checkpoint at all".to_vec()),
+            Err(FormatError::BadMagic)
+        ));
     }
 }
 
@@ -378,7 +485,10 @@ impl ProcessImage {
             return bad("no threads".into());
         }
         for p in &self.pages {
-            if p.data_off.checked_add(p.enc.encoded_len() as u64).is_none_or(|e| e > data_len) {
+            if p.data_off
+                .checked_add(p.enc.encoded_len() as u64)
+                .is_none_or(|e| e > data_len)
+            {
                 return bad(format!("page at {:#x} lies outside the page data", p.addr));
             }
         }

@@ -14,13 +14,16 @@
 pub mod abi;
 pub mod capture;
 pub mod delta;
+pub mod epoch;
 pub mod fds;
 pub mod image;
 pub mod procfs;
 pub mod ptrace;
 pub mod restore;
+pub mod store;
 pub mod sys;
 pub mod track;
+pub mod verify;
 
 pub use capture::{CaptureError, CaptureStats, checkpoint};
 pub use image::{Checkpoint, FormatError};

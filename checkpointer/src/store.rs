@@ -16,7 +16,11 @@ pub enum ApplyError {
     #[error("a chain must start with a full checkpoint (got an incremental one for epoch {0})")]
     NotFull(u64),
     #[error("page {addr:#x} of checkpoint {epoch} cannot be decoded: {source}")]
-    Decode { epoch: u64, addr: u64, source: crate::delta::DeltaError },
+    Decode {
+        epoch: u64,
+        addr: u64,
+        source: crate::delta::DeltaError,
+    },
     #[error("page data of checkpoint {0} is malformed")]
     Malformed(u64),
 }
@@ -38,8 +42,14 @@ impl Image {
         for r in &ck.image.runs {
             for p in 0..r.len / PAGE {
                 let off = (r.data_off + p * PAGE) as usize;
-                let src = ck.data.get(off..off + PAGE as usize).ok_or(ApplyError::Malformed(ck.epoch))?;
-                pages.insert(r.addr + p * PAGE, Box::new(<[u8; 4096]>::try_from(src).unwrap()));
+                let src = ck
+                    .data
+                    .get(off..off + PAGE as usize)
+                    .ok_or(ApplyError::Malformed(ck.epoch))?;
+                pages.insert(
+                    r.addr + p * PAGE,
+                    Box::new(<[u8; 4096]>::try_from(src).unwrap()),
+                );
             }
         }
         let mut meta = ck.image.clone();
@@ -48,7 +58,11 @@ impl Image {
             epoch: ck.epoch,
             meta,
             pages,
-            codec: PageCodec::new().map_err(|e| ApplyError::Decode { epoch: ck.epoch, addr: 0, source: e })?,
+            codec: PageCodec::new().map_err(|e| ApplyError::Decode {
+                epoch: ck.epoch,
+                addr: 0,
+                source: e,
+            })?,
         })
     }
 
@@ -71,18 +85,26 @@ impl Image {
             Kind::Incremental { base } => base,
         };
         if base != self.epoch {
-            return Err(ApplyError::OutOfOrder { epoch: ck.epoch, base, have: self.epoch });
+            return Err(ApplyError::OutOfOrder {
+                epoch: ck.epoch,
+                base,
+                have: self.epoch,
+            });
         }
         let img = &ck.image;
         // Pages outside the new layout, or in ranges whose contents are void, are gone.
-        let mut vmas: Vec<(u64, u64, bool)> =
-            img.vmas.iter().map(|v| (v.start, v.end, v.backing == Backing::Anon)).collect();
+        let mut vmas: Vec<(u64, u64, bool)> = img
+            .vmas
+            .iter()
+            .map(|v| (v.start, v.end, v.backing == Backing::Anon))
+            .collect();
         vmas.sort_unstable();
         let find = |addr: u64| -> Option<(u64, u64, bool)> {
             let i = vmas.partition_point(|v| v.0 <= addr);
             (i > 0 && addr < vmas[i - 1].1).then(|| vmas[i - 1])
         };
-        self.pages.retain(|&a, _| find(a).is_some() && !img.reset.iter().any(|&(s, e)| s <= a && a < e));
+        self.pages
+            .retain(|&a, _| find(a).is_some() && !img.reset.iter().any(|&(s, e)| s <= a && a < e));
         let zero = [0u8; 4096];
         let mut out = [0u8; 4096];
         for p in &img.pages {
@@ -98,7 +120,11 @@ impl Image {
             let twin: &[u8] = self.pages.get(&p.addr).map_or(&zero[..], |b| &b[..]);
             self.codec
                 .decode_page(p.enc, Some(twin), bytes, &mut out)
-                .map_err(|source| ApplyError::Decode { epoch: ck.epoch, addr: p.addr, source })?;
+                .map_err(|source| ApplyError::Decode {
+                    epoch: ck.epoch,
+                    addr: p.addr,
+                    source,
+                })?;
             self.pages.insert(p.addr, Box::new(out));
         }
         let mut meta = img.clone();
@@ -111,19 +137,146 @@ impl Image {
         Ok(())
     }
 
-    /// The image as a full checkpoint (contiguous pages coalesced into runs).
+    /// The image as a full checkpoint (contiguous pages of one mapping coalesced into runs).
     pub fn to_full(&self) -> Checkpoint {
         let mut data = Vec::with_capacity(self.pages.len() * PAGE as usize);
         let mut runs: Vec<PageRun> = Vec::new();
+        let mut starts: Vec<u64> = self.meta.vmas.iter().map(|v| v.start).collect();
+        starts.sort_unstable();
         for (&addr, page) in &self.pages {
+            let boundary = starts.binary_search(&addr).is_ok();
             match runs.last_mut() {
-                Some(r) if r.addr + r.len == addr => r.len += PAGE,
-                _ => runs.push(PageRun { addr, len: PAGE, data_off: data.len() as u64 }),
+                Some(r) if r.addr + r.len == addr && !boundary => r.len += PAGE,
+                _ => runs.push(PageRun {
+                    addr,
+                    len: PAGE,
+                    data_off: data.len() as u64,
+                }),
             }
             data.extend_from_slice(&page[..]);
         }
         let mut image = self.meta.clone();
         image.runs = runs;
-        Checkpoint { epoch: self.epoch, kind: Kind::Full, image, data }
+        Checkpoint {
+            epoch: self.epoch,
+            kind: Kind::Full,
+            image,
+            data,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delta::PageEncoding;
+
+    fn meta(vmas: Vec<Vma>) -> ProcessImage {
+        ProcessImage {
+            pid: 1,
+            comm: String::new(),
+            exe: FileRef {
+                path: String::new(),
+                size: 0,
+                hash: [0; 32],
+            },
+            cwd: "/".into(),
+            umask: 0,
+            rlimits: vec![],
+            mm: MmInfo::default(),
+            auxv: vec![],
+            vmas,
+            runs: vec![],
+            files: vec![],
+            threads: vec![],
+            sigactions: vec![],
+            fds: vec![],
+            max_tid: 1,
+            sandbox: vec![],
+            base_epoch: None,
+            reset: vec![],
+            pages: vec![],
+        }
+    }
+
+    fn anon(start: u64, end: u64) -> Vma {
+        Vma {
+            start,
+            end,
+            prot: 3,
+            shared: false,
+            flags: 0,
+            backing: Backing::Anon,
+            name: String::new(),
+        }
+    }
+
+    #[test]
+    fn applies_pages_drops_unmapped_and_reset() {
+        let mut m = meta(vec![anon(0x1000, 0x5000), anon(0x10000, 0x12000)]);
+        m.runs = vec![
+            PageRun {
+                addr: 0x1000,
+                len: 0x3000,
+                data_off: 0,
+            },
+            PageRun {
+                addr: 0x10000,
+                len: 0x1000,
+                data_off: 0x3000,
+            },
+        ];
+        let full = Checkpoint {
+            epoch: 0,
+            kind: Kind::Full,
+            image: m,
+            data: vec![7u8; 0x4000],
+        };
+        let mut img = Image::from_full(&full).unwrap();
+        assert_eq!(img.pages(), 4);
+        // Epoch 1: the second mapping is gone, 0x2000 is reset, 0x3000 rewritten raw.
+        let mut m = meta(vec![anon(0x1000, 0x5000)]);
+        m.base_epoch = Some(0);
+        m.reset = vec![(0x2000, 0x3000)];
+        m.pages = vec![EncodedPage {
+            addr: 0x3000,
+            enc: PageEncoding::Raw,
+            data_off: 0,
+        }];
+        let inc = Checkpoint {
+            epoch: 1,
+            kind: Kind::Incremental { base: 0 },
+            image: m,
+            data: vec![9u8; 4096],
+        };
+        img.apply(&inc).unwrap();
+        assert_eq!(img.pages(), 2, "0x1000 kept, 0x3000 rewritten");
+        assert_eq!(img.page(0x1000).unwrap()[0], 7);
+        assert_eq!(img.page(0x3000).unwrap()[0], 9);
+        assert!(img.page(0x2000).is_none() && img.page(0x10000).is_none());
+        // Out of order is refused.
+        assert!(img.apply(&inc).is_err());
+        // Runs never straddle mappings, even when pages are contiguous.
+        let mut m = meta(vec![anon(0x1000, 0x2000), anon(0x2000, 0x3000)]);
+        m.runs = vec![
+            PageRun {
+                addr: 0x1000,
+                len: 0x1000,
+                data_off: 0,
+            },
+            PageRun {
+                addr: 0x2000,
+                len: 0x1000,
+                data_off: 0x1000,
+            },
+        ];
+        let full = Checkpoint {
+            epoch: 0,
+            kind: Kind::Full,
+            image: m,
+            data: vec![1u8; 0x2000],
+        };
+        let back = Image::from_full(&full).unwrap().to_full();
+        assert_eq!(back.image.runs.len(), 2);
     }
 }

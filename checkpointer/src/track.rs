@@ -70,12 +70,21 @@ struct PageRegion {
 /// Why tracking could not be set up or a scan failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TrackError {
-    #[error("creating a userfaultfd inside the process failed (errno {0}); write tracking needs Linux >= 6.7 with userfaultfd")]
+    #[error(
+        "creating a userfaultfd inside the process failed (errno {0}); write tracking needs Linux >= 6.7 with userfaultfd"
+    )]
     Create(i64),
-    #[error("this kernel's userfaultfd lacks asynchronous write-protection (WP_ASYNC, Linux >= 6.7): {0}")]
+    #[error(
+        "this kernel's userfaultfd lacks asynchronous write-protection (WP_ASYNC, Linux >= 6.7): {0}"
+    )]
     NoAsync(io::Error),
     #[error("{op} of {start:#x}-{end:#x} failed: {source}")]
-    Ioctl { op: &'static str, start: u64, end: u64, source: io::Error },
+    Ioctl {
+        op: &'static str,
+        start: u64,
+        end: u64,
+        source: io::Error,
+    },
     #[error(transparent)]
     Ptrace(#[from] crate::ptrace::PtraceError),
     #[error("{0}")]
@@ -104,10 +113,20 @@ pub struct UffdTracker {
 
 impl UffdTracker {
     /// Creates the userfaultfd inside the stopped process and enables async write-protection.
-    pub fn new(st: &mut Stopped, maps: &[crate::procfs::MapEntry], pagemap: File) -> Result<Self, TrackError> {
+    pub fn new(
+        st: &mut Stopped,
+        maps: &[crate::procfs::MapEntry],
+        pagemap: File,
+    ) -> Result<Self, TrackError> {
         let leader = st.tids[0];
         let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
-        let (fd, _, _) = st.inject(maps, leader, libc::SYS_userfaultfd, [flags, 0, 0, 0, 0, 0], 0)?;
+        let (fd, _, _) = st.inject(
+            maps,
+            leader,
+            libc::SYS_userfaultfd,
+            [flags, 0, 0, 0, 0, 0],
+            0,
+        )?;
         if fd < 0 {
             return Err(TrackError::Create(-fd));
         }
@@ -116,18 +135,38 @@ impl UffdTracker {
         // Whatever happened, the descriptor must not stay in the process's table.
         st.inject(maps, leader, libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0], 0)?;
         let uffd = ours?;
-        let mut api = [UFFD_API, UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED, 0];
+        let mut api = [
+            UFFD_API,
+            UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED,
+            0,
+        ];
         // SAFETY: UFFDIO_API reads and writes a `struct uffdio_api` (three u64).
         if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_API, api.as_mut_ptr()) } < 0 {
             return Err(TrackError::NoAsync(io::Error::last_os_error()));
         }
-        Ok(UffdTracker { uffd, pagemap, buf: vec![PageRegion::default(); 4096] })
+        Ok(UffdTracker {
+            uffd,
+            pagemap,
+            buf: vec![PageRegion::default(); 4096],
+        })
     }
 
-    fn ioctl(&self, op: &'static str, req: u64, arg: *mut u64, start: u64, end: u64) -> Result<(), TrackError> {
+    fn ioctl(
+        &self,
+        op: &'static str,
+        req: u64,
+        arg: *mut u64,
+        start: u64,
+        end: u64,
+    ) -> Result<(), TrackError> {
         // SAFETY: `arg` points at the struct `req` expects (callers build it on their stack).
         if unsafe { libc::ioctl(self.uffd.as_raw_fd(), req, arg) } < 0 {
-            return Err(TrackError::Ioctl { op, start, end, source: io::Error::last_os_error() });
+            return Err(TrackError::Ioctl {
+                op,
+                start,
+                end,
+                source: io::Error::last_os_error(),
+            });
         }
         Ok(())
     }
@@ -135,25 +174,53 @@ impl UffdTracker {
     /// Registers `[start, end)` (whole mappings) for write-protection and protects it.
     pub fn arm(&self, start: u64, end: u64) -> Result<(), TrackError> {
         let mut reg = [start, end - start, UFFDIO_REGISTER_MODE_WP, 0];
-        self.ioctl("UFFDIO_REGISTER", UFFDIO_REGISTER, reg.as_mut_ptr(), start, end)?;
+        self.ioctl(
+            "UFFDIO_REGISTER",
+            UFFDIO_REGISTER,
+            reg.as_mut_ptr(),
+            start,
+            end,
+        )?;
         self.protect(start, end, true)
     }
 
     /// Unregisters `[start, end)`; memory that is no longer mapped is ignored.
     pub fn disarm(&self, start: u64, end: u64) {
         let mut r = [start, end - start];
-        let _ = self.ioctl("UFFDIO_UNREGISTER", UFFDIO_UNREGISTER, r.as_mut_ptr(), start, end);
+        let _ = self.ioctl(
+            "UFFDIO_UNREGISTER",
+            UFFDIO_UNREGISTER,
+            r.as_mut_ptr(),
+            start,
+            end,
+        );
     }
 
     /// Write-protects (`wp`) or unprotects `[start, end)`. Unprotected pages are reported as
     /// written by every scan (hot pages rely on that).
     pub fn protect(&self, start: u64, end: u64, wp: bool) -> Result<(), TrackError> {
-        let mut w = [start, end - start, if wp { UFFDIO_WRITEPROTECT_MODE_WP } else { 0 }];
-        self.ioctl("UFFDIO_WRITEPROTECT", UFFDIO_WRITEPROTECT, w.as_mut_ptr(), start, end)
+        let mut w = [
+            start,
+            end - start,
+            if wp { UFFDIO_WRITEPROTECT_MODE_WP } else { 0 },
+        ];
+        self.ioctl(
+            "UFFDIO_WRITEPROTECT",
+            UFFDIO_WRITEPROTECT,
+            w.as_mut_ptr(),
+            start,
+            end,
+        )
     }
 
     /// Runs `PAGEMAP_SCAN` over `[start, end)`, appending `(start, end, categories)` regions.
-    pub fn scan(&mut self, start: u64, end: u64, q: Query, out: &mut Vec<(u64, u64, u64)>) -> Result<(), TrackError> {
+    pub fn scan(
+        &mut self,
+        start: u64,
+        end: u64,
+        q: Query,
+        out: &mut Vec<(u64, u64, u64)>,
+    ) -> Result<(), TrackError> {
         let mut at = start;
         let mut left = q.max_pages;
         while at < end {
@@ -175,7 +242,12 @@ impl UffdTracker {
             // regions; the kernel writes at most that many.
             let n = unsafe { libc::ioctl(self.pagemap.as_raw_fd(), PAGEMAP_SCAN, &mut arg) };
             if n < 0 {
-                return Err(TrackError::Ioctl { op: "PAGEMAP_SCAN", start: at, end, source: io::Error::last_os_error() });
+                return Err(TrackError::Ioctl {
+                    op: "PAGEMAP_SCAN",
+                    start: at,
+                    end,
+                    source: io::Error::last_os_error(),
+                });
             }
             let n = n as usize;
             let mut pages = 0;
@@ -199,7 +271,12 @@ impl UffdTracker {
 
     /// Written pages of `[start, end)`, protected again by the same scan. `Ok(None)`: the range
     /// holds memory that is not registered (a mapping replaced since it was armed).
-    pub fn take_written(&mut self, start: u64, end: u64, out: &mut Vec<(u64, u64, u64)>) -> Result<Option<()>, TrackError> {
+    pub fn take_written(
+        &mut self,
+        start: u64,
+        end: u64,
+        out: &mut Vec<(u64, u64, u64)>,
+    ) -> Result<Option<()>, TrackError> {
         let q = Query {
             flags: PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
             mask: PAGE_IS_WRITTEN,
@@ -223,7 +300,12 @@ impl UffdTracker {
         let mut n = 0;
         for &(s, e) in ranges {
             out.clear();
-            let q = Query { mask: PAGE_IS_WRITTEN, ret: PAGE_IS_WRITTEN, max_pages: limit - n, ..Default::default() };
+            let q = Query {
+                mask: PAGE_IS_WRITTEN,
+                ret: PAGE_IS_WRITTEN,
+                max_pages: limit - n,
+                ..Default::default()
+            };
             if self.scan(s, e, q, &mut out).is_err() {
                 continue;
             }

@@ -1,0 +1,759 @@
+//! The epoch loop: a full checkpoint, then one incremental checkpoint per epoch.
+//!
+//! Each epoch: wait (interval, or less once the dirty pages reach the cap) → stop every thread →
+//! read the layout and thread/handle state → take the pages written since the last epoch from
+//! the tracker (protecting them again in the same scan) and capture mappings that are new or
+//! replaced whole → leave hot pages unprotected → copy the pages → resume. Encoding against the
+//! twins happens after the resume, while the service runs.
+//!
+//! The loop runs on its own thread, chroot'ed into the process's root (see
+//! [`crate::procfs::in_view`]); [`Epochs`] talks to it over channels, so the hand-offs are
+//! outside the pause.
+
+use crate::capture::{self, CaptureError, MetaCache, copy_ranges, describe_vmas, trackable};
+use crate::delta::{Codec, PageCodec, PageEncoding, TwinStore};
+use crate::image::*;
+use crate::procfs::{MapEntry, Proc, in_view};
+use crate::ptrace::Stopped;
+use crate::sys::Pid;
+use crate::track::{
+    PAGE_IS_FILE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED, Query, TrackError, UffdTracker,
+};
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const PAGE: u64 = 4096;
+
+/// How epochs are scheduled and encoded.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EpochConfig {
+    /// Target length of an epoch, from one resume to the next stop.
+    pub interval: Duration,
+    /// No epoch ends earlier than this, even when capped.
+    pub min_interval: Duration,
+    /// End the epoch early once this many pages are dirty (0: never).
+    pub cap_pages: u64,
+    /// A page written in this many consecutive epochs becomes hot (0: no hot pages).
+    pub hot_epochs: u32,
+    /// A hot page turns cold with probability 1/`cold_one_in` each epoch (Tardigrade: 16).
+    pub cold_one_in: u32,
+    pub codec: Codec,
+    /// Memory for twins (last sent contents of recently written pages), bytes.
+    pub twin_budget: usize,
+    /// Re-read every value cached between epochs (signal actions, sigaltstacks, ...) every
+    /// this many epochs (0: only at the start).
+    pub refresh_every: u64,
+}
+
+impl Default for EpochConfig {
+    fn default() -> Self {
+        EpochConfig {
+            interval: Duration::from_millis(10),
+            min_interval: Duration::from_millis(1),
+            cap_pages: 1000,
+            hot_epochs: 3,
+            cold_one_in: 16,
+            codec: Codec::XorZstd,
+            twin_budget: 64 << 20,
+            refresh_every: 100,
+        }
+    }
+}
+
+/// What one epoch cost and produced.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct EpochStats {
+    pub epoch: u64,
+    /// From the previous resume to this stop.
+    pub interval_us: u64,
+    /// From the stop request to the resume.
+    pub pause_us: u64,
+    pub quiesce_us: u64,
+    /// Tracker scans and capture of new mappings' page lists (inside the pause).
+    pub scan_us: u64,
+    /// Copying pages (inside the pause).
+    pub copy_us: u64,
+    /// Twin-diff and codec (after the resume).
+    pub encode_us: u64,
+    /// Pages written during the epoch (hot pages included).
+    pub dirty_pages: u64,
+    pub hot_pages: u64,
+    /// Pages of mappings created or replaced during the epoch.
+    pub fresh_pages: u64,
+    /// (dirty + fresh) × 4 KiB.
+    pub raw_bytes: u64,
+    /// Page bytes after twin-diff and codec.
+    pub encoded_bytes: u64,
+    pub zero_pages: u64,
+    pub same_pages: u64,
+    pub delta_pages: u64,
+    pub compressed_pages: u64,
+    pub raw_pages: u64,
+    pub twin_bytes: u64,
+    /// The epoch ended early at the dirty-page cap.
+    pub capped: bool,
+}
+
+/// Why the loop failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EpochError {
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    #[error(transparent)]
+    Track(#[from] TrackError),
+    #[error("the epoch thread is gone: {0}")]
+    Gone(String),
+}
+
+type Result<T> = std::result::Result<T, EpochError>;
+
+enum Cmd {
+    Next { hold: bool },
+    Release,
+    Stop,
+}
+
+type Reply = Result<(Checkpoint, EpochStats)>;
+
+/// A running epoch loop on one process (host PID). Drop or [`Epochs::stop`] ends it and removes
+/// write tracking from the process.
+pub struct Epochs {
+    tx: mpsc::Sender<Cmd>,
+    rx: mpsc::Receiver<Reply>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    held: bool,
+}
+
+impl Epochs {
+    /// Arms tracking and takes the full checkpoint (epoch 0) in one pause.
+    pub fn start(pid: Pid, cfg: EpochConfig) -> Result<(Epochs, Checkpoint, EpochStats)> {
+        let (tx, cmd_rx) = mpsc::channel::<Cmd>();
+        let (reply_tx, rx) = mpsc::channel::<Reply>();
+        let thread = std::thread::Builder::new()
+            .name("tardi-epochs".into())
+            .spawn(move || {
+                let err_tx = reply_tx.clone();
+                let r = in_view(pid, move |proc| {
+                    let (mut lp, first) = match EpochLoop::start(proc, cfg) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            let _ = reply_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = reply_tx.send(Ok(first));
+                    while let Ok(cmd) = cmd_rx.recv() {
+                        match cmd {
+                            Cmd::Next { hold } => {
+                                let r = lp.next(hold, &reply_tx, &cmd_rx);
+                                if let Some(r) = r {
+                                    let _ = reply_tx.send(r);
+                                }
+                            }
+                            Cmd::Release => {}
+                            Cmd::Stop => break,
+                        }
+                    }
+                    lp.disarm();
+                });
+                if let Err(e) = r {
+                    let _ = err_tx.send(Err(EpochError::Gone(e.to_string())));
+                }
+            })
+            .map_err(|e| EpochError::Gone(e.to_string()))?;
+        let first = rx.recv().map_err(|e| EpochError::Gone(e.to_string()))??;
+        Ok((
+            Epochs {
+                tx,
+                rx,
+                thread: Some(thread),
+                held: false,
+            },
+            first.0,
+            first.1,
+        ))
+    }
+
+    /// Waits for the epoch to end and returns its incremental checkpoint.
+    pub fn next(&mut self) -> Result<(Checkpoint, EpochStats)> {
+        self.release();
+        self.tx
+            .send(Cmd::Next { hold: false })
+            .map_err(|e| EpochError::Gone(e.to_string()))?;
+        self.rx
+            .recv()
+            .map_err(|e| EpochError::Gone(e.to_string()))?
+    }
+
+    /// Like [`Epochs::next`], but the process stays stopped, in exactly the state the returned
+    /// checkpoint describes, until [`Epochs::release`] (or the next call).
+    pub fn next_held(&mut self) -> Result<(Checkpoint, EpochStats)> {
+        self.release();
+        self.tx
+            .send(Cmd::Next { hold: true })
+            .map_err(|e| EpochError::Gone(e.to_string()))?;
+        let r = self
+            .rx
+            .recv()
+            .map_err(|e| EpochError::Gone(e.to_string()))?;
+        self.held = r.is_ok();
+        r
+    }
+
+    /// Resumes a process held by [`Epochs::next_held`].
+    pub fn release(&mut self) {
+        if self.held {
+            let _ = self.tx.send(Cmd::Release);
+            let _ = self.rx.recv();
+            self.held = false;
+        }
+    }
+
+    /// Ends the loop and removes write tracking from the process.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.release();
+        let _ = self.tx.send(Cmd::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Epochs {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// The loop's state, owned by the epoch thread.
+struct EpochLoop<'p> {
+    proc: &'p Proc,
+    cfg: EpochConfig,
+    tracker: UffdTracker,
+    /// Mappings armed for tracking, as (start, end).
+    armed: Vec<(u64, u64)>,
+    prev_maps: Vec<MapEntry>,
+    cache: MetaCache,
+    codec: PageCodec,
+    twins: TwinStore,
+    streak: HashMap<u64, u32>,
+    hot: HashSet<u64>,
+    /// Hot pages found identical to their twin: cold from the next pause on.
+    cool: HashSet<u64>,
+    epoch: u64,
+    last_resume: Instant,
+    rng: u64,
+    buf: Vec<u8>,
+}
+
+impl<'p> EpochLoop<'p> {
+    fn start(
+        proc: &'p Proc,
+        cfg: EpochConfig,
+    ) -> Result<(EpochLoop<'p>, (Checkpoint, EpochStats))> {
+        let pid = proc.pid;
+        let codec = PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?;
+        let pagemap =
+            proc.open_file("pagemap", libc::O_RDONLY)
+                .map_err(|e| CaptureError::Proc {
+                    pid,
+                    what: "pagemap".into(),
+                    source: e,
+                })?;
+        let t0 = Instant::now();
+        let mut st = Stopped::stop(proc).map_err(CaptureError::from)?;
+        let quiesce = t0.elapsed();
+        let r = (|| -> Result<_> {
+            let maps = proc.smaps().map_err(|e| CaptureError::Proc {
+                pid,
+                what: "smaps".into(),
+                source: e,
+            })?;
+            let tracker = UffdTracker::new(&mut st, &maps, pagemap)?;
+            let mut cache = MetaCache::default();
+            let meta = capture::capture_meta(proc, &mut st, &maps, &mut cache, true)?;
+            let (ck, files) = capture::full_memory(proc, &maps, meta)?;
+            let mut armed = Vec::new();
+            for m in maps.iter().filter(|m| trackable(m)) {
+                tracker.arm(m.start, m.end)?;
+                armed.push((m.start, m.end));
+            }
+            Ok((tracker, cache, maps, armed, ck, files))
+        })();
+        let resumed = st.resume();
+        let pause = t0.elapsed();
+        let (tracker, cache, maps, armed, (mut image, data), files) = r?;
+        resumed.map_err(CaptureError::from)?;
+        let mut data = data;
+        capture::finish_full(proc, &mut image, &mut data, files)?;
+        let stats = EpochStats {
+            epoch: 0,
+            pause_us: pause.as_micros() as u64,
+            quiesce_us: quiesce.as_micros() as u64,
+            raw_bytes: data.len() as u64,
+            encoded_bytes: data.len() as u64,
+            ..Default::default()
+        };
+        let ck = Checkpoint {
+            epoch: 0,
+            kind: Kind::Full,
+            image,
+            data,
+        };
+        let lp = EpochLoop {
+            proc,
+            twins: TwinStore::new(cfg.twin_budget),
+            cfg,
+            tracker,
+            armed,
+            prev_maps: maps,
+            cache,
+            codec,
+            streak: HashMap::new(),
+            hot: HashSet::new(),
+            cool: HashSet::new(),
+            epoch: 0,
+            last_resume: Instant::now(),
+            rng: 0x9E37_79B9_7F4A_7C15 ^ pid as u64,
+            buf: Vec::new(),
+        };
+        Ok((lp, (ck, stats)))
+    }
+
+    fn random(&mut self) -> u64 {
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Sleeps until the epoch should end. Returns whether the cap ended it.
+    fn wait(&mut self) -> bool {
+        let cap = self.cfg.cap_pages;
+        loop {
+            let elapsed = self.last_resume.elapsed();
+            if elapsed >= self.cfg.interval {
+                return false;
+            }
+            if cap > 0 && elapsed >= self.cfg.min_interval {
+                let armed = self.armed.clone();
+                if self.tracker.count_written(&armed, cap) >= cap {
+                    return true;
+                }
+            }
+            let left = self.cfg.interval - elapsed;
+            let step = if cap > 0 {
+                left.min(Duration::from_micros(500))
+                    .max(self.cfg.min_interval.saturating_sub(elapsed))
+            } else {
+                left
+            };
+            std::thread::sleep(step.min(left));
+        }
+    }
+
+    /// One epoch. With `hold`, the process stays stopped after the capture until a `Release`
+    /// arrives on `cmds` (the reply is sent from here first).
+    fn next(
+        &mut self,
+        hold: bool,
+        replies: &mpsc::Sender<Reply>,
+        cmds: &mpsc::Receiver<Cmd>,
+    ) -> Option<Reply> {
+        let capped = self.wait();
+        let interval = self.last_resume.elapsed();
+        let t0 = Instant::now();
+        let mut st = match Stopped::stop(self.proc) {
+            Ok(s) => s,
+            Err(e) => return Some(Err(CaptureError::from(e).into())),
+        };
+        let quiesce = t0.elapsed();
+        let captured = self.capture(&mut st);
+        if hold {
+            let r = captured.and_then(|c| self.finish(c, interval, quiesce, t0.elapsed(), capped));
+            let ok = r.is_ok();
+            let _ = replies.send(r);
+            if ok {
+                while let Ok(cmd) = cmds.recv() {
+                    if matches!(cmd, Cmd::Release) {
+                        break;
+                    }
+                }
+                let _ = replies.send(Err(EpochError::Gone("released".into())));
+            }
+            let _ = st.resume();
+            self.last_resume = Instant::now();
+            return None;
+        }
+        let resumed = st.resume();
+        let pause = t0.elapsed();
+        self.last_resume = Instant::now();
+        if let Err(e) = resumed {
+            return Some(Err(CaptureError::from(e).into()));
+        }
+        Some(captured.and_then(|c| self.finish(c, interval, quiesce, pause, capped)))
+    }
+
+    /// The part inside the pause.
+    fn capture(&mut self, st: &mut Stopped) -> Result<Captured> {
+        let pid = self.proc.pid;
+        let proc_err = |what: &str| {
+            let what = what.to_string();
+            move |e| {
+                EpochError::from(CaptureError::Proc {
+                    pid,
+                    what,
+                    source: e,
+                })
+            }
+        };
+        let maps = self.proc.maps().map_err(proc_err("maps"))?;
+        // VmFlags come from smaps, which is costly: only when the layout changed.
+        let maps = if same_layout(&maps, &self.prev_maps) {
+            std::mem::take(&mut self.prev_maps)
+        } else {
+            self.proc.smaps().map_err(proc_err("smaps"))?
+        };
+        self.epoch += 1;
+        let refresh = self.cfg.refresh_every > 0 && self.epoch % self.cfg.refresh_every == 0;
+        let mut meta = capture::capture_meta(self.proc, st, &maps, &mut self.cache, refresh)?;
+        let ts = Instant::now();
+
+        // Written pages of every armed range; a range that fails the registration check holds
+        // a mapping replaced since it was armed.
+        let mut written = Vec::new();
+        let mut stale = Vec::new();
+        for &(s, e) in &self.armed.clone() {
+            if self.tracker.take_written(s, e, &mut written)?.is_none() {
+                stale.push((s, e));
+            }
+        }
+        // Fresh: parts of trackable mappings not covered by a valid armed range.
+        let valid: Vec<(u64, u64)> = subtract_all(&self.armed, &stale);
+        let mut fresh: Vec<(u64, u64)> = Vec::new();
+        for m in maps.iter().filter(|m| trackable(m)) {
+            fresh.extend(subtract_all(&[(m.start, m.end)], &valid));
+        }
+        // Pages to save in fresh ranges: those that exist (file mappings: copied-on-write).
+        let mut fresh_pages: Vec<(u64, u64, u64)> = Vec::new();
+        for &(s, e) in &fresh {
+            let file = maps
+                .iter()
+                .find(|m| m.start <= s && s < m.end)
+                .is_some_and(capture::is_file_backed);
+            let q = Query {
+                anyof: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+                mask: if file { PAGE_IS_FILE } else { 0 },
+                inverted: if file { PAGE_IS_FILE } else { 0 },
+                ret: PAGE_IS_PRESENT,
+                ..Default::default()
+            };
+            self.tracker.scan(s, e, q, &mut fresh_pages)?;
+        }
+        // Arm what is new: register whole mappings (re-registering armed parts is harmless),
+        // protect only the fresh parts.
+        for m in maps.iter().filter(|m| trackable(m)) {
+            if fresh.iter().any(|&(s, e)| s < m.end && m.start < e) {
+                // Registering an already registered part is a no-op for the kernel.
+                self.tracker.arm(m.start, m.end)?;
+            }
+        }
+        self.armed = maps
+            .iter()
+            .filter(|m| trackable(m))
+            .map(|m| (m.start, m.end))
+            .collect();
+
+        // Dirty pages (outside fresh ranges), hot-page bookkeeping.
+        let in_fresh = |a: u64| fresh.iter().any(|&(s, e)| s <= a && a < e);
+        let mut dirty: Vec<u64> = Vec::new();
+        for &(s, e, _) in &written {
+            let mut a = s;
+            while a < e {
+                if !in_fresh(a) {
+                    dirty.push(a);
+                }
+                a += PAGE;
+            }
+        }
+        dirty.sort_unstable();
+        dirty.dedup();
+        let mut hot_now = 0;
+        if self.cfg.hot_epochs > 0 {
+            let mut streak = HashMap::with_capacity(dirty.len());
+            for &a in &dirty {
+                streak.insert(a, self.streak.get(&a).copied().unwrap_or(0) + 1);
+            }
+            self.streak = streak;
+            let mut hot = HashSet::new();
+            for &a in &dirty {
+                let was_hot = self.hot.contains(&a);
+                let cools = was_hot
+                    && (self.cool.contains(&a)
+                        || self.random() % self.cfg.cold_one_in.max(1) as u64 == 0);
+                if cools {
+                    self.streak.insert(a, 0);
+                } else if was_hot || self.streak[&a] >= self.cfg.hot_epochs {
+                    hot.insert(a);
+                }
+            }
+            self.cool.clear();
+            let mut hv: Vec<u64> = hot.iter().copied().collect();
+            hv.sort_unstable();
+            for (s, e) in coalesce(&hv) {
+                self.tracker.protect(s, e, false)?;
+            }
+            hot_now = hot.len() as u64;
+            self.hot = hot;
+        }
+        let scan = ts.elapsed();
+
+        // Copy every page to send.
+        let tc = Instant::now();
+        let mut want: Vec<(u64, u64, bool)> = Vec::new();
+        let readable = |a: u64| {
+            maps.iter()
+                .find(|m| m.start <= a && a < m.end)
+                .is_some_and(|m| m.read)
+        };
+        for (s, e) in coalesce(&dirty) {
+            want.push((s, e - s, readable(s)));
+        }
+        let nfresh: u64 = fresh_pages.iter().map(|r| (r.1 - r.0) / PAGE).sum();
+        for &(s, e, _) in &fresh_pages {
+            want.push((s, e - s, readable(s)));
+        }
+        let buf = std::mem::take(&mut self.buf);
+        let (runs, data) = copy_ranges(self.proc, &want, buf)?;
+        let copy = tc.elapsed();
+
+        let (vmas, files) = describe_vmas(&maps)?;
+        meta.vmas = vmas;
+        self.prev_maps = maps;
+        Ok(Captured {
+            meta,
+            runs,
+            data,
+            files,
+            fresh,
+            dirty: dirty.len() as u64,
+            fresh_pages: nfresh,
+            hot: hot_now,
+            scan,
+            copy,
+        })
+    }
+
+    /// After the pause: identify files, encode pages against twins, build the checkpoint.
+    fn finish(
+        &mut self,
+        c: Captured,
+        interval: Duration,
+        quiesce: Duration,
+        pause: Duration,
+        capped: bool,
+    ) -> Result<(Checkpoint, EpochStats)> {
+        let te = Instant::now();
+        let Captured {
+            mut meta,
+            runs,
+            data,
+            files,
+            fresh,
+            dirty,
+            fresh_pages,
+            hot,
+            scan,
+            copy,
+        } = c;
+        meta.files = files
+            .into_iter()
+            .map(|f| f.identify(self.proc))
+            .collect::<std::result::Result<_, _>>()?;
+        meta.exe = capture::identify_exe(self.proc, &meta.exe.path)?;
+        // Twins of memory that is gone or replaced are void on the receiver too.
+        for &(s, e) in &fresh {
+            self.twins.remove_range(s, e);
+        }
+        let mut live: Vec<(u64, u64)> = meta.vmas.iter().map(|v| (v.start, v.end)).collect();
+        live.sort_unstable();
+        for (s, e) in gaps(&live) {
+            self.twins.remove_range(s, e);
+        }
+        let mut out = Vec::with_capacity(data.len() / 2);
+        let mut pages = Vec::new();
+        let mut st = EpochStats {
+            epoch: self.epoch,
+            ..Default::default()
+        };
+        for r in &runs {
+            for p in 0..r.len / PAGE {
+                let addr = r.addr + p * PAGE;
+                let off = (r.data_off + p * PAGE) as usize;
+                let page = &data[off..off + PAGE as usize];
+                let twin = self.twins.get(addr);
+                let data_off = out.len() as u64;
+                let enc = self.codec.encode_page(self.cfg.codec, twin, page, &mut out);
+                match enc {
+                    PageEncoding::Zero => st.zero_pages += 1,
+                    PageEncoding::Same => {
+                        st.same_pages += 1;
+                        if self.hot.contains(&addr) {
+                            self.cool.insert(addr);
+                        }
+                    }
+                    PageEncoding::Raw => st.raw_pages += 1,
+                    PageEncoding::Delta { .. } => st.delta_pages += 1,
+                    PageEncoding::Compressed { .. } => st.compressed_pages += 1,
+                }
+                if enc != PageEncoding::Same {
+                    self.twins.put(addr, self.epoch, page);
+                }
+                pages.push(EncodedPage {
+                    addr,
+                    enc,
+                    data_off,
+                });
+            }
+        }
+        self.buf = data;
+        meta.base_epoch = Some(self.epoch - 1);
+        meta.reset = fresh;
+        meta.pages = pages;
+        st.interval_us = interval.as_micros() as u64;
+        st.pause_us = pause.as_micros() as u64;
+        st.quiesce_us = quiesce.as_micros() as u64;
+        st.scan_us = scan.as_micros() as u64;
+        st.copy_us = copy.as_micros() as u64;
+        st.dirty_pages = dirty;
+        st.fresh_pages = fresh_pages;
+        st.hot_pages = hot;
+        st.raw_bytes = (dirty + fresh_pages) * PAGE;
+        st.encoded_bytes = out.len() as u64;
+        st.twin_bytes = self.twins.bytes() as u64;
+        st.capped = capped;
+        st.encode_us = te.elapsed().as_micros() as u64;
+        let ck = Checkpoint {
+            epoch: self.epoch,
+            kind: Kind::Incremental {
+                base: self.epoch - 1,
+            },
+            image: meta,
+            data: out,
+        };
+        Ok((ck, st))
+    }
+
+    /// Removes write tracking (the process keeps running untracked).
+    fn disarm(&mut self) {
+        for &(s, e) in &self.armed {
+            self.tracker.disarm(s, e);
+        }
+    }
+}
+
+struct Captured {
+    meta: ProcessImage,
+    runs: Vec<PageRun>,
+    data: Vec<u8>,
+    files: Vec<capture::PendingFile>,
+    fresh: Vec<(u64, u64)>,
+    dirty: u64,
+    fresh_pages: u64,
+    hot: u64,
+    scan: Duration,
+    copy: Duration,
+}
+
+/// Same mappings (address, size, protection, backing) in the same order.
+fn same_layout(a: &[MapEntry], b: &[MapEntry]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            (x.start, x.end, x.prot(), x.shared, x.offset, x.inode)
+                == (y.start, y.end, y.prot(), y.shared, y.offset, y.inode)
+                && x.name == y.name
+        })
+}
+
+/// `ranges` minus the union of `holes` (both lists of half-open intervals).
+fn subtract_all(ranges: &[(u64, u64)], holes: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for &(s, e) in ranges {
+        let mut pieces = vec![(s, e)];
+        for &(hs, he) in holes {
+            let mut next = Vec::new();
+            for (ps, pe) in pieces {
+                if he <= ps || pe <= hs {
+                    next.push((ps, pe));
+                    continue;
+                }
+                if ps < hs {
+                    next.push((ps, hs));
+                }
+                if he < pe {
+                    next.push((he, pe));
+                }
+            }
+            pieces = next;
+        }
+        out.extend(pieces);
+    }
+    out
+}
+
+/// Sorted page addresses → (start, end) ranges.
+fn coalesce(pages: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &a in pages {
+        match out.last_mut() {
+            Some(r) if r.1 == a => r.1 += PAGE,
+            _ => out.push((a, a + PAGE)),
+        }
+    }
+    out
+}
+
+/// The gaps between sorted ranges, over the whole user address space.
+fn gaps(sorted: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    for &(s, e) in sorted {
+        if s > at {
+            out.push((at, s));
+        }
+        at = at.max(e);
+    }
+    if at < 0x7fff_ffff_f000 {
+        out.push((at, 0x7fff_ffff_f000));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_arithmetic() {
+        assert_eq!(
+            subtract_all(&[(0, 100)], &[(10, 20), (50, 60)]),
+            vec![(0, 10), (20, 50), (60, 100)]
+        );
+        assert_eq!(subtract_all(&[(0, 100)], &[(0, 100)]), vec![]);
+        assert_eq!(subtract_all(&[(10, 20)], &[(0, 5)]), vec![(10, 20)]);
+        assert_eq!(
+            coalesce(&[0, 4096, 8192, 16384]),
+            vec![(0, 12288), (16384, 20480)]
+        );
+        assert_eq!(
+            gaps(&[(4096, 8192)]),
+            vec![(0, 4096), (8192, 0x7fff_ffff_f000)]
+        );
+    }
+}

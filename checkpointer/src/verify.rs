@@ -1,0 +1,130 @@
+//! Byte-for-byte comparison of a process image with the live process it was taken from. The
+//! process must be stopped in exactly the state the image describes (see
+//! [`crate::epoch::Epochs::next_held`]).
+//!
+//! What is compared: the layout (every mapping's range, protection, sharing, name), then the
+//! contents of every private mapping page by page: the image's page if it has one, else what a
+//! restore would show there (zeros for anonymous memory, the file's bytes for a file mapping).
+
+use crate::image::Backing;
+use crate::procfs::Proc;
+use crate::store::Image;
+use crate::sys::Pid;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+const PAGE: usize = 4096;
+
+/// Differences found (empty: identical). At most `limit` are listed.
+pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<String>> {
+    let proc = Proc::open(pid)?;
+    let maps = proc.maps()?;
+    let mem = proc.open_file("mem", libc::O_RDONLY)?;
+    let mut diffs = Vec::new();
+
+    let live: Vec<_> = maps
+        .iter()
+        .filter(|m| m.name != "[vsyscall]")
+        .map(|m| (m.start, m.end, m.prot(), m.shared))
+        .collect();
+    let img: Vec<_> = image
+        .meta
+        .vmas
+        .iter()
+        .map(|v| (v.start, v.end, v.prot, v.shared))
+        .collect();
+    if live != img {
+        let first = live
+            .iter()
+            .zip(&img)
+            .position(|(a, b)| a != b)
+            .unwrap_or(live.len().min(img.len()));
+        diffs.push(format!(
+            "layout differs ({} live mappings, {} in the image); first difference at #{first}: live {:x?}, image {:x?}",
+            live.len(),
+            img.len(),
+            live.get(first),
+            img.get(first)
+        ));
+        return Ok(diffs);
+    }
+
+    let mut live_buf = vec![0u8; 1 << 20];
+    let mut file_page = vec![0u8; PAGE];
+    for (m, v) in maps
+        .iter()
+        .filter(|m| m.name != "[vsyscall]")
+        .zip(&image.meta.vmas)
+    {
+        if v.backing == Backing::Vdso || m.shared {
+            continue;
+        }
+        let file = match v.backing {
+            Backing::File { .. } => Some(proc.open_file(
+                &format!("map_files/{:x}-{:x}", m.start, m.end),
+                libc::O_RDONLY,
+            )?),
+            _ => None,
+        };
+        let mut at = m.start;
+        while at < m.end {
+            let len = ((m.end - at) as usize).min(live_buf.len());
+            let chunk = &mut live_buf[..len];
+            let readable = mem.read_exact_at(chunk, at).is_ok();
+            for p in 0..len / PAGE {
+                let addr = at + (p * PAGE) as u64;
+                let live_page = &chunk[p * PAGE..(p + 1) * PAGE];
+                let expected: &[u8] = match image.page(addr) {
+                    Some(pg) => &pg[..],
+                    None => match &file {
+                        Some(f) => {
+                            file_page.fill(0);
+                            let off = m.offset + (addr - m.start);
+                            let _ = f.read_at(&mut file_page, off);
+                            &file_page
+                        }
+                        None => &[0u8; PAGE][..],
+                    },
+                };
+                if !readable {
+                    // A page the kernel cannot read (past the end of a mapped file): compare
+                    // page by page to find out.
+                    let mut one = [0u8; PAGE];
+                    if mem.read_exact_at(&mut one, addr).is_err() {
+                        if image.page(addr).is_some() {
+                            diffs.push(format!(
+                                "page {addr:#x} ({}) is unreadable live but saved in the image",
+                                m.name
+                            ));
+                        }
+                        continue;
+                    }
+                    if one[..] != *expected {
+                        push_diff(&mut diffs, addr, &m.name, &one, expected);
+                    }
+                } else if live_page != expected {
+                    push_diff(&mut diffs, addr, &m.name, live_page, expected);
+                }
+                if diffs.len() >= limit {
+                    return Ok(diffs);
+                }
+            }
+            at += len as u64;
+        }
+    }
+    Ok(diffs)
+}
+
+fn push_diff(diffs: &mut Vec<String>, addr: u64, name: &str, live: &[u8], image: &[u8]) {
+    let i = live
+        .iter()
+        .zip(image)
+        .position(|(a, b)| a != b)
+        .unwrap_or(0);
+    diffs.push(format!(
+        "page {addr:#x} ({}) differs at byte {i}: live {:02x}, image {:02x}",
+        if name.is_empty() { "anonymous" } else { name },
+        live[i],
+        image[i]
+    ));
+}

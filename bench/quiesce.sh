@@ -47,6 +47,7 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 cc -O2 -Wall -pthread -o "$WORK/threads" "$HERE/threads.c"
 
 mkdir -p "$OUT_DIR"

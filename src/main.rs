@@ -38,9 +38,25 @@ fn main() {
         cli::Command::Profile(_) => not_yet("profile", "incremental checkpoints"),
     };
     if let Err(e) = result {
-        eprintln!("tardi: error: {e:#}");
+        eprintln!("tardi: error: {}", describe(&e));
         std::process::exit(1);
     }
+}
+
+/// An error and its causes on one line, skipping a cause whose text the message already holds
+/// (many library errors quote their source).
+pub fn describe(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            if !msg.is_empty() {
+                msg.push_str(": ");
+            }
+            msg.push_str(&c);
+        }
+    }
+    msg
 }
 
 fn not_yet(cmd: &str, with: &str) -> anyhow::Result<()> {

@@ -72,6 +72,7 @@ pub fn supervise(s: Supervised, signals: libc::sigset_t) -> anyhow::Result<()> {
         .with_context(|| format!("creating the control socket {}", sock_path.display()))?;
     let shared = Arc::new(ServeState {
         status: status.clone(),
+        init_pid: sandbox.init_pid(),
         config,
         lock: Mutex::new(()),
     });
@@ -137,6 +138,7 @@ pub fn supervise(s: Supervised, signals: libc::sigset_t) -> anyhow::Result<()> {
 
 struct ServeState {
     status: StatusReply,
+    init_pid: i32,
     config: SandboxConfig,
     /// One checkpoint at a time (a process has one tracer).
     lock: Mutex<()>,
@@ -155,7 +157,7 @@ fn serve(listener: UnixListener, st: Arc<ServeState>) {
                 Ok(Request::Status) => Reply::Status(st.status.clone()),
                 Ok(Request::Snapshot { path }) => match snapshot_to(&st, &path) {
                     Ok(r) => Reply::Snapshot(r),
-                    Err(e) => Reply::Error(format!("{e:#}")),
+                    Err(e) => Reply::Error(crate::describe(&e)),
                 },
                 Err(e) => Reply::Error(format!("bad request: {e}")),
             };
@@ -169,13 +171,35 @@ fn serve(listener: UnixListener, st: Arc<ServeState>) {
 /// Takes a full checkpoint and writes it atomically to `path`.
 fn snapshot_to(st: &ServeState, path: &Path) -> anyhow::Result<SnapshotReply> {
     let _one = st.lock.lock().unwrap();
-    let (mut ck, stats) = tardi_checkpointer::checkpoint(st.status.pid, 0)
-        .with_context(|| format!("checkpointing sandbox {:?}", st.status.name))?;
-    ck.image.sandbox = serde_json::to_vec(&st.config)?;
+    // Check what can be checked before pausing the service.
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "cannot write {}: directory {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
+    let others: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", st.init_pid))
+        .into_iter()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .filter(|p| *p != st.status.pid.to_string())
+        .collect();
+    if !others.is_empty() {
+        anyhow::bail!(
+            "checkpointing sandbox {:?}: cannot checkpoint: the sandbox runs other processes besides the service (host PIDs {}); process trees are not supported yet",
+            st.status.name,
+            others.join(", ")
+        );
+    }
+    let (mut ck, stats) = tardi_checkpointer::checkpoint(st.status.pid, 0)
+        .with_context(|| format!("checkpointing sandbox {:?}", st.status.name))?;
+    ck.image.sandbox = serde_json::to_vec(&st.config)?;
     let tmp = dir.join(format!(
         ".{}.partial",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("tardi")

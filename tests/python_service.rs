@@ -8,7 +8,7 @@
 //! alive, and new connections served — by several threads at once — on the same address. Then
 //! the restored service is snapshotted and restored again (a second generation) and checked the
 //! same way. Snapshots are taken with no connection open (see
-//! `thread_exiting_while_restore_finishes`, ignored, for connections open at snapshot time).
+//! `thread_exiting_while_restore_finishes`, for connections open at snapshot time).
 //!
 //! Every wait is bounded: a hang becomes a failure naming what it waited for.
 
@@ -590,7 +590,6 @@ fn python_kv_server_survives_two_generations_of_snapshot_and_restore() {
 /// with "removing the restorer from the restored process: thread N exited while it was being
 /// stopped" (and a snapshot likewise). Reproduces in a few cycles; un-ignore once fixed.
 #[test]
-#[ignore = "BUG: restore fails when a thread exits while the restorer is removed (Stopped::stop)"]
 fn thread_exiting_while_restore_finishes() {
     const CYCLES: usize = 15;
     const OPEN: usize = 8;

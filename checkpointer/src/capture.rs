@@ -39,9 +39,10 @@ pub enum CaptureError {
         errno: i64,
     },
     #[error(
-        "cannot checkpoint: signals {0:?} are pending (not yet delivered) and stayed pending; capturing pending signals is not implemented yet"
+        "cannot checkpoint: signals {} are pending (not yet delivered) and stayed pending; capturing pending signals is not implemented yet",
+        .0.join(", ")
     )]
-    PendingSignals(Vec<u32>),
+    PendingSignals(Vec<String>),
 }
 
 type Result<T> = std::result::Result<T, CaptureError>;
@@ -479,9 +480,53 @@ fn check_pending_signals(proc: &Proc, tids: &[Pid]) -> Result<()> {
             .filter(|b| all & (1 << b) != 0)
             .map(|b| b + 1)
             .collect();
-        return Err(CaptureError::PendingSignals(sigs));
+        return Err(CaptureError::PendingSignals(
+            sigs.iter().map(|&s| signal_name(s)).collect(),
+        ));
     }
     Ok(())
+}
+
+/// `SIGUSR1` for 10, `SIGRTMIN+3` for 37.
+fn signal_name(s: u32) -> String {
+    const NAMES: [&str; 31] = [
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
+    ];
+    match s {
+        1..=31 => NAMES[s as usize - 1].to_string(),
+        34.. => format!("SIGRTMIN+{}", s - 34),
+        _ => format!("signal {s}"),
+    }
 }
 
 /// Process-level state this checkpointer cannot restore yet: refuse it by name rather than
@@ -653,7 +698,11 @@ pub(crate) fn describe_vmas(maps: &[MapEntry]) -> Result<(Vec<Vma>, Vec<PendingF
             }
         }
         let file_backed = is_file_backed(m);
-        if m.shared && !file_backed {
+        // The kernel shows shared anonymous memory as a deleted /dev/zero (and SysV shared
+        // memory as /SYSV...): call it what the service asked for.
+        let shared_anon = m.shared
+            && (!file_backed || name == "/dev/zero (deleted)" || name.starts_with("/SYSV"));
+        if shared_anon {
             return Err(CaptureError::Unsupported(format!(
                 "shared anonymous memory at {:#x}-{:#x} ({}) is not supported yet",
                 m.start,

@@ -76,16 +76,16 @@ fn classify(
     pipes: &mut HashMap<u64, Vec<u8>>,
 ) -> Result<FdKind> {
     if let Some(path) = link.strip_prefix('/').map(|_| link) {
-        if path.ends_with(" (deleted)") {
-            return Err(unsupported(
-                fd,
-                format!("{path}: open deleted files are not supported yet"),
-            ));
-        }
         if path.starts_with("/memfd:") {
             return Err(unsupported(
                 fd,
                 format!("memfd {path} is not supported yet"),
+            ));
+        }
+        if path.ends_with(" (deleted)") {
+            return Err(unsupported(
+                fd,
+                format!("{path}: open deleted files are not supported yet"),
             ));
         }
         let st = proc

@@ -19,7 +19,8 @@ const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Errors reading a checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
-    /// not a Tardi checkpoint (bad magic)
+    #[error("the file is empty (not a Tardi checkpoint)")]
+    Empty,
     #[error("not a Tardi checkpoint (bad magic bytes)")]
     BadMagic,
     #[error(
@@ -316,6 +317,9 @@ impl Checkpoint {
     /// Parses and verifies a checkpoint. Takes ownership so the page data is not copied.
     pub fn from_bytes(mut bytes: Vec<u8>) -> Result<Checkpoint, FormatError> {
         let found = bytes.len() as u64;
+        if bytes.is_empty() {
+            return Err(FormatError::Empty);
+        }
         if bytes.len() < 8 || &bytes[..8] != MAGIC {
             return Err(FormatError::BadMagic);
         }

@@ -128,8 +128,15 @@ impl Stopped {
                 }
             }
             for &tid in &new {
-                if st.tids.contains(&tid) {
-                    st.wait_interrupt_stop(tid)?;
+                if !st.tids.contains(&tid) {
+                    continue;
+                }
+                match st.wait_interrupt_stop(tid) {
+                    Ok(()) => {}
+                    // A thread that exits while we stop the others is simply gone; only the
+                    // leader's exit ends the process.
+                    Err(PtraceError::Exited { tid }) if tid != pid => st.tids.retain(|&t| t != tid),
+                    Err(e) => return Err(e),
                 }
             }
         }

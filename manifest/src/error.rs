@@ -28,7 +28,7 @@ impl fmt::Display for Location {
 #[non_exhaustive]
 pub enum ManifestError {
     /// The file could not be read.
-    #[error("{}: cannot read manifest: {source}", path.display())]
+    #[error("{}: cannot read manifest", path.display())]
     Io {
         path: PathBuf,
         #[source]

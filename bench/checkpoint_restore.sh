@@ -18,8 +18,8 @@
 #        WAIT_QUIET=N  before the snapshots and before each restore, wait up to N s for the
 #                   machine to be <= 20% busy (other load distorts the figures; the busy % measured
 #                   is reported either way)
-#        WORK_DIR   where checkpoint files go (default a fresh dir under /var/tmp; needs ~1.1x
-#                   the largest size free)
+#        WORK_DIR   where the checkpoint files' temporary directory is made (default /var/tmp;
+#                   needs ~1.1x the largest size free)
 # Run as root, from anywhere. Needs nothing named "bench-redis" running.
 set -euo pipefail
 
@@ -46,8 +46,6 @@ if ((${#need[@]})); then
     echo "installing ${need[*]}..." >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
 fi
-# The packaged redis-server must not hold port 6379 on the host for no reason; it does not
-# matter to the sandbox (own network namespace), so it is left alone.
 
 echo "building tardi (release)..." >&2
 (cd "$ROOT" && cargo build --release -q) >&2
@@ -58,8 +56,8 @@ if [[ -S /run/tardi/$NAME/control.sock ]]; then
     exit 1
 fi
 
-WORK="${WORK_DIR:-$(mktemp -d /var/tmp/tardi-bench.XXXXXX)}"
-mkdir -p "$WORK" "$OUT_DIR"
+WORK="$(mktemp -d "${WORK_DIR:-/var/tmp}/tardi-bench.XXXXXX")"
+mkdir -p "$OUT_DIR"
 STAMP="$(date +%Y%m%d-%H%M%S)"
 OUT="$OUT_DIR/checkpoint_restore-$STAMP.md"
 RAW="$OUT_DIR/checkpoint_restore-$STAMP.jsonl"
@@ -75,8 +73,17 @@ stop_current() {
 }
 cleanup() {
     stop_current
-    rm -rf "$WORK" "$DATA_HOST_DIR"
-    [[ -S /run/tardi/$NAME/control.sock ]] || rm -rf "/run/tardi/$NAME"
+    rm -rf "$WORK"
+    if compgen -G "$DATA_HOST_DIR/data/core*" >/dev/null; then
+        echo "the service dumped core: kept $DATA_HOST_DIR (remove it when done)" >&2
+    else
+        rm -rf "$DATA_HOST_DIR"
+    fi
+    if ! [[ -S /run/tardi/$NAME/control.sock ]]; then
+        # Keep the service's log with the results, then remove what tardi leaves behind.
+        [[ -f /run/tardi/$NAME/service.log ]] && cp /run/tardi/$NAME/service.log "$OUT_DIR/checkpoint_restore-$STAMP-service.log"
+        rm -rf "/run/tardi/$NAME"
+    fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -180,6 +187,8 @@ for mb in $SIZES_MB; do
             jq -nc --argjson mb "$mb" --arg err "$(cat "$WORK/snap.err")" \
                 '{bench:"snapshot", size_mb:$mb, error:$err}' >> "$RAW"
             SNAP_FAILURES+=("$mb MiB snapshot $i: $(cat "$WORK/snap.err")")
+            sleep 0.5
+            kill -0 "$CUR_PID" 2>/dev/null || break # the service (and its tardi) is gone
             continue
         fi
         echo "$line" >> "$snaps"
@@ -188,8 +197,14 @@ for mb in $SIZES_MB; do
         echo "   snapshot $i: $(jq -c '{pause_us,quiesce_us,memory_copy_us,bytes}' <<<"$line")" >&2
         sleep 0.2
     done
-    after="$(rcli dbsize)"
-    [[ "$after" == "$dbsize" ]] || echo "warning: DBSIZE changed across snapshots: $dbsize -> $after" >&2
+    if ! after="$(rcli dbsize 2>&1)" || [[ "$after" != "$dbsize" ]]; then
+        echo "warning: after the snapshots DBSIZE is '$after' (was $dbsize)" >&2
+        SNAP_FAILURES+=("$mb MiB: after the snapshots, DBSIZE answered '$after' (was $dbsize); tardi: $(tail -n +2 "$WORK/tardi.out" | tr '\n' ' ')")
+    fi
+    if [[ -n "$CUR_PID" ]] && ! kill -0 "$CUR_PID" 2>/dev/null; then
+        echo "warning: the service's tardi has exited: $(tail -n +2 "$WORK/tardi.out" | tr '\n' ' ')" >&2
+        stop_current
+    fi
     [[ -s "$snaps" ]] || { echo "every snapshot failed; stopping" >&2; exit 1; }
     last="$(tail -n1 "$snaps")"
     SNAP_ROWS+=("| $mb MiB | $((used / 1048576)) | $dbsize | $(jq .threads <<<"$last") | $(jq '.bytes / 1048576 | round' <<<"$last") | $(jq '.memory_bytes / 1048576 | round' <<<"$last") | $(stats pause_us "$snaps" 1000) | $(stats quiesce_us "$snaps") | $(stats memory_copy_us "$snaps" 1000) | $busy% |")
@@ -220,15 +235,14 @@ for mb in $SIZES_MB; do
             continue 2
         done
         t_started=$(date +%s%N)
-        wait_redis
-        got="$(rcli dbsize)"
+        if wait_redis; then got="$(rcli dbsize 2>&1)" || true; else got="no answer"; fi
         t_served=$(date +%s%N)
         ok=$([[ "$got" == "$dbsize" ]] && echo yes || echo "NO ($got)")
         ((retries == 0)) || ok="$ok (after $retries failed attempt(s): address in use)"
         jq -c '.restore' <<<"$STARTED" >> "$rest"
-        jq -c --argjson mb "$mb" --argjson r "$r" --argjson busy "$busy" --argjson got "$got" --argjson want "$dbsize" \
+        jq -c --argjson mb "$mb" --argjson r "$r" --argjson busy "$busy" --arg got "$got" --argjson want "$dbsize" \
             --argjson started_ms "$(((t_started - t0) / 1000000))" --argjson served_ms "$(((t_served - t0) / 1000000))" \
-            '{bench:"restore", size_mb:$mb, round:$r, cpu_busy_before_pct:$busy, dbsize:$got, expected:$want, wall_to_started_ms:$started_ms, wall_to_dbsize_ms:$served_ms} + .restore' \
+            '{bench:"restore", size_mb:$mb, round:$r, cpu_busy_before_pct:$busy, dbsize:($got | tonumber? // $got), expected:$want, wall_to_started_ms:$started_ms, wall_to_dbsize_ms:$served_ms} + .restore' \
             <<<"$STARTED" >> "$RAW"
         echo "   round $r: $(jq -c .restore <<<"$STARTED"), DBSIZE $got (want $dbsize)" >&2
         RESTORE_ROWS+=("$(jq -r --arg mb "$mb" --arg r "$r" --arg ok "$ok" --arg w "$(((t_served - t0) / 1000000))" --arg busy "$busy" \

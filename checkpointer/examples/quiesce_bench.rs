@@ -5,7 +5,8 @@
 //!
 //! Usage: `quiesce_bench PID [ITERATIONS] [GAP_MS]` (defaults: 200 iterations, 2 ms between
 //! cycles so the threads are back in their steady state before the next stop). Prints one JSON
-//! object: {"pid","threads","iterations","stop_us":{min,median,p99,max},"cycle_us":{...}}.
+//! object: {"pid","threads","iterations","stop_us":{min,median,p99,max},"cycle_us":{...},
+//! "list_tids_us":{...}} (the last: one listing of /proc/PID/task, for the breakdown).
 
 use std::time::{Duration, Instant};
 use tardi_checkpointer::procfs::Proc;
@@ -59,9 +60,18 @@ fn main() {
         cycle_us.push(t_cycle.as_secs_f64() * 1e6);
         std::thread::sleep(gap);
     }
+    // For the breakdown: one listing of /proc/PID/task, of which every stop does at least two
+    // (the threads, then a rescan that finds no new one).
+    let mut list_us = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t0 = Instant::now();
+        let _ = proc.tids();
+        list_us.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
     println!(
-        "{{\"pid\":{pid},\"threads\":{threads},\"iterations\":{iters},\"stop_us\":{},\"cycle_us\":{}}}",
+        "{{\"pid\":{pid},\"threads\":{threads},\"iterations\":{iters},\"stop_us\":{},\"cycle_us\":{},\"list_tids_us\":{}}}",
         summary(&mut stop_us),
-        summary(&mut cycle_us)
+        summary(&mut cycle_us),
+        summary(&mut list_us)
     );
 }

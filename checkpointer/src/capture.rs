@@ -273,7 +273,6 @@ pub(crate) fn capture_meta(
     refresh: bool,
 ) -> Result<ProcessImage> {
     let pid = st.pid;
-    check_pending_signals(proc, &st.tids)?;
     check_supported(proc, &st.tids)?;
 
     let mut threads = Vec::with_capacity(st.tids.len());
@@ -368,6 +367,8 @@ pub(crate) fn capture_meta(
     let exe_path = proc.read_link("exe").map_err(proc_err(pid, "exe"))?;
     let rlimits = capture_rlimits(pid)?;
     let fds = fds::capture(proc)?;
+    // Last: a signal that arrived during an injected call was raised again and is pending now.
+    check_pending_signals(proc, &st.tids)?;
     Ok(ProcessImage {
         pid: threads[0].tid,
         comm: threads[0].comm.clone(),

@@ -47,6 +47,8 @@ pub enum PtraceError {
     },
     #[error("thread {tid} exited while it was being stopped")]
     Exited { tid: Pid },
+    #[error("process {pid} died while it was being stopped (see the sandbox log)")]
+    ProcessDied { pid: Pid },
     #[error("the process has no vDSO `syscall` instruction to inject system calls at")]
     NoSyscallInsn,
 }
@@ -66,18 +68,74 @@ unsafe fn ptrace(req: u32, tid: Pid, addr: u64, data: u64) -> io::Result<libc::c
     cvt(unsafe { libc::ptrace(req as _, tid, addr, data) })
 }
 
-fn wait_tid(tid: Pid) -> io::Result<i32> {
+/// Waits for the next state change of traced thread `tid` of process `pid`.
+///
+/// Never blocks for good: when a whole traced process dies, the kernel does not report its
+/// leader while other traced threads are unreaped (`delay_group_leader`), so a blocking wait on
+/// the leader would hang. This polls (with back-off) and returns `Ok(None)` once the process is
+/// dead.
+fn wait_tid(pid: Pid, tid: Pid) -> io::Result<Option<i32>> {
     let mut status = 0;
+    let mut nap = 2u64;
     loop {
         // SAFETY: plain waitpid on a thread we trace.
-        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL | libc::WNOHANG) };
         if r == tid {
-            return Ok(status);
+            return Ok(Some(status));
         }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
             return Err(e);
         }
+        if nap >= 64 && process_dead(pid) {
+            return Ok(None);
+        }
+        std::thread::sleep(std::time::Duration::from_micros(nap));
+        nap = (nap * 2).min(1000);
+    }
+}
+
+/// What `PTRACE_GET_SYSCALL_INFO` says about a syscall stop: `op` 1 = entry (`nr_or_rval` is
+/// the number), 2 = exit (`nr_or_rval` is the return value); `ip` is the address after the
+/// `syscall` instruction.
+struct SyscallInfo {
+    op: u8,
+    ip: u64,
+    nr_or_rval: u64,
+}
+
+fn syscall_info(tid: Pid) -> Result<SyscallInfo> {
+    const PTRACE_GET_SYSCALL_INFO: u32 = 0x420e;
+    // struct ptrace_syscall_info: u8 op, u8 pad[3], u32 arch, u64 ip, u64 sp, then
+    // entry { u64 nr, u64 args[6] } or exit { s64 rval, u8 is_error }.
+    let mut buf = [0u64; 11];
+    // SAFETY: the kernel writes at most `addr` (= size of buf) bytes to `data`.
+    unsafe {
+        ptrace(
+            PTRACE_GET_SYSCALL_INFO,
+            tid,
+            std::mem::size_of_val(&buf) as u64,
+            buf.as_mut_ptr() as u64,
+        )
+    }
+    .map_err(op("get_syscall_info", tid))?;
+    Ok(SyscallInfo {
+        op: buf[0] as u8,
+        ip: buf[1],
+        nr_or_rval: buf[3],
+    })
+}
+
+/// The process is a zombie or gone.
+fn process_dead(pid: Pid) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with(['Z', 'X'])),
+        Err(_) => true,
     }
 }
 
@@ -145,9 +203,11 @@ impl Stopped {
         Ok(st)
     }
 
-    fn wait_interrupt_stop(&self, tid: Pid) -> Result<()> {
+    fn wait_interrupt_stop(&mut self, tid: Pid) -> Result<()> {
         loop {
-            let status = wait_tid(tid).map_err(op("wait", tid))?;
+            let Some(status) = wait_tid(self.pid, tid).map_err(op("wait", tid))? else {
+                return Err(self.died());
+            };
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
                 return Err(PtraceError::Exited { tid });
             }
@@ -155,10 +215,41 @@ impl Stopped {
                 return Ok(());
             }
             let sig = libc::WSTOPSIG(status);
+            if matches!(
+                sig,
+                libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE
+            ) {
+                // SAFETY: siginfo_t is plain data the kernel fills.
+                let mut si: libc::siginfo_t = unsafe { std::mem::zeroed() };
+                // SAFETY: GETSIGINFO writes one siginfo_t.
+                let _ = unsafe { ptrace(libc::PTRACE_GETSIGINFO, tid, 0, (&raw mut si) as u64) };
+                let rip = self.regs(tid).map(|r| r.rip).unwrap_or(0);
+                // SAFETY: reading the fault address of a fault signal's siginfo.
+                let addr = unsafe { si.si_addr() } as u64;
+                tracing::warn!(
+                    tid,
+                    sig,
+                    rip = format!("{rip:#x}"),
+                    addr = format!("{addr:#x}"),
+                    code = si.si_code,
+                    "fault signal while stopping"
+                );
+            }
             // A signal-delivery stop: deliver it and keep waiting for our interrupt.
             // SAFETY: CONT takes the signal number as data, no pointers.
             unsafe { ptrace(libc::PTRACE_CONT, tid, 0, sig as u64) }.map_err(op("cont", tid))?;
         }
+    }
+
+    /// The whole process died while traced: reap the threads we trace (best effort) so no
+    /// zombie is left waiting for us, and say so.
+    ///
+    /// This matters beyond tidiness: a killed PID namespace's init waits until every task in
+    /// it is reaped, and a traced zombie is reaped only by its tracer. The leader is reported
+    /// last, once every other thread is reaped.
+    fn died(&mut self) -> PtraceError {
+        reap(std::mem::take(&mut self.tids));
+        PtraceError::ProcessDied { pid: self.pid }
     }
 
     pub fn regs(&self, tid: Pid) -> Result<Regs> {
@@ -295,37 +386,89 @@ impl Stopped {
             .collect();
         (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) = (a[0], a[1], a[2], a[3], a[4], a[5]);
         self.set_regs(tid, &r)?;
-        for during in ["injected syscall entry", "injected syscall exit"] {
+        // Whatever happens while the call runs, the thread's registers and stack bytes are put
+        // back: a thread resumed with the injection's registers would crash.
+        let ran = self.run_injected(tid, nr, insn);
+        let mut out = vec![0u8; scratch_len];
+        let mut restored = Ok(());
+        if scratch_len > 0 && !matches!(ran, Err(PtraceError::ProcessDied { .. })) {
+            restored = crate::sys::read_remote(self.pid, scratch, &mut out)
+                .and_then(|_| crate::sys::write_remote(self.pid, scratch, &orig))
+                .map_err(op("restore stack", tid));
+        }
+        let (ret, deferred) = ran?;
+        self.set_regs(tid, &saved)?;
+        restored?;
+        for sig in deferred {
+            // Re-raise what arrived during the call: pending again, delivered after resume
+            // (and seen by the pending-signal check of the capture).
+            // SAFETY: tgkill on a thread of the process we trace.
+            unsafe { libc::syscall(libc::SYS_tgkill, self.pid, tid, sig) };
+        }
+        Ok((ret, scratch, out))
+    }
+
+    /// Steps a thread through the injected call. Which syscall stop is which is read with
+    /// `PTRACE_GET_SYSCALL_INFO`, never assumed: a thread caught around a system call of its
+    /// own (a thread that was just cloned, say) can report a stop for that one first, and taking
+    /// it for ours would resume the thread with the injection's registers. A signal that arrives
+    /// meanwhile is held back (returned, to be raised again); a stray interrupt stop is stepped
+    /// over.
+    fn run_injected(&mut self, tid: Pid, nr: i64, insn: u64) -> Result<(i64, Vec<i32>)> {
+        let mut deferred = Vec::new();
+        let mut entered = false;
+        for _ in 0..64 {
             // SAFETY: PTRACE_SYSCALL takes no pointers.
             unsafe { ptrace(libc::PTRACE_SYSCALL, tid, 0, 0) }.map_err(op("syscall", tid))?;
-            let status = wait_tid(tid).map_err(op("wait", tid))?;
-            if !libc::WIFSTOPPED(status) || libc::WSTOPSIG(status) != (libc::SIGTRAP | 0x80) {
+            let Some(status) = wait_tid(self.pid, tid).map_err(op("wait", tid))? else {
+                return Err(self.died());
+            };
+            if !libc::WIFSTOPPED(status) {
                 return Err(PtraceError::UnexpectedStop {
                     tid,
                     status,
-                    during,
+                    during: "an injected system call",
                 });
             }
+            let sig = libc::WSTOPSIG(status);
+            if sig == (libc::SIGTRAP | 0x80) {
+                let info = syscall_info(tid)?;
+                match info.op {
+                    // The entry of our call: our number, at our instruction.
+                    1 if info.ip == insn + 2 && info.nr_or_rval == nr as u64 => entered = true,
+                    2 if entered => return Ok((info.nr_or_rval as i64, deferred)),
+                    _ => {} // a stop of some other system call: step on
+                }
+            } else if (status >> 16) == 0 && sig != libc::SIGTRAP {
+                deferred.push(sig);
+            }
         }
-        let ret = self.regs(tid)?.rax as i64;
-        let mut out = vec![0u8; scratch_len];
-        if scratch_len > 0 {
-            crate::sys::read_remote(self.pid, scratch, &mut out).map_err(op("read stack", tid))?;
-            crate::sys::write_remote(self.pid, scratch, &orig).map_err(op("write stack", tid))?;
-        }
-        self.set_regs(tid, &saved)?;
-        Ok((ret, scratch, out))
+        Err(PtraceError::UnexpectedStop {
+            tid,
+            status: 0,
+            during: "an injected system call (no progress)",
+        })
     }
 
     /// Detaches every thread; the kernel restarts interrupted system calls as after a signal.
     pub fn resume(mut self) -> Result<()> {
         let tids = std::mem::take(&mut self.tids);
-        let mut first_err = None;
-        for tid in tids {
-            // SAFETY: DETACH takes no pointers.
-            if let Err(e) = unsafe { ptrace(libc::PTRACE_DETACH, tid, 0, 0) }
-                && e.raw_os_error() != Some(libc::ESRCH)
-            {
+        detach_all(&tids)
+    }
+}
+
+/// Detaches every thread. A thread that died meanwhile cannot be detached (`ESRCH`) and stays a
+/// zombie traced by us until we reap it — which we must, or a killed sandbox init would wait for
+/// it forever — so those are reaped here.
+fn detach_all(tids: &[Pid]) -> Result<()> {
+    let mut first_err = None;
+    let mut dead = Vec::new();
+    for &tid in tids {
+        // SAFETY: DETACH takes no pointers.
+        match unsafe { ptrace(libc::PTRACE_DETACH, tid, 0, 0) } {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => dead.push(tid),
+            Err(e) => {
                 first_err.get_or_insert(PtraceError::Op {
                     op: "detach",
                     tid,
@@ -333,16 +476,31 @@ impl Stopped {
                 });
             }
         }
-        first_err.map_or(Ok(()), Err)
+    }
+    reap(dead);
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Reaps traced threads that died (bounded: 2 s). A group leader is reported only after every
+/// other thread of its group is reaped.
+fn reap(mut left: Vec<Pid>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        left.retain(|&t| {
+            let mut st = 0;
+            // SAFETY: non-blocking waitpid on a thread we traced.
+            let r = unsafe { libc::waitpid(t, &mut st, libc::__WALL | libc::WNOHANG) };
+            r == 0 // not reported yet; reaped, or not ours (ECHILD): done
+        });
+        if !left.is_empty() {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
     }
 }
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        for &tid in &self.tids {
-            // SAFETY: DETACH takes no pointers; errors (thread gone) are irrelevant here.
-            let _ = unsafe { ptrace(libc::PTRACE_DETACH, tid, 0, 0) };
-        }
+        let _ = detach_all(&std::mem::take(&mut self.tids));
     }
 }
 

@@ -20,8 +20,10 @@
  *                      (default 20; 0 = workers only sleep)
  *     --exit-after-ms  _exit(0) by itself after MS ms (default: run forever)
  *     --file PATH      file for the file-backed mappings
- *                      (default /tmp/churn-<pid>.dat; created at startup,
- *                      never modified afterwards and never deleted)
+ *                      (default /tmp/churn-<pid>.dat, 1 MiB; created at
+ *                      startup, never modified afterwards and never
+ *                      deleted; it is opened O_RDONLY only around each
+ *                      mmap, so no file descriptor stays open)
  *     --stats          print per-second operation counts to stderr
  *   Prints nothing else except warnings/errors (exit status 2 on usage or
  *   setup errors).
@@ -84,7 +86,10 @@
  *   checks that sbrk(0) is still exactly where it left it; if anything else
  *   moved the break it prints a warning and stops doing brk operations
  *   (never shrinks) instead of corrupting the heap.  All other bookkeeping
- *   is in static arrays; the program never mallocs for itself.
+ *   is in static arrays; the program never mallocs for itself.  If mallopt
+ *   fails, brk operations are skipped (warning) -- except in an
+ *   AddressSanitizer build, whose allocator ignores mallopt but never uses
+ *   brk at all.
  *
  * OTHER SAFETY RULES (all threads share one address space)
  *   * MAP_FIXED is only ever applied to address ranges the calling thread

@@ -88,6 +88,11 @@ impl Proc {
         })
     }
 
+    /// A duplicate of the `/proc/PID` directory descriptor.
+    pub fn dir_fd(&self) -> io::Result<OwnedFd> {
+        self.dir.try_clone()
+    }
+
     /// Opens `rel` (relative to `/proc/PID`; magic links like `fd/3` are followed).
     pub fn open_file(&self, rel: &str, flags: i32) -> io::Result<File> {
         let c = cstr(rel);

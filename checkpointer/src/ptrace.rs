@@ -20,6 +20,7 @@ use crate::sys::{Pid, cvt};
 use std::collections::BTreeMap;
 use std::io;
 use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 const PTRACE_SEIZE: u32 = 0x4206;
 const PTRACE_INTERRUPT: u32 = 0x4207;
@@ -68,17 +69,34 @@ unsafe fn ptrace(req: u32, tid: Pid, addr: u64, data: u64) -> io::Result<libc::c
     cvt(unsafe { libc::ptrace(req as _, tid, addr, data) })
 }
 
-/// Waits for the next state change of traced thread `tid` of process `pid`.
+/// Waits for the next state change of traced thread `tid` of the process whose `/proc/PID`
+/// directory is `proc_dir`. `Ok(None)`: the whole process died.
 ///
-/// Never blocks for good: when a whole traced process dies, the kernel does not report its
-/// leader while other traced threads are unreaped (`delay_group_leader`), so a blocking wait on
-/// the leader would hang. This polls (with back-off) and returns `Ok(None)` once the process is
-/// dead.
-fn wait_tid(pid: Pid, tid: Pid) -> io::Result<Option<i32>> {
+/// A non-leader thread always reports its own exit, so it gets a plain blocking wait (the
+/// fastest way to learn of its stop). The leader does not: when a traced process dies, the
+/// kernel holds back the leader's report while other traced threads are unreaped
+/// (`delay_group_leader`), so a blocking wait on it could hang for good. It is polled —
+/// yielding at first (stops normally arrive within microseconds), then sleeping — and given up
+/// on once the process is a zombie.
+fn wait_tid(pid: Pid, tid: Pid, proc_dir: &OwnedFd) -> io::Result<Option<i32>> {
     let mut status = 0;
-    let mut nap = 2u64;
+    if tid != pid {
+        loop {
+            // SAFETY: plain blocking waitpid on a thread we trace.
+            let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
+            if r == tid {
+                return Ok(Some(status));
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+    let start = std::time::Instant::now();
+    let mut nap = 20u64;
     loop {
-        // SAFETY: plain waitpid on a thread we trace.
+        // SAFETY: non-blocking waitpid on a thread we trace.
         let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL | libc::WNOHANG) };
         if r == tid {
             return Ok(Some(status));
@@ -90,12 +108,46 @@ fn wait_tid(pid: Pid, tid: Pid) -> io::Result<Option<i32>> {
             }
             return Err(e);
         }
-        if nap >= 64 && process_dead(pid) {
+        if start.elapsed() < std::time::Duration::from_millis(2) {
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+            continue;
+        }
+        if process_dead(proc_dir) {
             return Ok(None);
         }
         std::thread::sleep(std::time::Duration::from_micros(nap));
         nap = (nap * 2).min(1000);
     }
+}
+
+/// The process is a zombie or gone (read through its `/proc/PID` descriptor: the caller may be
+/// chroot'ed into the sandbox, where `/proc` is the sandbox's own).
+fn process_dead(proc_dir: &OwnedFd) -> bool {
+    let mut buf = [0u8; 512];
+    // SAFETY: valid C string relative to our directory descriptor.
+    let fd = unsafe {
+        libc::openat(
+            proc_dir.as_raw_fd(),
+            c"stat".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return true;
+    }
+    // SAFETY: `buf` is writable for its length; `fd` is ours and closed right after.
+    let n = unsafe {
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n
+    };
+    if n <= 0 {
+        return true;
+    }
+    let text = String::from_utf8_lossy(&buf[..n as usize]);
+    text.rsplit_once(") ")
+        .is_none_or(|(_, rest)| rest.starts_with(['Z', 'X']))
 }
 
 /// What `PTRACE_GET_SYSCALL_INFO` says about a syscall stop: `op` 1 = entry (`nr_or_rval` is
@@ -129,22 +181,14 @@ fn syscall_info(tid: Pid) -> Result<SyscallInfo> {
     })
 }
 
-/// The process is a zombie or gone.
-fn process_dead(pid: Pid) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with(['Z', 'X'])),
-        Err(_) => true,
-    }
-}
-
 /// A process whose every thread is in a ptrace stop. Resumes them all when dropped.
 pub struct Stopped {
     pub pid: Pid,
     /// Host TIDs, in the order they were stopped (the thread-group leader first).
     pub tids: Vec<Pid>,
     syscall_insn: Option<u64>,
+    /// `/proc/PID`, for liveness checks that work inside the sandbox's view.
+    proc_dir: OwnedFd,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -157,6 +201,7 @@ impl Stopped {
             pid,
             tids: Vec::new(),
             syscall_insn: None,
+            proc_dir: proc.dir_fd().map_err(op("dup /proc dir", pid))?,
             _not_send: PhantomData,
         };
         loop {
@@ -205,7 +250,8 @@ impl Stopped {
 
     fn wait_interrupt_stop(&mut self, tid: Pid) -> Result<()> {
         loop {
-            let Some(status) = wait_tid(self.pid, tid).map_err(op("wait", tid))? else {
+            let Some(status) = wait_tid(self.pid, tid, &self.proc_dir).map_err(op("wait", tid))?
+            else {
                 return Err(self.died());
             };
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
@@ -420,7 +466,8 @@ impl Stopped {
         for _ in 0..64 {
             // SAFETY: PTRACE_SYSCALL takes no pointers.
             unsafe { ptrace(libc::PTRACE_SYSCALL, tid, 0, 0) }.map_err(op("syscall", tid))?;
-            let Some(status) = wait_tid(self.pid, tid).map_err(op("wait", tid))? else {
+            let Some(status) = wait_tid(self.pid, tid, &self.proc_dir).map_err(op("wait", tid))?
+            else {
                 return Err(self.died());
             };
             if !libc::WIFSTOPPED(status) {

@@ -8,7 +8,7 @@
 #![allow(dead_code)]
 
 pub const PLAN_MAGIC: u64 = 0x4e41_4c50_4944_5254; // "TRDIPLAN"
-pub const PLAN_VERSION: u32 = 1;
+pub const PLAN_VERSION: u32 = 2;
 
 /// Size of each restorer thread's private stack inside the hole.
 pub const RESTORER_STACK: u64 = 64 * 1024;
@@ -56,6 +56,10 @@ pub struct PlanHeader {
     /// Descriptor of the target's executable, for `PR_SET_MM_EXE_FILE` (-1: leave).
     pub exe_fd: i32,
     pub umask: u32,
+    /// Non-zero: after reporting, stop the whole process (SIGSTOP) before any thread resumes, so
+    /// the supervisor can compare the restored memory with its source.
+    pub hold: u32,
+    pub _pad: u32,
     pub mm: MmMap,
 }
 

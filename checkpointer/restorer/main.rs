@@ -491,6 +491,11 @@ unsafe extern "C" fn stage1(plan: u64, base: u64, total: u64) -> ! {
         let rec = [base, total, 0u64];
         sc(nr::WRITE, nfd as u64, rec.as_ptr() as u64, 24);
         sc(nr::CLOSE, nfd as u64, 0, 0);
+        if hdr(plan).hold != 0 {
+            // kill(getpid(), SIGSTOP): SIGSTOP cannot be blocked; SIGCONT resumes us here.
+            let me = sc(39 /* getpid */, 0, 0, 0);
+            sc(62 /* kill */, me as u64, 19, 0);
+        }
         (*rv).go.store(1, Ordering::Release);
         sc6(nr::FUTEX, &(*rv).go as *const AtomicU32 as u64, 1 /* WAKE */, i32::MAX as u64, 0, 0, 0);
         sigreturn(frame);

@@ -89,6 +89,17 @@ const INHERITED: usize = 4;
 /// Checks `ckpt` and lays out everything the restore needs. `host_path` maps a path inside the
 /// sandbox to the host path the sandbox will show there (its mount table).
 pub fn prepare(ckpt: &Checkpoint, host_path: &dyn Fn(&str) -> Option<PathBuf>) -> Result<Prepared> {
+    prepare_with(ckpt, host_path, false)
+}
+
+/// [`prepare`]; with `hold`, the restored process stops itself (SIGSTOP) right after the
+/// restorer's report, before any of its threads runs: [`finish_held`] then returns with every
+/// page in place, for a comparison with the source. It resumes on SIGCONT.
+pub fn prepare_with(
+    ckpt: &Checkpoint,
+    host_path: &dyn Fn(&str) -> Option<PathBuf>,
+    hold: bool,
+) -> Result<Prepared> {
     let img = &ckpt.image;
     verify_files(img, host_path)?;
 
@@ -107,7 +118,7 @@ pub fn prepare(ckpt: &Checkpoint, host_path: &dyn Fn(&str) -> Option<PathBuf>) -
 
     std::fs::File::from(pages.try_clone()?).write_all(&ckpt.data)?;
     std::fs::File::from(restorer.try_clone()?).write_all(RESTORER)?;
-    let plan = build_plan(img, base)?;
+    let plan = build_plan(img, base, hold)?;
     std::fs::File::from(plan_fd.try_clone()?).write_all(&plan)?;
 
     let child = ChildPlan {
@@ -190,7 +201,7 @@ fn apply_restart(mut r: Regs) -> Regs {
     r
 }
 
-fn build_plan(img: &ProcessImage, base: RawFd) -> Result<Vec<u8>> {
+fn build_plan(img: &ProcessImage, base: RawFd, hold: bool) -> Result<Vec<u8>> {
     let file_fd = |i: u32| base + INHERITED as RawFd + i as RawFd;
     let exe_fd = base + INHERITED as RawFd + img.files.len() as RawFd;
 
@@ -367,6 +378,8 @@ fn build_plan(img: &ProcessImage, base: RawFd) -> Result<Vec<u8>> {
         notify_fd: base + 2,
         exe_fd,
         umask: img.umask,
+        hold: hold as u32,
+        _pad: 0,
         mm: MmMap {
             start_code: m.start_code,
             end_code: m.end_code,
@@ -527,9 +540,42 @@ pub struct FinishStats {
 }
 
 /// Waits for the restorer of the process whose host PID is `pid` to report, then unmaps its
-/// blob. `alive` says whether the restored process still exists (to stop waiting early).
+/// blob.
 pub fn finish(prep: Prepared, pid: Pid, timeout: Duration) -> Result<FinishStats> {
     let t0 = Instant::now();
+    let (base, total) = wait_report(prep, pid, timeout)?;
+    let stats_restorer = t0.elapsed();
+    let t1 = Instant::now();
+    unmap_blob(pid, base, total).map_err(|e| RestoreError::Finish(e.to_string()))?;
+    Ok(FinishStats {
+        restorer: stats_restorer,
+        cleanup: t1.elapsed(),
+    })
+}
+
+/// For a restore prepared with `hold`: waits for the report and for the process to stop
+/// itself. Returns the restorer's range `(start, end)`, the one mapping that differs from the
+/// source. Resume with SIGCONT (the restorer blob then stays mapped: for comparisons only).
+pub fn finish_held(prep: Prepared, pid: Pid, timeout: Duration) -> Result<(u64, u64)> {
+    let (base, total) = wait_report(prep, pid, timeout)?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, r)| r.starts_with('T'))
+        {
+            return Ok((base, base + total));
+        }
+        if Instant::now() > deadline {
+            return Err(RestoreError::Timeout);
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Reads the restorer's report: (blob start, blob size), or its failure.
+fn wait_report(prep: Prepared, pid: Pid, timeout: Duration) -> Result<(u64, u64)> {
     // Close our copies of the inherited descriptors so a dead restorer means EOF.
     drop(prep._keep);
     let mut r = std::fs::File::from(prep.notify_r);
@@ -573,14 +619,7 @@ pub fn finish(prep: Prepared, pid: Pid, timeout: Duration) -> Result<FinishStats
             errno: -(val as i64),
         });
     }
-    let stats_restorer = t0.elapsed();
-    let (base, total) = (w(0), w(1));
-    let t1 = Instant::now();
-    unmap_blob(pid, base, total).map_err(|e| RestoreError::Finish(e.to_string()))?;
-    Ok(FinishStats {
-        restorer: stats_restorer,
-        cleanup: t1.elapsed(),
-    })
+    Ok((w(0), w(1)))
 }
 
 fn step_name(step: u64) -> &'static str {

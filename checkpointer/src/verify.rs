@@ -128,3 +128,92 @@ fn push_diff(diffs: &mut Vec<String>, addr: u64, name: &str, live: &[u8], image:
         image[i]
     ));
 }
+
+/// Compares two stopped processes — a live one and one restored from its checkpoint and held
+/// before running (see [`crate::restore::finish_held`]) — mapping by mapping and byte by byte.
+/// `skip` is the restorer's own range in the restored process. The vDSO set is skipped (the
+/// kernel's, with live clock data).
+pub fn compare_processes(
+    live: Pid,
+    restored: Pid,
+    skip: (u64, u64),
+    limit: usize,
+) -> io::Result<Vec<String>> {
+    let (a, b) = (Proc::open(live)?, Proc::open(restored)?);
+    let keep = |m: &crate::procfs::MapEntry| {
+        m.name != "[vsyscall]" && !(m.start >= skip.0 && m.end <= skip.1)
+    };
+    let am: Vec<_> = a.maps()?.into_iter().filter(keep).collect();
+    let bm: Vec<_> = b.maps()?.into_iter().filter(keep).collect();
+    let shape = |m: &crate::procfs::MapEntry| (m.start, m.end, m.prot(), m.shared, m.name.clone());
+    let (sa, sb): (Vec<_>, Vec<_>) = (
+        am.iter().map(shape).collect(),
+        bm.iter().map(shape).collect(),
+    );
+    let mut diffs = Vec::new();
+    if sa != sb {
+        let first = sa
+            .iter()
+            .zip(&sb)
+            .position(|(x, y)| x != y)
+            .unwrap_or(sa.len().min(sb.len()));
+        diffs.push(format!(
+            "layout differs ({} live mappings, {} restored); first difference at #{first}: live {:x?}, restored {:x?}",
+            sa.len(),
+            sb.len(),
+            sa.get(first),
+            sb.get(first)
+        ));
+        return Ok(diffs);
+    }
+    let (amem, bmem) = (
+        a.open_file("mem", libc::O_RDONLY)?,
+        b.open_file("mem", libc::O_RDONLY)?,
+    );
+    let (mut x, mut y) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    for m in am
+        .iter()
+        .filter(|m| !m.shared && !matches!(m.name.as_str(), "[vvar]" | "[vvar_vclock]" | "[vdso]"))
+    {
+        let mut at = m.start;
+        while at < m.end {
+            let len = ((m.end - at) as usize).min(x.len());
+            let (ra, rb) = (
+                amem.read_exact_at(&mut x[..len], at),
+                bmem.read_exact_at(&mut y[..len], at),
+            );
+            if ra.is_err() || rb.is_err() {
+                // Page by page where the kernel cannot read (past the end of a mapped file).
+                for p in 0..len / PAGE {
+                    let addr = at + (p * PAGE) as u64;
+                    let (mut pa, mut pb) = ([0u8; PAGE], [0u8; PAGE]);
+                    let (ka, kb) = (
+                        amem.read_exact_at(&mut pa, addr).is_ok(),
+                        bmem.read_exact_at(&mut pb, addr).is_ok(),
+                    );
+                    if ka != kb || pa != pb {
+                        push_diff(&mut diffs, addr, &m.name, &pa, &pb);
+                    }
+                }
+            } else if x[..len] != y[..len] {
+                for p in 0..len / PAGE {
+                    let r = p * PAGE..(p + 1) * PAGE;
+                    if x[r.clone()] != y[r.clone()] {
+                        push_diff(
+                            &mut diffs,
+                            at + (p * PAGE) as u64,
+                            &m.name,
+                            &x[r.clone()],
+                            &y[r],
+                        );
+                        if diffs.len() >= limit {
+                            return Ok(diffs);
+                        }
+                    }
+                }
+            }
+            at += len as u64;
+        }
+    }
+    Ok(diffs)
+}

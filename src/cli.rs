@@ -109,10 +109,79 @@ pub struct DeployArgs {
     pub manifest: Option<PathBuf>,
 }
 
-/// Profile a service's checkpoint sizes. NOT IMPLEMENTED YET: arrives with incremental checkpoints.
+/// Measure how much a service would cost to replicate: run it in a sandbox and take an
+/// incremental checkpoint every epoch (nothing is sent anywhere), optionally while a load runs.
+///
+/// What it measures, per epoch: its length and the pause of the service, the pages written
+/// (dirty), the page-granular size (dirty pages x 4 KiB) and the encoded size (after twin-diff
+/// and the codec) that replication would send. Epoch 0 is a full checkpoint, reported in the
+/// summary. At the end: percentiles (p50/p90/p99/max) of interval, pause, dirty pages and
+/// encoded bytes per epoch, the mean dirty and encoded rates, and a verdict.
+///
+/// Verdict (Tardigrade section 6.1): the sustained checkpoint rate (encoded bytes / time) must
+/// stay within 40% of the replication link (--link-bandwidth); above that the service is a poor
+/// candidate. Replication also adds about 1.5 x the mean epoch length to response latency (output
+/// is held until its epoch is replicated).
+///
+/// The service starts first; when the manifest has a `tardi.ports` entry, profiling (and --load)
+/// starts once a TCP port accepts connections (a UDP port: 300 ms after the start). The load
+/// command runs on this machine with `sh -c`, in its own process group, `{address}` replaced by
+/// the sandbox's IPv4 address; it gets SIGTERM at the end. Ctrl-C or SIGTERM ends profiling
+/// early (with a summary).
+///
+/// Output: one line per epoch (a progress line when epochs are faster than 10/s) and a summary;
+/// with --json, one JSON object per incremental epoch (the fields of the epoch statistics, plus
+/// `time_us` since the full checkpoint) and then one object with "summary": true.
+///
+/// Exit status: 0 ok, 1 error or failed --verify, 2 bad arguments.
+///
+/// Example (Redis under redis-benchmark for 20 s, plots in /tmp/prof):
+///   tardi profile gramine-manifests/redis.manifest --duration 20s --out /tmp/prof \
+///     --load 'redis-benchmark -h {address} -q -n 100000 -t set,get'
 #[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
 pub struct ProfileArgs {
-    pub manifest: Option<PathBuf>,
+    /// The manifest (Gramine TOML plus a [tardi] table); [tardi.epoch] gives the defaults of
+    /// --interval, --cap-pages and --hot-epochs.
+    pub manifest: PathBuf,
+    /// How long to profile: 500ms, 10s, 2m.
+    #[arg(long, default_value = "10s", value_parser = crate::profile::parse_duration)]
+    pub duration: std::time::Duration,
+    /// A command generating load, run with `sh -c` once the service is up; `{address}` is replaced
+    /// by the sandbox's IPv4 address. Its output goes to OUT/load.log (or /dev/null).
+    #[arg(long, value_name = "CMD")]
+    pub load: Option<String>,
+    /// The replication link the verdict assumes: 1Gbit/s, 100Mbit/s, 10Gbit/s, or bits/s.
+    #[arg(long, default_value = "1Gbit/s", value_name = "RATE", value_parser = crate::profile::parse_bandwidth)]
+    pub link_bandwidth: u64,
+    /// Print JSON: one object per epoch, then a summary object ("summary": true).
+    #[arg(long)]
+    pub json: bool,
+    /// Write plots (checkpoint-size, interval-cdf, pause-cdf; PNG and SVG), epochs.json and
+    /// summary.json to this directory (created if needed).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Check the checkpoints: hold the service at the last epoch, compare the image built from
+    /// the whole chain with its memory, and restore that image into a second sandbox and compare
+    /// the two processes byte for byte. Exit status 1 if they differ.
+    #[arg(long)]
+    pub verify: bool,
+    /// Epoch length in ms [default: tardi.epoch.interval_ms].
+    #[arg(long, value_name = "MS", value_parser = crate::profile::parse_ms)]
+    pub interval: Option<f64>,
+    /// End an epoch early once this many pages are dirty; 0: never [default: tardi.epoch.cap_pages].
+    #[arg(long, value_name = "N")]
+    pub cap_pages: Option<u64>,
+    /// A page written in this many consecutive epochs is hot (left writable); 0: no hot pages
+    /// [default: tardi.epoch.hot_epochs].
+    #[arg(long, value_name = "N")]
+    pub hot_epochs: Option<u32>,
+    /// How pages are encoded: xor-zstd, zstd, xdelta3 or raw.
+    #[arg(long, default_value = "xor-zstd", value_parser = crate::profile::parse_codec)]
+    pub codec: tardi_checkpointer::delta::Codec,
+    /// Memory for twins (last sent copies of written pages) that deltas are taken against, MiB.
+    #[arg(long, default_value_t = 64, value_name = "MB")]
+    pub twin_budget: u64,
 }
 
 /// NOT IMPLEMENTED YET: arrives with replication and the orchestrator cluster.

@@ -3,6 +3,7 @@
 
 mod cli;
 mod control;
+mod profile;
 mod restore_cmd;
 mod run;
 mod snapshot;
@@ -35,7 +36,7 @@ fn main() {
         cli::Command::Deploy(_) => not_yet("deploy", "replication (instance + orchestrator)"),
         cli::Command::Orchestrator(_) => not_yet("orchestrator", "the orchestrator cluster"),
         cli::Command::Instance(_) => not_yet("instance", "replication (instance)"),
-        cli::Command::Profile(_) => not_yet("profile", "incremental checkpoints"),
+        cli::Command::Profile(a) => profile::profile(a),
     };
     if let Err(e) = result {
         eprintln!("tardi: error: {}", describe(&e));

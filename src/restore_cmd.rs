@@ -5,16 +5,22 @@ use crate::supervise::{Supervised, block_signals, supervise};
 use anyhow::{Context, bail};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tardi_checkpointer::{Checkpoint, restore};
+use tardi_checkpointer::image::{CheckpointFile, Kind};
+use tardi_checkpointer::restore;
 use tardi_manifest::MountKind;
 use tardi_sandbox::{Sandbox, SandboxConfig, Start};
 
 pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
     let signals = block_signals();
     let t0 = Instant::now();
-    let bytes = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
-    let ck = Checkpoint::from_bytes(bytes)
+    let ck = CheckpointFile::open(&a.file)
         .with_context(|| format!("{} cannot be restored", a.file.display()))?;
+    if ck.kind != Kind::Full {
+        bail!(
+            "{} is an incremental checkpoint: restore needs a full one",
+            a.file.display()
+        );
+    }
     if ck.image.sandbox.is_empty() {
         bail!(
             "{} has no sandbox description (not written by `tardi snapshot`)",
@@ -24,13 +30,12 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
     let config: SandboxConfig = serde_json::from_slice(&ck.image.sandbox)
         .context("the checkpoint's sandbox description is malformed")?;
     let t_read = t0.elapsed();
-    let prep = restore::prepare(&ck, &|p| host_path(&config, p)).with_context(|| {
+    let prep = restore::prepare_file(ck, &|p| host_path(&config, p)).with_context(|| {
         format!(
             "{} cannot be restored here; nothing was started",
             a.file.display()
         )
     })?;
-    drop(ck);
     let t_prepared = t0.elapsed();
     let start = Start::Restore {
         pid: prep.pid,

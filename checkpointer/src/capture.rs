@@ -150,14 +150,30 @@ pub(crate) fn full_memory(
 
 /// A mapped file found during the pause, hashed after it.
 pub(crate) struct PendingFile {
-    path: String,
+    pub(crate) path: String,
     /// `map_files/START-END` (under `/proc/PID`) of one mapping of it.
     map_file: String,
+    /// The inode the mapping shows (with the path, a cache key for the epoch loop).
+    pub(crate) inode: u64,
+    /// The file, opened during the pause: after it the mapping may be gone.
+    opened: Option<std::fs::File>,
 }
 
 impl PendingFile {
+    /// Opens the file while the process is still stopped.
+    pub(crate) fn open(&mut self, proc: &Proc) -> Result<()> {
+        let f = proc
+            .open_file(&self.map_file, libc::O_RDONLY)
+            .map_err(proc_err(proc.pid, format!("mapped file {}", self.path)))?;
+        self.opened = Some(f);
+        Ok(())
+    }
+
     pub(crate) fn identify(self, proc: &Proc) -> Result<FileRef> {
-        identify_path(proc, &self.map_file, &self.path)
+        match self.opened {
+            Some(f) => identify_file(proc, f, &self.path),
+            None => identify_path(proc, &self.map_file, &self.path),
+        }
     }
 }
 
@@ -168,10 +184,14 @@ static HASHES: Mutex<Option<HashMap<FileKey, [u8; 32]>>> = Mutex::new(None);
 type FileKey = (u64, u64, u64, i64, i64);
 
 fn identify_path(proc: &Proc, rel: &str, path: &str) -> Result<FileRef> {
-    let pid = proc.pid;
     let f = proc
         .open_file(rel, libc::O_RDONLY)
-        .map_err(proc_err(pid, format!("mapped file {path}")))?;
+        .map_err(proc_err(proc.pid, format!("mapped file {path}")))?;
+    identify_file(proc, f, path)
+}
+
+fn identify_file(proc: &Proc, f: std::fs::File, path: &str) -> Result<FileRef> {
+    let pid = proc.pid;
     let m = f
         .metadata()
         .map_err(proc_err(pid, format!("mapped file {path}")))?;
@@ -393,6 +413,7 @@ pub(crate) fn capture_meta(
         base_epoch: None,
         reset: Vec::new(),
         pages: Vec::new(),
+        cow: Vec::new(),
     })
 }
 
@@ -633,18 +654,23 @@ type CapturedMemory = (Vec<Vma>, Vec<PageRun>, Vec<u8>, Vec<PendingFile>);
 /// Walks the mappings, decides what each needs, and copies the saved pages.
 fn capture_memory(proc: &Proc, maps: &[MapEntry], data: Vec<u8>) -> Result<CapturedMemory> {
     let pid = proc.pid;
-    let (vmas, files) = describe_vmas(maps)?;
+    let (vmas, mut files) = describe_vmas(maps)?;
+    for f in &mut files {
+        f.open(proc)?;
+    }
     // (addr, len, readable) of every range to save.
     let mut want: Vec<(u64, u64, bool)> = Vec::new();
     let pagemap = proc
         .open_file("pagemap", libc::O_RDONLY)
         .map_err(proc_err(pid, "pagemap"))?;
     let mut pm_buf: Vec<u64> = Vec::new();
+    let swap = crate::track::swap_active();
     for (m, v) in maps.iter().filter(|m| m.name != "[vsyscall]").zip(&vmas) {
         if v.backing == Backing::Vdso || m.shared {
             continue; // recreated by the kernel, or the file holds the data
         }
-        saved_ranges(&pagemap, m, &mut pm_buf, &mut want).map_err(proc_err(pid, "pagemap"))?;
+        saved_ranges(&pagemap, swap, m, &mut pm_buf, &mut want)
+            .map_err(proc_err(pid, "pagemap"))?;
     }
     let (runs, data) = copy_ranges(proc, &want, data)?;
     Ok((vmas, runs, data, files))
@@ -725,6 +751,8 @@ pub(crate) fn describe_vmas(maps: &[MapEntry]) -> Result<(Vec<Vma>, Vec<PendingF
                 files.push(PendingFile {
                     path: name.to_string(),
                     map_file: format!("map_files/{:x}-{:x}", m.start, m.end),
+                    inode: m.inode,
+                    opened: None,
                 });
                 next
             });
@@ -756,6 +784,7 @@ pub(crate) fn is_file_backed(m: &MapEntry) -> bool {
 /// mappings, only those copied on write (not backed by the file's page cache).
 fn saved_ranges(
     pagemap: &std::fs::File,
+    swap: bool,
     m: &MapEntry,
     pm_buf: &mut Vec<u64>,
     want: &mut Vec<(u64, u64, bool)>,
@@ -766,7 +795,8 @@ fn saved_ranges(
     read_pagemap(pagemap, m.start, pm_buf)?;
     let keep = |e: u64| {
         let present = e & (1 << 63) != 0;
-        let swapped = e & (1 << 62) != 0;
+        // Without swap, "swapped" is a userfaultfd marker on an empty entry (see track.rs).
+        let swapped = swap && e & (1 << 62) != 0;
         let file_page = e & (1 << 61) != 0;
         swapped || (present && !(file_backed && file_page))
     };

@@ -16,9 +16,7 @@ use crate::image::*;
 use crate::procfs::{MapEntry, Proc, in_view};
 use crate::ptrace::Stopped;
 use crate::sys::Pid;
-use crate::track::{
-    PAGE_IS_FILE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED, Query, TrackError, UffdTracker,
-};
+use crate::track::{PAGE_IS_FILE, PAGE_IS_PRESENT, Query, TrackError, UffdTracker};
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -243,6 +241,10 @@ struct EpochLoop<'p> {
     twins: TwinStore,
     streak: HashMap<u64, u32>,
     hot: HashSet<u64>,
+    /// What "has contents of its own" means here (see [`crate::track::has_contents`]).
+    contents: u64,
+    /// Identified mapped files by (path, inode).
+    file_refs: HashMap<(String, u64), FileRef>,
     /// Hot pages found identical to their twin: cold from the next pause on.
     cool: HashSet<u64>,
     epoch: u64,
@@ -291,6 +293,7 @@ impl<'p> EpochLoop<'p> {
         resumed.map_err(CaptureError::from)?;
         let mut data = data;
         capture::finish_full(proc, &mut image, &mut data, files)?;
+
         let stats = EpochStats {
             epoch: 0,
             pause_us: pause.as_micros() as u64,
@@ -316,6 +319,8 @@ impl<'p> EpochLoop<'p> {
             codec,
             streak: HashMap::new(),
             hot: HashSet::new(),
+            file_refs: HashMap::new(),
+            contents: crate::track::has_contents(),
             cool: HashSet::new(),
             epoch: 0,
             last_resume: Instant::now(),
@@ -448,7 +453,7 @@ impl<'p> EpochLoop<'p> {
                 .find(|m| m.start <= s && s < m.end)
                 .is_some_and(capture::is_file_backed);
             let q = Query {
-                anyof: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+                anyof: self.contents,
                 mask: if file { PAGE_IS_FILE } else { 0 },
                 inverted: if file { PAGE_IS_FILE } else { 0 },
                 ret: PAGE_IS_PRESENT,
@@ -458,12 +463,21 @@ impl<'p> EpochLoop<'p> {
         }
         // Arm what is new: register whole mappings (re-registering armed parts is harmless),
         // protect only the fresh parts.
+        let mut armed_any = false;
         for m in maps.iter().filter(|m| trackable(m)) {
             if fresh.iter().any(|&(s, e)| s < m.end && m.start < e) {
                 // Registering an already registered part is a no-op for the kernel.
                 self.tracker.arm(m.start, m.end)?;
+                armed_any = true;
             }
         }
+        // Registering can merge or split mappings (their flags changed): the layout to record
+        // is the one after it.
+        let maps = if armed_any {
+            self.proc.smaps().map_err(proc_err("smaps"))?
+        } else {
+            maps
+        };
         self.armed = maps
             .iter()
             .filter(|m| trackable(m))
@@ -512,6 +526,31 @@ impl<'p> EpochLoop<'p> {
             hot_now = hot.len() as u64;
             self.hot = hot;
         }
+        // The copied-on-write pages of private file mappings, sent whole every epoch: a page
+        // written and then zapped (MADV_DONTNEED) reads as the file again, yet the scan does not
+        // report it (the zapped entry keeps no write-protect marker), so the receiver learns
+        // which of its pages still hold their own copy from this list.
+        let mut cow_list: Vec<u64> = Vec::new();
+        let mut found = Vec::new();
+        for m in maps
+            .iter()
+            .filter(|m| trackable(m) && capture::is_file_backed(m))
+        {
+            found.clear();
+            let q = Query {
+                anyof: self.contents,
+                mask: PAGE_IS_FILE,
+                inverted: PAGE_IS_FILE,
+                ret: PAGE_IS_PRESENT,
+                ..Default::default()
+            };
+            self.tracker.scan(m.start, m.end, q, &mut found)?;
+            for &(s, e, _) in &found {
+                cow_list.extend((s..e).step_by(PAGE as usize));
+            }
+        }
+        cow_list.sort_unstable();
+        let cow = coalesce(&cow_list);
         let scan = ts.elapsed();
 
         // Copy every page to send.
@@ -533,7 +572,12 @@ impl<'p> EpochLoop<'p> {
         let (runs, data) = copy_ranges(self.proc, &want, buf)?;
         let copy = tc.elapsed();
 
-        let (vmas, files) = describe_vmas(&maps)?;
+        let (vmas, mut files) = describe_vmas(&maps)?;
+        for f in &mut files {
+            if !self.file_refs.contains_key(&(f.path.clone(), f.inode)) {
+                f.open(self.proc)?; // while stopped: after the resume the mapping may be gone
+            }
+        }
         meta.vmas = vmas;
         self.prev_maps = maps;
         Ok(Captured {
@@ -542,6 +586,7 @@ impl<'p> EpochLoop<'p> {
             data,
             files,
             fresh,
+            cow,
             dirty: dirty.len() as u64,
             fresh_pages: nfresh,
             hot: hot_now,
@@ -562,6 +607,7 @@ impl<'p> EpochLoop<'p> {
         let te = Instant::now();
         let Captured {
             mut meta,
+            cow,
             runs,
             data,
             files,
@@ -572,14 +618,35 @@ impl<'p> EpochLoop<'p> {
             scan,
             copy,
         } = c;
-        meta.files = files
-            .into_iter()
-            .map(|f| f.identify(self.proc))
-            .collect::<std::result::Result<_, _>>()?;
+        let mut refs = Vec::with_capacity(files.len());
+        for f in files {
+            let key = (f.path.clone(), f.inode);
+            let r = match self.file_refs.get(&key) {
+                Some(r) => r.clone(),
+                None => {
+                    let r = f.identify(self.proc)?;
+                    self.file_refs.insert(key, r.clone());
+                    r
+                }
+            };
+            refs.push(r);
+        }
+        meta.files = refs;
         meta.exe = capture::identify_exe(self.proc, &meta.exe.path)?;
         // Twins of memory that is gone or replaced are void on the receiver too.
         for &(s, e) in &fresh {
             self.twins.remove_range(s, e);
+        }
+        // The receiver drops pages of private file mappings outside the copied-on-write list:
+        // drop their twins too, or a later delta would be against contents it no longer has.
+        for v in meta
+            .vmas
+            .iter()
+            .filter(|v| matches!(v.backing, Backing::File { .. }) && !v.shared)
+        {
+            for (s, e) in subtract_all(&[(v.start, v.end)], &cow) {
+                self.twins.remove_range(s, e);
+            }
         }
         let mut live: Vec<(u64, u64)> = meta.vmas.iter().map(|v| (v.start, v.end)).collect();
         live.sort_unstable();
@@ -625,6 +692,7 @@ impl<'p> EpochLoop<'p> {
         self.buf = data;
         meta.base_epoch = Some(self.epoch - 1);
         meta.reset = fresh;
+        meta.cow = cow;
         meta.pages = pages;
         st.interval_us = interval.as_micros() as u64;
         st.pause_us = pause.as_micros() as u64;
@@ -660,6 +728,7 @@ impl<'p> EpochLoop<'p> {
 
 struct Captured {
     meta: ProcessImage,
+    cow: Vec<(u64, u64)>,
     runs: Vec<PageRun>,
     data: Vec<u8>,
     files: Vec<capture::PendingFile>,

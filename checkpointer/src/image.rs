@@ -21,6 +21,8 @@ const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 pub enum FormatError {
     #[error("the file is empty (not a Tardi checkpoint)")]
     Empty,
+    #[error("reading the checkpoint: {0}")]
+    Io(String),
     #[error("not a Tardi checkpoint (bad magic bytes)")]
     BadMagic,
     #[error(
@@ -99,6 +101,11 @@ pub struct ProcessImage {
     pub reset: Vec<(u64, u64)>,
     /// Incremental only: pages written during the epoch.
     pub pages: Vec<EncodedPage>,
+    /// Incremental only: the pages of private file mappings that hold their own
+    /// (copied-on-write) contents. Any other page of such a mapping shows the file, whatever
+    /// the receiver held for it (a page written then `MADV_DONTNEED`ed reverts to the file
+    /// without the tracker seeing it).
+    pub cow: Vec<(u64, u64)>,
 }
 
 /// One page of an incremental checkpoint: `enc` tells how its `enc.encoded_len()` bytes at
@@ -288,6 +295,105 @@ pub enum SocketState {
     ConnectedUdp,
 }
 
+/// A checkpoint file opened for restore: header and metadata parsed, the whole file's length
+/// and checksum verified by streaming it, the page data left where it is (a restore reads it
+/// from the file directly).
+pub struct CheckpointFile {
+    pub epoch: u64,
+    pub kind: Kind,
+    pub image: ProcessImage,
+    pub file: std::fs::File,
+    /// Where the page data starts in the file; `PageRun::data_off` is relative to it.
+    pub data_offset: u64,
+}
+
+impl CheckpointFile {
+    pub fn open(path: &std::path::Path) -> Result<CheckpointFile, FormatError> {
+        use std::io::Read;
+        use std::os::unix::fs::FileExt;
+        let io_err = |e: io::Error| FormatError::Io(e.to_string());
+        let mut file = std::fs::File::open(path).map_err(io_err)?;
+        let found = file.metadata().map_err(io_err)?.len();
+        if found == 0 {
+            return Err(FormatError::Empty);
+        }
+        let mut header = [0u8; HEADER_LEN];
+        let n = file.read_at(&mut header, 0).map_err(io_err)?;
+        if n < 8 || &header[..8] != MAGIC {
+            return Err(FormatError::BadMagic);
+        }
+        if n < HEADER_LEN || found < HEADER_LEN as u64 + 4 {
+            return Err(FormatError::Truncated {
+                expected: HEADER_LEN as u64 + 4,
+                found,
+            });
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(header[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_le_bytes(header[o..o + 8].try_into().unwrap());
+        let version = u32_at(8);
+        if version != FORMAT_VERSION {
+            return Err(FormatError::Version { found: version });
+        }
+        let (kind, epoch, meta_len, data_len) = (u32_at(12), u64_at(16), u64_at(24), u64_at(32));
+        let expected = (HEADER_LEN as u64)
+            .checked_add(meta_len)
+            .and_then(|x| x.checked_add(data_len))
+            .and_then(|x| x.checked_add(4))
+            .ok_or(FormatError::Truncated {
+                expected: u64::MAX,
+                found,
+            })?;
+        if found != expected {
+            return Err(FormatError::Truncated { expected, found });
+        }
+        // Stream the file once for the checksum, keeping only the metadata.
+        let body = found - 4;
+        let mut h = crc32fast::Hasher::new();
+        let mut meta = Vec::with_capacity(meta_len as usize);
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0u64;
+        while at < body {
+            let want = ((body - at) as usize).min(buf.len());
+            file.read_exact(&mut buf[..want]).map_err(io_err)?;
+            h.update(&buf[..want]);
+            let (ms, me) = (HEADER_LEN as u64, HEADER_LEN as u64 + meta_len);
+            let (cs, ce) = (at.max(ms), (at + want as u64).min(me));
+            if cs < ce {
+                meta.extend_from_slice(&buf[(cs - at) as usize..(ce - at) as usize]);
+            }
+            at += want as u64;
+        }
+        let mut trailer = [0u8; 4];
+        file.read_exact(&mut trailer).map_err(io_err)?;
+        let (stored, computed) = (u32::from_le_bytes(trailer), h.finalize());
+        if stored != computed {
+            return Err(FormatError::Checksum { stored, computed });
+        }
+        if kind > 1 {
+            return Err(FormatError::Meta(format!("unknown checkpoint kind {kind}")));
+        }
+        let image: ProcessImage =
+            postcard::from_bytes(&meta).map_err(|e| FormatError::Meta(e.to_string()))?;
+        image.validate(data_len)?;
+        let kind = match (kind, image.base_epoch) {
+            (0, _) => Kind::Full,
+            (_, Some(base)) => Kind::Incremental { base },
+            (_, None) => {
+                return Err(FormatError::Meta(
+                    "incremental checkpoint without a base epoch".into(),
+                ));
+            }
+        };
+        Ok(CheckpointFile {
+            epoch,
+            kind,
+            image,
+            file,
+            data_offset: HEADER_LEN as u64 + meta_len,
+        })
+    }
+}
+
 impl Checkpoint {
     /// Serializes the checkpoint into `w`.
     pub fn write_to(&self, w: &mut impl Write) -> io::Result<u64> {
@@ -362,8 +468,12 @@ impl Checkpoint {
         let meta_end = HEADER_LEN + meta_len as usize;
         let image: ProcessImage = postcard::from_bytes(&bytes[HEADER_LEN..meta_end])
             .map_err(|e| FormatError::Meta(e.to_string()))?;
+        // Move the page data to the front of the buffer instead of copying it into a new one
+        // (no fresh allocation to fault in).
         bytes.truncate(body);
-        let data = bytes.split_off(meta_end);
+        bytes.copy_within(meta_end.., 0);
+        bytes.truncate(body - meta_end);
+        let data = bytes;
         image.validate(data.len() as u64)?;
         let kind = match (kind, image.base_epoch) {
             (0, _) => Kind::Full,
@@ -438,6 +548,7 @@ mod tests {
             },
             reset: vec![],
             pages: vec![],
+            cow: vec![],
         };
         Checkpoint {
             epoch: 7,
@@ -456,6 +567,44 @@ mod tests {
             assert_eq!(back.data, ck.data);
             assert_eq!(back.image.runs, ck.image.runs);
         }
+    }
+
+    #[test]
+    fn opens_files_and_refuses_bad_ones() {
+        let dir = std::env::temp_dir().join(format!("tardi-image-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ck = sample(Kind::Full);
+        let bytes = ck.to_bytes();
+        let good = dir.join("good");
+        std::fs::write(&good, &bytes).unwrap();
+        let f = CheckpointFile::open(&good).unwrap();
+        assert_eq!(
+            (f.epoch, f.kind, f.image.runs.clone()),
+            (7, Kind::Full, ck.image.runs.clone())
+        );
+        let mut page = vec![0u8; 4096];
+        std::os::unix::fs::FileExt::read_exact_at(&f.file, &mut page, f.data_offset).unwrap();
+        assert_eq!(page, ck.data);
+        let bad = dir.join("bad");
+        let mut flipped = bytes.clone();
+        let n = flipped.len();
+        flipped[n - 100] ^= 4;
+        std::fs::write(&bad, &flipped).unwrap();
+        assert!(matches!(
+            CheckpointFile::open(&bad),
+            Err(FormatError::Checksum { .. })
+        ));
+        std::fs::write(&bad, &bytes[..n - 1]).unwrap();
+        assert!(matches!(
+            CheckpointFile::open(&bad),
+            Err(FormatError::Truncated { .. })
+        ));
+        std::fs::write(&bad, b"").unwrap();
+        assert!(matches!(
+            CheckpointFile::open(&bad),
+            Err(FormatError::Empty)
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

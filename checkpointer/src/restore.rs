@@ -100,11 +100,32 @@ pub fn prepare_with(
     host_path: &dyn Fn(&str) -> Option<PathBuf>,
     hold: bool,
 ) -> Result<Prepared> {
-    let img = &ckpt.image;
+    let pages = sys::memfd("tardi-pages")?;
+    std::fs::File::from(pages.try_clone()?).write_all(&ckpt.data)?;
+    prepare_pages(&ckpt.image, pages, 0, host_path, hold)
+}
+
+/// [`prepare`] for a checkpoint file opened with [`crate::image::CheckpointFile::open`]: the
+/// restorer reads the pages straight from the file, with no copy in between.
+pub fn prepare_file(
+    ck: crate::image::CheckpointFile,
+    host_path: &dyn Fn(&str) -> Option<PathBuf>,
+) -> Result<Prepared> {
+    let offset = ck.data_offset;
+    prepare_pages(&ck.image, OwnedFd::from(ck.file), offset, host_path, false)
+}
+
+/// Lays out a restore whose page data is at `pages_offset` in `pages`.
+fn prepare_pages(
+    img: &ProcessImage,
+    pages: OwnedFd,
+    pages_offset: u64,
+    host_path: &dyn Fn(&str) -> Option<PathBuf>,
+    hold: bool,
+) -> Result<Prepared> {
     verify_files(img, host_path)?;
 
     let max_fd = img.fds.iter().map(|f| f.fd).max().unwrap_or(2);
-    let pages = sys::memfd("tardi-pages")?;
     let plan_fd = sys::memfd("tardi-plan")?;
     let restorer = sys::memfd("tardi-restorer")?;
     let (notify_r, notify_w) = pipe()?;
@@ -116,9 +137,8 @@ pub fn prepare_with(
     ];
     let base = max_fd.max(*inherit.iter().max().unwrap()) + 1;
 
-    std::fs::File::from(pages.try_clone()?).write_all(&ckpt.data)?;
     std::fs::File::from(restorer.try_clone()?).write_all(RESTORER)?;
-    let plan = build_plan(img, base, hold)?;
+    let plan = build_plan(img, base, hold, pages_offset)?;
     std::fs::File::from(plan_fd.try_clone()?).write_all(&plan)?;
 
     let child = ChildPlan {
@@ -201,7 +221,7 @@ fn apply_restart(mut r: Regs) -> Regs {
     r
 }
 
-fn build_plan(img: &ProcessImage, base: RawFd, hold: bool) -> Result<Vec<u8>> {
+fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) -> Result<Vec<u8>> {
     let file_fd = |i: u32| base + INHERITED as RawFd + i as RawFd;
     let exe_fd = base + INHERITED as RawFd + img.files.len() as RawFd;
 
@@ -230,7 +250,7 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool) -> Result<Vec<u8>> {
             plan_runs.push(abi::PageRun {
                 addr: r.addr,
                 len: r.len,
-                data_off: r.data_off,
+                data_off: pages_offset + r.data_off,
             });
             ri += 1;
         }

@@ -98,13 +98,24 @@ impl Image {
             .iter()
             .map(|v| (v.start, v.end, v.backing == Backing::Anon))
             .collect();
+        let file_private: Vec<(u64, u64)> = img
+            .vmas
+            .iter()
+            .filter(|v| matches!(v.backing, Backing::File { .. }) && !v.shared)
+            .map(|v| (v.start, v.end))
+            .collect();
         vmas.sort_unstable();
         let find = |addr: u64| -> Option<(u64, u64, bool)> {
             let i = vmas.partition_point(|v| v.0 <= addr);
             (i > 0 && addr < vmas[i - 1].1).then(|| vmas[i - 1])
         };
-        self.pages
-            .retain(|&a, _| find(a).is_some() && !img.reset.iter().any(|&(s, e)| s <= a && a < e));
+        let inside = |set: &[(u64, u64)], a: u64| set.iter().any(|&(s, e)| s <= a && a < e);
+        self.pages.retain(|&a, _| {
+            find(a).is_some()
+                && !inside(&img.reset, a)
+                // A page of a private file mapping without its own copy shows the file.
+                && (!inside(&file_private, a) || inside(&img.cow, a))
+        });
         let zero = [0u8; 4096];
         let mut out = [0u8; 4096];
         for p in &img.pages {
@@ -196,6 +207,7 @@ mod tests {
             base_epoch: None,
             reset: vec![],
             pages: vec![],
+            cow: vec![],
         }
     }
 

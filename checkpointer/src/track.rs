@@ -91,6 +91,24 @@ pub enum TrackError {
     Io(#[from] io::Error),
 }
 
+/// Whether any swap area is active. Without one, a page `PAGEMAP_SCAN` (and pagemap) reports as
+/// swapped is really a userfaultfd write-protect marker on an empty entry — no contents at all.
+/// With swap, a marker cannot be told from a swapped-out page by category, so swapped pages are
+/// then kept (saved as they read: correct, if redundant for markers).
+pub fn swap_active() -> bool {
+    std::fs::read_to_string("/proc/swaps").is_ok_and(|s| s.lines().count() > 1)
+}
+
+/// The categories that mean "this page has contents of its own": present, or swapped out when
+/// swap is active (see [`swap_active`]).
+pub fn has_contents() -> u64 {
+    if swap_active() {
+        PAGE_IS_PRESENT | PAGE_IS_SWAPPED
+    } else {
+        PAGE_IS_PRESENT
+    }
+}
+
 /// A scan query: which pages to report (all of `mask`, any of `anyof`, after inverting
 /// `inverted`) and which categories to return for them.
 #[derive(Debug, Clone, Copy, Default)]
@@ -315,5 +333,61 @@ impl UffdTracker {
             }
         }
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The copied-on-write query the epoch loop uses, on a private file mapping of our own:
+    /// a page only read (file page), a page written (copied on write), a page never touched.
+    #[test]
+    fn cow_query_finds_only_copied_pages() {
+        let path = std::env::temp_dir().join(format!("tardi-cow-{}", std::process::id()));
+        std::fs::write(&path, vec![7u8; 3 * 4096]).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        // SAFETY: a fresh private mapping of our own file; unmapped at the end.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                3 * 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE,
+                f.as_raw_fd(),
+                0,
+            )
+        } as *mut u8;
+        assert_ne!(p as *mut libc::c_void, libc::MAP_FAILED);
+        // SAFETY: within the mapping.
+        unsafe {
+            std::ptr::read_volatile(p);
+            std::ptr::write_volatile(p.add(4096), 1);
+        }
+        let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+        let mut t = UffdTracker {
+            uffd: std::fs::File::open("/dev/null").unwrap().into(),
+            pagemap,
+            buf: vec![PageRegion::default(); 16],
+        };
+        let q = Query {
+            anyof: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            mask: PAGE_IS_FILE,
+            inverted: PAGE_IS_FILE,
+            ret: PAGE_IS_PRESENT,
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        let base = p as u64;
+        t.scan(base, base + 3 * 4096, q, &mut out).unwrap();
+        // SAFETY: unmapping what we mapped.
+        unsafe { libc::munmap(p.cast(), 3 * 4096) };
+        std::fs::remove_file(&path).unwrap();
+        let pages: Vec<u64> = out
+            .iter()
+            .flat_map(|r| (r.0..r.1).step_by(4096))
+            .map(|a| (a - base) / 4096)
+            .collect();
+        assert_eq!(pages, vec![1], "regions {out:x?}");
     }
 }

@@ -22,16 +22,31 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
     let mem = proc.open_file("mem", libc::O_RDONLY)?;
     let mut diffs = Vec::new();
 
+    // Range, protection, sharing, and for file mappings the offset.
     let live: Vec<_> = maps
         .iter()
         .filter(|m| m.name != "[vsyscall]")
-        .map(|m| (m.start, m.end, m.prot(), m.shared))
+        .map(|m| {
+            (
+                m.start,
+                m.end,
+                m.prot(),
+                m.shared,
+                (m.inode != 0 && m.name.starts_with('/')).then_some(m.offset),
+            )
+        })
         .collect();
     let img: Vec<_> = image
         .meta
         .vmas
         .iter()
-        .map(|v| (v.start, v.end, v.prot, v.shared))
+        .map(|v| {
+            let off = match v.backing {
+                Backing::File { offset, .. } => Some(offset),
+                _ => None,
+            };
+            (v.start, v.end, v.prot, v.shared, off)
+        })
         .collect();
     if live != img {
         let first = live
@@ -103,7 +118,32 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
                         push_diff(&mut diffs, addr, &m.name, &one, expected);
                     }
                 } else if live_page != expected {
-                    push_diff(&mut diffs, addr, &m.name, live_page, expected);
+                    let mut source = if image.page(addr).is_some() {
+                        "image page"
+                    } else {
+                        "file or zero"
+                    }
+                    .to_string();
+                    if let Some(f) = &file {
+                        let mut fp = vec![0u8; PAGE];
+                        let _ = f.read_at(&mut fp, m.offset + (addr - m.start));
+                        source.push_str(if fp[..] == *live_page {
+                            ", live == file"
+                        } else {
+                            ", live != file"
+                        });
+                    }
+                    push_diff(
+                        &mut diffs,
+                        addr,
+                        &format!(
+                            "{} [{source}, off {:#x}]",
+                            m.name,
+                            m.offset + (addr - m.start)
+                        ),
+                        live_page,
+                        expected,
+                    );
                 }
                 if diffs.len() >= limit {
                     return Ok(diffs);
@@ -113,6 +153,40 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
         }
     }
     Ok(diffs)
+}
+
+type Shape = (u64, u64, u32, bool, String);
+
+fn merged_layout(maps: &[crate::procfs::MapEntry]) -> Vec<Shape> {
+    let mut out: Vec<(Shape, u64)> = Vec::new();
+    for m in maps {
+        let file = m.inode != 0 && m.name.starts_with('/');
+        if let Some((last, off)) = out.last_mut()
+            && last.1 == m.start
+            && last.2 == m.prot()
+            && last.3 == m.shared
+            && last.4 == m.name
+            && (!file || *off + (last.1 - last.0) == m.offset)
+        {
+            last.1 = m.end;
+            continue;
+        }
+        out.push((
+            (m.start, m.end, m.prot(), m.shared, m.name.clone()),
+            m.offset,
+        ));
+    }
+    out.into_iter().map(|(s, _)| s).collect()
+}
+
+/// The rseq areas of an image's threads, as ranges for [`compare_processes`].
+pub fn rseq_areas(image: &Image) -> Vec<(u64, u64)> {
+    image
+        .meta
+        .threads
+        .iter()
+        .filter_map(|t| t.rseq.map(|r| (r.addr, r.addr + r.len as u64)))
+        .collect()
 }
 
 fn push_diff(diffs: &mut Vec<String>, addr: u64, name: &str, live: &[u8], image: &[u8]) {
@@ -132,11 +206,13 @@ fn push_diff(diffs: &mut Vec<String>, addr: u64, name: &str, live: &[u8], image:
 /// Compares two stopped processes — a live one and one restored from its checkpoint and held
 /// before running (see [`crate::restore::finish_held`]) — mapping by mapping and byte by byte.
 /// `skip` is the restorer's own range in the restored process. The vDSO set is skipped (the
-/// kernel's, with live clock data).
+/// kernel's, with live clock data), and so are the bytes in `volatile`: the threads' rseq areas
+/// ([`rseq_areas`]), which the kernel rewrites with the CPU a thread last ran on.
 pub fn compare_processes(
     live: Pid,
     restored: Pid,
     skip: (u64, u64),
+    volatile: &[(u64, u64)],
     limit: usize,
 ) -> io::Result<Vec<String>> {
     let (a, b) = (Proc::open(live)?, Proc::open(restored)?);
@@ -145,11 +221,11 @@ pub fn compare_processes(
     };
     let am: Vec<_> = a.maps()?.into_iter().filter(keep).collect();
     let bm: Vec<_> = b.maps()?.into_iter().filter(keep).collect();
-    let shape = |m: &crate::procfs::MapEntry| (m.start, m.end, m.prot(), m.shared, m.name.clone());
-    let (sa, sb): (Vec<_>, Vec<_>) = (
-        am.iter().map(shape).collect(),
-        bm.iter().map(shape).collect(),
-    );
+    // Adjacent mappings with the same attributes (and, for files, contiguous offsets) are one
+    // range as far as the process can tell: the kernel merges such neighbours when a restore
+    // recreates them, while the live process may keep them split (for instance by when each
+    // part was registered for tracking). Compare the merged layouts.
+    let (sa, sb) = (merged_layout(&am), merged_layout(&bm));
     let mut diffs = Vec::new();
     if sa != sb {
         let first = sa
@@ -198,7 +274,19 @@ pub fn compare_processes(
             } else if x[..len] != y[..len] {
                 for p in 0..len / PAGE {
                     let r = p * PAGE..(p + 1) * PAGE;
-                    if x[r.clone()] != y[r.clone()] {
+                    let base = at + (p * PAGE) as u64;
+                    let real =
+                        x[r.clone()]
+                            .iter()
+                            .zip(&y[r.clone()])
+                            .enumerate()
+                            .any(|(i, (u, v))| {
+                                u != v
+                                    && !volatile.iter().any(|&(s, e)| {
+                                        s <= base + i as u64 && base + (i as u64) < e
+                                    })
+                            });
+                    if real {
                         push_diff(
                             &mut diffs,
                             at + (p * PAGE) as u64,

@@ -526,7 +526,15 @@ static void op_mremap(struct thr *t)
     if (g->plo != g->phi)
         return;
     uint32_t np = g->np, maxp = max_pages_for(g);
-    switch (below(t, 4)) {
+    uint32_t which = below(t, 4);
+    /* CHURN_MREMAP_ONLY="N": just case N; CHURN_MREMAP_SKIP="N": never case N (for narrowing
+     * down tracker problems; case 2 can move a region that spans several mappings, which
+     * Linux >= 6.17 refuses half-way for userfaultfd-armed mappings). */
+    const char *only = getenv("CHURN_MREMAP_ONLY");
+    const char *skip = getenv("CHURN_MREMAP_SKIP");
+    if ((only && which != (uint32_t)(*only - '0')) || (skip && which == (uint32_t)(*skip - '0')))
+        return;
+    switch (which) {
     case 0: { /* grow in place, maybe move */
         if (np >= maxp)
             return;
@@ -813,15 +821,32 @@ out:
 
 /* ------------------------------------------------------------------ driver */
 
+/* CHURN_SKIP="mremap,replace" (environment): those operations become writes. For narrowing
+ * down which kind of layout change a tracker mishandles. */
+static unsigned g_skip;
+
 static int pick_op(struct thr *t)
 {
     uint32_t r = below(t, 1000);
     for (int op = 0; op < OP_COUNT; op++) {
-        if (r < (uint32_t)op_weights[op])
+        if (r < (uint32_t)op_weights[op]) {
+            if (g_skip & (1u << op))
+                return OP_WRITE;
             return (op == OP_BRK && t->id != 0) ? OP_WRITE : op;
+        }
         r -= (uint32_t)op_weights[op];
     }
     return OP_WRITE;
+}
+
+static void parse_skip(void)
+{
+    const char *e = getenv("CHURN_SKIP");
+    if (!e)
+        return;
+    for (int op = 0; op < OP_COUNT; op++)
+        if (strstr(e, op_names[op]))
+            g_skip |= 1u << op;
 }
 
 static void do_op(struct thr *t)
@@ -959,6 +984,7 @@ static long parse_long(const char *s, long lo, long hi)
 
 int main(int argc, char **argv)
 {
+    parse_skip();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int more = i + 1 < argc;

@@ -137,11 +137,14 @@ pub(crate) fn identify_exe(proc: &Proc, path: &str) -> Result<FileRef> {
 }
 
 /// Memory of a full checkpoint for a stopped process whose metadata is `meta`.
+/// A full checkpoint's image and page data, and the mapped files still to identify.
+pub(crate) type FullMemory = ((ProcessImage, Vec<u8>), Vec<PendingFile>);
+
 pub(crate) fn full_memory(
     proc: &Proc,
     maps: &[MapEntry],
     mut meta: ProcessImage,
-) -> Result<((ProcessImage, Vec<u8>), Vec<PendingFile>)> {
+) -> Result<FullMemory> {
     let (vmas, runs, data, files) = capture_memory(proc, maps, Vec::new())?;
     meta.vmas = vmas;
     meta.runs = runs;

@@ -174,6 +174,8 @@ impl Epochs {
     }
 
     /// Waits for the epoch to end and returns its incremental checkpoint.
+    // Not an Iterator: each call blocks for an epoch and can fail; `next` reads best here.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<(Checkpoint, EpochStats)> {
         self.release();
         self.tx
@@ -426,7 +428,8 @@ impl<'p> EpochLoop<'p> {
             self.proc.smaps().map_err(proc_err("smaps"))?
         };
         self.epoch += 1;
-        let refresh = self.cfg.refresh_every > 0 && self.epoch % self.cfg.refresh_every == 0;
+        let refresh =
+            self.cfg.refresh_every > 0 && self.epoch.is_multiple_of(self.cfg.refresh_every);
         let mut meta = capture::capture_meta(self.proc, st, &maps, &mut self.cache, refresh)?;
         let ts = Instant::now();
 
@@ -510,7 +513,9 @@ impl<'p> EpochLoop<'p> {
                 let was_hot = self.hot.contains(&a);
                 let cools = was_hot
                     && (self.cool.contains(&a)
-                        || self.random() % self.cfg.cold_one_in.max(1) as u64 == 0);
+                        || self
+                            .random()
+                            .is_multiple_of(self.cfg.cold_one_in.max(1) as u64));
                 if cools {
                     self.streak.insert(a, 0);
                 } else if was_hot || self.streak[&a] >= self.cfg.hot_epochs {

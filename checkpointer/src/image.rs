@@ -493,6 +493,55 @@ impl Checkpoint {
     }
 }
 
+impl ProcessImage {
+    /// Internal consistency: every run lies inside the data and inside a mapping.
+    fn validate(&self, data_len: u64) -> Result<(), FormatError> {
+        let bad = |m: String| Err(FormatError::Meta(m));
+        if self.threads.is_empty() {
+            return bad("no threads".into());
+        }
+        for p in &self.pages {
+            if p.data_off
+                .checked_add(p.enc.encoded_len() as u64)
+                .is_none_or(|e| e > data_len)
+            {
+                return bad(format!("page at {:#x} lies outside the page data", p.addr));
+            }
+        }
+        for r in &self.runs {
+            if r.data_off.checked_add(r.len).is_none_or(|e| e > data_len) {
+                return bad(format!(
+                    "page run at {:#x} lies outside the page data",
+                    r.addr
+                ));
+            }
+            if !self
+                .vmas
+                .iter()
+                .any(|v| v.start <= r.addr && r.addr + r.len <= v.end)
+            {
+                return bad(format!(
+                    "page run at {:#x} lies outside every mapping",
+                    r.addr
+                ));
+            }
+        }
+        for v in &self.vmas {
+            if let Backing::File { index, .. } = v.backing
+                && index as usize >= self.files.len()
+            {
+                return bad(format!("mapping at {:#x} names file #{index}", v.start));
+            }
+        }
+        for t in &self.threads {
+            if t.regs.len() != 27 || t.xstate.len() > crate::abi::XSTATE_MAX {
+                return bad(format!("thread {} has a malformed register set", t.tid));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -627,54 +676,5 @@ mod tests {
             Checkpoint::from_bytes(b"not a checkpoint at all".to_vec()),
             Err(FormatError::BadMagic)
         ));
-    }
-}
-
-impl ProcessImage {
-    /// Internal consistency: every run lies inside the data and inside a mapping.
-    fn validate(&self, data_len: u64) -> Result<(), FormatError> {
-        let bad = |m: String| Err(FormatError::Meta(m));
-        if self.threads.is_empty() {
-            return bad("no threads".into());
-        }
-        for p in &self.pages {
-            if p.data_off
-                .checked_add(p.enc.encoded_len() as u64)
-                .is_none_or(|e| e > data_len)
-            {
-                return bad(format!("page at {:#x} lies outside the page data", p.addr));
-            }
-        }
-        for r in &self.runs {
-            if r.data_off.checked_add(r.len).is_none_or(|e| e > data_len) {
-                return bad(format!(
-                    "page run at {:#x} lies outside the page data",
-                    r.addr
-                ));
-            }
-            if !self
-                .vmas
-                .iter()
-                .any(|v| v.start <= r.addr && r.addr + r.len <= v.end)
-            {
-                return bad(format!(
-                    "page run at {:#x} lies outside every mapping",
-                    r.addr
-                ));
-            }
-        }
-        for v in &self.vmas {
-            if let Backing::File { index, .. } = v.backing
-                && index as usize >= self.files.len()
-            {
-                return bad(format!("mapping at {:#x} names file #{index}", v.start));
-            }
-        }
-        for t in &self.threads {
-            if t.regs.len() != 27 || t.xstate.len() > crate::abi::XSTATE_MAX {
-                return bad(format!("thread {} has a malformed register set", t.tid));
-            }
-        }
-        Ok(())
     }
 }

@@ -81,11 +81,9 @@ impl Proc {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: fresh descriptor.
-        Ok(Proc {
-            pid,
-            dir: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Proc { pid, dir })
     }
 
     /// A duplicate of the `/proc/PID` directory descriptor.

@@ -735,7 +735,7 @@ fn restore_of_a_missing_file() {
     assert_refused(
         &out,
         &[&format!(
-            "reading {}: No such file or directory",
+            "{} cannot be restored: reading the checkpoint: No such file or directory",
             file.display()
         )],
     );

@@ -267,6 +267,11 @@ pub struct MetaCache {
     umask: Option<u32>,
     heap_end: Option<u64>,
     brk: u64,
+    rlimits: Option<Vec<(u32, u64, u64)>>,
+    sockets: fds::SocketCache,
+    /// Host TID → (TID in the sandbox, name).
+    names: HashMap<Pid, (Pid, String)>,
+    auxv: Option<Vec<u64>>,
 }
 
 fn capture_stopped(
@@ -315,11 +320,19 @@ pub(crate) fn capture_meta(
         let rseq = st
             .rseq(tid)?
             .map(|(addr, len, sig)| Rseq { addr, len, sig });
-        let ns_tid = proc.ns_pid(tid).map_err(proc_err(pid, "NSpid"))?;
+        // A thread's TID inside the sandbox never changes; its name rarely (seen at refreshes).
+        let (ns_tid, comm) = match cache.names.get(&tid) {
+            Some(v) if !refresh => v.clone(),
+            _ => {
+                let ns = proc.ns_pid(tid).map_err(proc_err(pid, "NSpid"))?;
+                let comm = proc
+                    .read_string(&format!("task/{tid}/comm"))
+                    .map_err(proc_err(pid, "comm"))?;
+                cache.names.insert(tid, (ns, comm.clone()));
+                (ns, comm)
+            }
+        };
         max_tid = max_tid.max(ns_tid);
-        let comm = proc
-            .read_string(&format!("task/{tid}/comm"))
-            .map_err(proc_err(pid, "comm"))?;
         let (clear_child_tid, altstack) = match cache.threads.get(&tid) {
             Some(v) if !refresh => *v,
             _ => inject_thread_values(st, maps, tid)?,
@@ -338,6 +351,7 @@ pub(crate) fn capture_meta(
             altstack,
         });
     }
+    cache.names.retain(|t, _| seen.contains_key(t));
     cache.threads = seen;
 
     // Process-wide state.
@@ -381,15 +395,34 @@ pub(crate) fn capture_meta(
         env_start: f(50),
         env_end: f(51),
     };
-    let auxv_raw = proc.read("auxv").map_err(proc_err(pid, "auxv"))?;
-    let auxv = auxv_raw
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    // The auxiliary vector is set at exec and never changes.
+    let auxv = match &cache.auxv {
+        Some(a) if !refresh => a.clone(),
+        _ => {
+            let raw = proc.read("auxv").map_err(proc_err(pid, "auxv"))?;
+            let a: Vec<u64> = raw
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            cache.auxv = Some(a.clone());
+            a
+        }
+    };
     let cwd = proc.read_link("cwd").map_err(proc_err(pid, "cwd"))?;
     let exe_path = proc.read_link("exe").map_err(proc_err(pid, "exe"))?;
-    let rlimits = capture_rlimits(pid)?;
-    let fds = fds::capture(proc)?;
+    if refresh {
+        cache.rlimits = None;
+        cache.sockets.clear();
+    }
+    let rlimits = match &cache.rlimits {
+        Some(r) => r.clone(),
+        None => {
+            let r = capture_rlimits(pid)?;
+            cache.rlimits = Some(r.clone());
+            r
+        }
+    };
+    let fds = fds::capture(proc, Some(&mut cache.sockets))?;
     // Last: a signal that arrived during an injected call was raised again and is pending now.
     check_pending_signals(proc, &st.tids)?;
     Ok(ProcessImage {

@@ -375,13 +375,25 @@ impl<'p> EpochLoop<'p> {
     ) -> Option<Reply> {
         let capped = self.wait();
         let interval = self.last_resume.elapsed();
-        let t0 = Instant::now();
-        let mut st = match Stopped::stop(self.proc) {
-            Ok(s) => s,
-            Err(e) => return Some(Err(CaptureError::from(e).into())),
+        let mut attempt = 0u64;
+        let (mut st, t0, quiesce, captured) = loop {
+            let t0 = Instant::now();
+            let mut st = match Stopped::stop(self.proc) {
+                Ok(s) => s,
+                Err(e) => return Some(Err(CaptureError::from(e).into())),
+            };
+            let quiesce = t0.elapsed();
+            match self.capture(&mut st) {
+                // A signal queued just as the threads stopped would be lost: let it be
+                // delivered and stop again (as a one-shot checkpoint does).
+                Err(EpochError::Capture(CaptureError::PendingSignals(_))) if attempt < 20 => {
+                    attempt += 1;
+                    let _ = st.resume();
+                    std::thread::sleep(Duration::from_micros(200 * attempt));
+                }
+                r => break (st, t0, quiesce, r),
+            }
         };
-        let quiesce = t0.elapsed();
-        let captured = self.capture(&mut st);
         if hold {
             let r = captured.and_then(|c| self.finish(c, interval, quiesce, t0.elapsed(), capped));
             let ok = r.is_ok();
@@ -427,10 +439,11 @@ impl<'p> EpochLoop<'p> {
         } else {
             self.proc.smaps().map_err(proc_err("smaps"))?
         };
-        self.epoch += 1;
-        let refresh =
-            self.cfg.refresh_every > 0 && self.epoch.is_multiple_of(self.cfg.refresh_every);
+        let epoch = self.epoch + 1;
+        let refresh = self.cfg.refresh_every > 0 && epoch.is_multiple_of(self.cfg.refresh_every);
         let mut meta = capture::capture_meta(self.proc, st, &maps, &mut self.cache, refresh)?;
+        // Nothing above changed tracking state: a failure there can be retried.
+        self.epoch = epoch;
         let ts = Instant::now();
 
         // Written pages of every armed range; a range that fails the registration check holds

@@ -24,9 +24,17 @@ fn perr(pid: Pid, what: String) -> impl FnOnce(io::Error) -> CaptureError {
     move |source| CaptureError::Proc { pid, what, source }
 }
 
+/// Sockets already described, by their `/proc/PID/fd` link (`socket:[inode]`). Only sockets in
+/// a state they do not leave are kept (listening, connected TCP): an unconnected one may still
+/// be bound, connected or made to listen. Inspecting a socket costs a `pidfd_getfd` and about
+/// twenty `getsockopt`s, which adds up inside the pause of a busy server's every epoch.
+/// A connected TCP socket's entry also keeps its descriptor flags (it is restored as a reset
+/// connection, where they hardly matter), so its `fdinfo` is not read again either.
+pub type SocketCache = HashMap<String, (SocketImage, bool, i32)>;
+
 /// Captures every descriptor of the (stopped) process. Run inside [`crate::procfs::in_view`] so
-/// that paths read as the process sees them.
-pub fn capture(proc: &Proc) -> Result<Vec<FdImage>> {
+/// that paths read as the process sees them. `sockets`, when given, is consulted and updated.
+pub fn capture(proc: &Proc, mut sockets: Option<&mut SocketCache>) -> Result<Vec<FdImage>> {
     let pid = proc.pid;
     let mut numbers: Vec<i32> = proc
         .list("fd")
@@ -48,18 +56,47 @@ pub fn capture(proc: &Proc) -> Result<Vec<FdImage>> {
     let mut out = Vec::with_capacity(links.len());
     for (fd, link) in &links {
         let (fd, link) = (*fd, link.as_str());
+        if let Some((s, cloexec, flags)) = sockets.as_deref().and_then(|c| c.get(link))
+            && s.state == SocketState::ConnectedTcp
+        {
+            out.push(FdImage {
+                fd,
+                cloexec: *cloexec,
+                flags: *flags,
+                kind: FdKind::Socket(s.clone()),
+            });
+            continue;
+        }
         let (info, raw) = proc.fdinfo(fd).map_err(perr(pid, format!("fdinfo {fd}")))?;
         let flags_octal = procfs::get(&info, "flags").unwrap_or("0");
         let all_flags = i32::from_str_radix(flags_octal, 8).unwrap_or(0);
         let cloexec = all_flags & libc::O_CLOEXEC != 0;
         let flags = all_flags & !libc::O_CLOEXEC;
-        let kind = classify(proc, &pidfd, fd, link, &info, &raw, flags, &mut pipes)?;
+        let cached = sockets
+            .as_deref()
+            .and_then(|c| c.get(link))
+            .map(|e| e.0.clone());
+        let kind = match cached {
+            Some(s) => FdKind::Socket(s),
+            None => classify(proc, &pidfd, fd, link, &info, &raw, flags, &mut pipes)?,
+        };
+        if let (Some(cache), FdKind::Socket(s)) = (sockets.as_deref_mut(), &kind)
+            && matches!(
+                s.state,
+                SocketState::Listening { .. } | SocketState::ConnectedTcp
+            )
+        {
+            cache.insert(link.to_string(), (s.clone(), cloexec, flags));
+        }
         out.push(FdImage {
             fd,
             cloexec,
             flags,
             kind,
         });
+    }
+    if let Some(cache) = sockets {
+        cache.retain(|l, _| links.iter().any(|(_, x)| x == l));
     }
     Ok(out)
 }

@@ -376,7 +376,7 @@ impl<'p> EpochLoop<'p> {
         let capped = self.wait();
         let interval = self.last_resume.elapsed();
         let mut attempt = 0u64;
-        let (mut st, t0, quiesce, captured) = loop {
+        let (st, t0, quiesce, captured) = loop {
             let t0 = Instant::now();
             let mut st = match Stopped::stop(self.proc) {
                 Ok(s) => s,

@@ -1016,12 +1016,8 @@ fn verify(pid: i32, image: &Image, config: &SandboxConfig) -> anyhow::Result<Vec
         link_index: None,
         ..config.clone()
     };
-    let prep = tardi_checkpointer::restore::prepare_with(
-        &full,
-        &|p| crate::restore_cmd::host_path(&cfg2, p),
-        true,
-    )
-    .context("preparing the restore of the image")?;
+    let prep = tardi_checkpointer::restore::prepare_with(&full, &|p| cfg2.host_path(p), true)
+        .context("preparing the restore of the image")?;
     drop(full);
     let start = Start::Restore {
         pid: prep.pid,

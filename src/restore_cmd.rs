@@ -3,11 +3,9 @@
 use crate::cli::RestoreArgs;
 use crate::supervise::{Supervised, block_signals, supervise};
 use anyhow::{Context, bail};
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tardi_checkpointer::image::{CheckpointFile, Kind};
 use tardi_checkpointer::restore;
-use tardi_manifest::MountKind;
 use tardi_sandbox::{Sandbox, SandboxConfig, Start};
 
 pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
@@ -30,7 +28,7 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
     let config: SandboxConfig = serde_json::from_slice(&ck.image.sandbox)
         .context("the checkpoint's sandbox description is malformed")?;
     let t_read = t0.elapsed();
-    let prep = restore::prepare_file(ck, &|p| host_path(&config, p)).with_context(|| {
+    let prep = restore::prepare_file(ck, &|p| config.host_path(p)).with_context(|| {
         format!(
             "{} cannot be restored here; nothing was started",
             a.file.display()
@@ -93,20 +91,4 @@ pub struct RestoreTimings {
     /// Removing the restorer's blob from the restored process.
     pub cleanup_us: u64,
     pub total_us: u64,
-}
-
-/// The host path the sandbox shows at `p`: the deepest mount that contains it.
-pub fn host_path(config: &SandboxConfig, p: &str) -> Option<PathBuf> {
-    let p = Path::new(p);
-    config
-        .mounts
-        .iter()
-        .filter(|m| p.starts_with(&m.path))
-        .max_by_key(|m| m.path.components().count())
-        .and_then(|m| match &m.kind {
-            MountKind::Bind { host_path, .. } => {
-                Some(host_path.join(p.strip_prefix(&m.path).ok()?))
-            }
-            MountKind::Tmpfs => None,
-        })
 }

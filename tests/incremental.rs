@@ -315,20 +315,8 @@ fn churn_chain(tag: &str, cfg: EpochConfig, env: &str) {
     config.link_index = None;
     config.init_exe = Some(common::tardi::tardi().into());
     let ck = image.to_full();
-    let host = |p: &str| {
-        config
-            .mounts
-            .iter()
-            .filter(|m| std::path::Path::new(p).starts_with(&m.path))
-            .max_by_key(|m| m.path.components().count())
-            .and_then(|m| match &m.kind {
-                tardi_manifest::MountKind::Bind { host_path, .. } => {
-                    Some(host_path.join(std::path::Path::new(p).strip_prefix(&m.path).ok()?))
-                }
-                tardi_manifest::MountKind::Tmpfs => None,
-            })
-    };
-    let prep = restore::prepare_with(&ck, &host, true).expect("prepare the held restore");
+    let prep = restore::prepare_with(&ck, &|p| config.host_path(p), true)
+        .expect("prepare the held restore");
     let start = Start::Restore {
         pid: prep.pid,
         payload: prep.payload.clone(),

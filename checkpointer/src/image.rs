@@ -314,30 +314,79 @@ impl CheckpointFile {
         let io_err = |e: io::Error| FormatError::Io(e.to_string());
         let mut file = std::fs::File::open(path).map_err(io_err)?;
         let found = file.metadata().map_err(io_err)?.len();
+        let mut head = vec![0u8; HEADER_LEN.min(found as usize)];
+        file.read_exact_at(&mut head, 0).map_err(io_err)?;
+        let h = Header::parse(&head, found)?;
+        // Stream the file once for the checksum, keeping only the metadata.
+        let (body, meta_start, meta_end) =
+            (found - 4, HEADER_LEN as u64, HEADER_LEN as u64 + h.meta_len);
+        let mut crc = crc32fast::Hasher::new();
+        let mut meta = Vec::with_capacity(h.meta_len as usize);
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0u64;
+        while at < body {
+            let want = ((body - at) as usize).min(buf.len());
+            file.read_exact(&mut buf[..want]).map_err(io_err)?;
+            crc.update(&buf[..want]);
+            let (cs, ce) = (at.max(meta_start), (at + want as u64).min(meta_end));
+            if cs < ce {
+                meta.extend_from_slice(&buf[(cs - at) as usize..(ce - at) as usize]);
+            }
+            at += want as u64;
+        }
+        let mut trailer = [0u8; 4];
+        file.read_exact(&mut trailer).map_err(io_err)?;
+        check_crc(u32::from_le_bytes(trailer), crc.finalize())?;
+        let (kind, image) = h.decode(&meta)?;
+        Ok(CheckpointFile {
+            epoch: h.epoch,
+            kind,
+            image,
+            file,
+            data_offset: meta_end,
+        })
+    }
+}
+
+/// The fixed-size header, checked against the total length.
+struct Header {
+    kind: u32,
+    epoch: u64,
+    meta_len: u64,
+    data_len: u64,
+}
+
+impl Header {
+    /// Parses the header from the first bytes (up to [`HEADER_LEN`]) of a checkpoint of `found`
+    /// bytes in all.
+    fn parse(head: &[u8], found: u64) -> Result<Header, FormatError> {
         if found == 0 {
             return Err(FormatError::Empty);
         }
-        let mut header = [0u8; HEADER_LEN];
-        let n = file.read_at(&mut header, 0).map_err(io_err)?;
-        if n < 8 || &header[..8] != MAGIC {
+        if head.len() < 8 || &head[..8] != MAGIC {
             return Err(FormatError::BadMagic);
         }
-        if n < HEADER_LEN || found < HEADER_LEN as u64 + 4 {
+        if head.len() < HEADER_LEN || found < HEADER_LEN as u64 + 4 {
             return Err(FormatError::Truncated {
                 expected: HEADER_LEN as u64 + 4,
                 found,
             });
         }
-        let u32_at = |o: usize| u32::from_le_bytes(header[o..o + 4].try_into().unwrap());
-        let u64_at = |o: usize| u64::from_le_bytes(header[o..o + 8].try_into().unwrap());
+        let u32_at = |o: usize| u32::from_le_bytes(head[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_le_bytes(head[o..o + 8].try_into().unwrap());
         let version = u32_at(8);
         if version != FORMAT_VERSION {
             return Err(FormatError::Version { found: version });
         }
-        let (kind, epoch, meta_len, data_len) = (u32_at(12), u64_at(16), u64_at(24), u64_at(32));
+        let h = Header {
+            kind: u32_at(12),
+            epoch: u64_at(16),
+            meta_len: u64_at(24),
+            data_len: u64_at(32),
+        };
         let expected = (HEADER_LEN as u64)
-            .checked_add(meta_len)
-            .and_then(|x| x.checked_add(data_len))
+            .checked_add(h.meta_len)
+            .and_then(|x| x.checked_add(h.data_len))
             .and_then(|x| x.checked_add(4))
             .ok_or(FormatError::Truncated {
                 expected: u64::MAX,
@@ -346,36 +395,21 @@ impl CheckpointFile {
         if found != expected {
             return Err(FormatError::Truncated { expected, found });
         }
-        // Stream the file once for the checksum, keeping only the metadata.
-        let body = found - 4;
-        let mut h = crc32fast::Hasher::new();
-        let mut meta = Vec::with_capacity(meta_len as usize);
-        let mut buf = vec![0u8; 1 << 20];
-        let mut at = 0u64;
-        while at < body {
-            let want = ((body - at) as usize).min(buf.len());
-            file.read_exact(&mut buf[..want]).map_err(io_err)?;
-            h.update(&buf[..want]);
-            let (ms, me) = (HEADER_LEN as u64, HEADER_LEN as u64 + meta_len);
-            let (cs, ce) = (at.max(ms), (at + want as u64).min(me));
-            if cs < ce {
-                meta.extend_from_slice(&buf[(cs - at) as usize..(ce - at) as usize]);
-            }
-            at += want as u64;
-        }
-        let mut trailer = [0u8; 4];
-        file.read_exact(&mut trailer).map_err(io_err)?;
-        let (stored, computed) = (u32::from_le_bytes(trailer), h.finalize());
-        if stored != computed {
-            return Err(FormatError::Checksum { stored, computed });
-        }
-        if kind > 1 {
-            return Err(FormatError::Meta(format!("unknown checkpoint kind {kind}")));
+        Ok(h)
+    }
+
+    /// Decodes and checks the metadata once the checksum matched.
+    fn decode(&self, meta: &[u8]) -> Result<(Kind, ProcessImage), FormatError> {
+        if self.kind > 1 {
+            return Err(FormatError::Meta(format!(
+                "unknown checkpoint kind {}",
+                self.kind
+            )));
         }
         let image: ProcessImage =
-            postcard::from_bytes(&meta).map_err(|e| FormatError::Meta(e.to_string()))?;
-        image.validate(data_len)?;
-        let kind = match (kind, image.base_epoch) {
+            postcard::from_bytes(meta).map_err(|e| FormatError::Meta(e.to_string()))?;
+        image.validate(self.data_len)?;
+        let kind = match (self.kind, image.base_epoch) {
             (0, _) => Kind::Full,
             (_, Some(base)) => Kind::Incremental { base },
             (_, None) => {
@@ -384,14 +418,15 @@ impl CheckpointFile {
                 ));
             }
         };
-        Ok(CheckpointFile {
-            epoch,
-            kind,
-            image,
-            file,
-            data_offset: HEADER_LEN as u64 + meta_len,
-        })
+        Ok((kind, image))
     }
+}
+
+fn check_crc(stored: u32, computed: u32) -> Result<(), FormatError> {
+    if stored != computed {
+        return Err(FormatError::Checksum { stored, computed });
+    }
+    Ok(())
 }
 
 impl Checkpoint {
@@ -422,73 +457,24 @@ impl Checkpoint {
 
     /// Parses and verifies a checkpoint. Takes ownership so the page data is not copied.
     pub fn from_bytes(mut bytes: Vec<u8>) -> Result<Checkpoint, FormatError> {
-        let found = bytes.len() as u64;
-        if bytes.is_empty() {
-            return Err(FormatError::Empty);
-        }
-        if bytes.len() < 8 || &bytes[..8] != MAGIC {
-            return Err(FormatError::BadMagic);
-        }
-        if bytes.len() < HEADER_LEN + 4 {
-            return Err(FormatError::Truncated {
-                expected: HEADER_LEN as u64 + 4,
-                found,
-            });
-        }
-        let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
-        let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
-        let version = u32_at(8);
-        if version != FORMAT_VERSION {
-            return Err(FormatError::Version { found: version });
-        }
-        let kind = u32_at(12);
-        let epoch = u64_at(16);
-        let meta_len = u64_at(24);
-        let data_len = u64_at(32);
-        let expected = (HEADER_LEN as u64)
-            .checked_add(meta_len)
-            .and_then(|x| x.checked_add(data_len))
-            .and_then(|x| x.checked_add(4))
-            .ok_or(FormatError::Truncated {
-                expected: u64::MAX,
-                found,
-            })?;
-        if found != expected {
-            return Err(FormatError::Truncated { expected, found });
-        }
+        let h = Header::parse(&bytes[..HEADER_LEN.min(bytes.len())], bytes.len() as u64)?;
         let body = bytes.len() - 4;
-        let stored = u32_at(body);
-        let computed = crc32fast::hash(&bytes[..body]);
-        if stored != computed {
-            return Err(FormatError::Checksum { stored, computed });
-        }
-        if kind > 1 {
-            return Err(FormatError::Meta(format!("unknown checkpoint kind {kind}")));
-        }
-        let meta_end = HEADER_LEN + meta_len as usize;
-        let image: ProcessImage = postcard::from_bytes(&bytes[HEADER_LEN..meta_end])
-            .map_err(|e| FormatError::Meta(e.to_string()))?;
+        check_crc(
+            u32::from_le_bytes(bytes[body..].try_into().unwrap()),
+            crc32fast::hash(&bytes[..body]),
+        )?;
+        let meta_end = HEADER_LEN + h.meta_len as usize;
+        let (kind, image) = h.decode(&bytes[HEADER_LEN..meta_end])?;
         // Move the page data to the front of the buffer instead of copying it into a new one
         // (no fresh allocation to fault in).
         bytes.truncate(body);
         bytes.copy_within(meta_end.., 0);
         bytes.truncate(body - meta_end);
-        let data = bytes;
-        image.validate(data.len() as u64)?;
-        let kind = match (kind, image.base_epoch) {
-            (0, _) => Kind::Full,
-            (_, Some(base)) => Kind::Incremental { base },
-            (_, None) => {
-                return Err(FormatError::Meta(
-                    "incremental checkpoint without a base epoch".into(),
-                ));
-            }
-        };
         Ok(Checkpoint {
-            epoch,
+            epoch: h.epoch,
             kind,
             image,
-            data,
+            data: bytes,
         })
     }
 }

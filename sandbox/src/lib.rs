@@ -208,6 +208,22 @@ impl SandboxConfig {
         c
     }
 
+    /// The host path the sandbox shows at `path` (inside it): the deepest mount containing it,
+    /// if that is a bind mount (tmpfs contents exist only inside the sandbox).
+    pub fn host_path(&self, path: &str) -> Option<PathBuf> {
+        let p = Path::new(path);
+        self.mounts
+            .iter()
+            .filter(|m| p.starts_with(&m.path))
+            .max_by_key(|m| m.path.components().count())
+            .and_then(|m| match &m.kind {
+                tardi_manifest::MountKind::Bind { host_path, .. } => {
+                    Some(host_path.join(p.strip_prefix(&m.path).ok()?))
+                }
+                tardi_manifest::MountKind::Tmpfs => None,
+            })
+    }
+
     /// Checks what [`Sandbox::start`] relies on.
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(SandboxError::InvalidConfig(msg));

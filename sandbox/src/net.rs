@@ -143,6 +143,25 @@ pub(crate) fn create_link_for(
     Ok(link)
 }
 
+/// Creates the veth pair of `link`; `Ok(false)` if its name is taken already.
+fn add_veth(link: &Link) -> Result<bool> {
+    let args = [
+        "link",
+        "add",
+        &link.host_if,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &link.sandbox_if,
+    ];
+    match run(Command::new("ip").args(args), None) {
+        Ok(()) => Ok(true),
+        Err(SandboxError::Command { stderr, .. }) if stderr.contains("File exists") => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Allocates a free index not in `avoid` and creates its veth pair (both ends on the host,
 /// down). With `want`, only that index is tried.
 fn create_link(subnet: Ipv4Addr, want: Option<u32>, avoid: &HashSet<u32>) -> Result<Link> {
@@ -154,27 +173,12 @@ fn create_link(subnet: Ipv4Addr, want: Option<u32>, avoid: &HashSet<u32>) -> Res
             )));
         }
         let link = Link::new(subnet, index);
-        return match run(
-            Command::new("ip").args([
-                "link",
-                "add",
-                &link.host_if,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &link.sandbox_if,
-            ]),
-            None,
-        ) {
-            Ok(()) => Ok(link),
-            Err(SandboxError::Command { stderr, .. }) if stderr.contains("File exists") => {
-                Err(SandboxError::InvalidConfig(format!(
-                    "the sandbox's address {} is in use (link {} exists): is another sandbox holding it?",
-                    link.sandbox_addr, link.host_if
-                )))
-            }
-            Err(e) => Err(e),
+        return match add_veth(&link)? {
+            true => Ok(link),
+            false => Err(SandboxError::InvalidConfig(format!(
+                "the sandbox's address {} is in use (link {} exists): is another sandbox holding it?",
+                link.sandbox_addr, link.host_if
+            ))),
         };
     }
     for _ in 0..MAX_COLLISIONS {
@@ -194,26 +198,11 @@ fn create_link(subnet: Ipv4Addr, want: Option<u32>, avoid: &HashSet<u32>) -> Res
         tried.insert(index);
         NEXT_INDEX.store(index % MAX_INDEX + 1, Ordering::Relaxed);
         let link = Link::new(subnet, index);
-        let args = [
-            "link",
-            "add",
-            &link.host_if,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &link.sandbox_if,
-        ];
-        match run(Command::new("ip").args(args), None) {
-            Ok(()) => {
-                tracing::debug!(host_if = %link.host_if, "created veth pair");
-                return Ok(link);
-            }
-            Err(SandboxError::Command { stderr, .. }) if stderr.contains("File exists") => {
-                tracing::debug!(index, "link index taken concurrently, trying another");
-            }
-            Err(e) => return Err(e),
+        if add_veth(&link)? {
+            tracing::debug!(host_if = %link.host_if, "created veth pair");
+            return Ok(link);
         }
+        tracing::debug!(index, "link index taken concurrently, trying another");
     }
     Err(SandboxError::NoFreeLink {
         subnet,

@@ -23,59 +23,16 @@ fn roundtrip(ck: &Checkpoint) -> Checkpoint {
 fn chain(pid: i32, cfg: EpochConfig, epochs: u64, check_every: u64) -> Image {
     let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
     let mut image = Image::from_full(&roundtrip(&full)).unwrap();
-    if std::env::var_os("TARDI_TEST_DEBUG").is_some() {
-        let bytes: u64 = full.image.runs.iter().map(|r| r.len).sum();
-        eprintln!(
-            "full: {} runs, {bytes} bytes in runs, {} data, image pages {}",
-            full.image.runs.len(),
-            full.data.len(),
-            image.pages()
-        );
-    }
     let mut total_dirty = 0;
     for i in 1..=epochs {
         let held = i % check_every == 0 || i == epochs;
         let (ck, st) = if held { ep.next_held() } else { ep.next() }
             .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
         total_dirty += st.dirty_pages + st.fresh_pages;
-        if std::env::var_os("TARDI_TEST_DEBUG").is_some() && i <= 3 {
-            eprintln!(
-                "epoch {i}: {st:?} reset={:x?} pages={}",
-                ck.image.reset,
-                ck.image.pages.len()
-            );
-        }
         assert_eq!(ck.epoch, i);
-        let rt = roundtrip(&ck);
-        if std::env::var_os("TARDI_TEST_DEBUG").is_some() && i <= 2 {
-            eprintln!(
-                "epoch {i}: orig vmas {} reset {:x?} | rt vmas {} reset {:x?} base {:?} kind {:?}",
-                ck.image.vmas.len(),
-                ck.image.reset,
-                rt.image.vmas.len(),
-                rt.image.reset,
-                rt.image.base_epoch,
-                rt.kind
-            );
-            let v: Vec<_> = rt
-                .image
-                .vmas
-                .iter()
-                .take(3)
-                .map(|v| (v.start, v.end, v.backing))
-                .collect();
-            eprintln!("  first vmas {v:x?}");
-        }
         image
-            .apply(&rt)
+            .apply(&roundtrip(&ck))
             .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
-        if std::env::var_os("TARDI_TEST_DEBUG").is_some() && i <= 2 {
-            eprintln!(
-                "after epoch {i}: image pages {}, vmas {}",
-                image.pages(),
-                image.meta.vmas.len()
-            );
-        }
         if held {
             let diffs = compare_live(pid, &image, 20).unwrap();
             assert!(
@@ -204,92 +161,17 @@ fn churn_chain(tag: &str, cfg: EpochConfig, env: &str) {
     let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
     let mut image = Image::from_full(&roundtrip(&full)).unwrap();
     let (mut fresh, mut resets) = (0, 0);
-    let mut history: std::collections::HashMap<u64, Vec<String>> = std::collections::HashMap::new();
     for i in 1..=220u64 {
         let held = i % 20 == 0 || i == 220;
         let (ck, st) = if held { ep.next_held() } else { ep.next() }
             .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
         fresh += st.fresh_pages;
         resets += ck.image.reset.len();
-        if std::env::var_os("TARDI_TEST_DEBUG").is_some() {
-            for p in &ck.image.pages {
-                history
-                    .entry(p.addr)
-                    .or_default()
-                    .push(format!("e{i}:page({:?})", p.enc));
-            }
-            for &(s, e) in &ck.image.reset {
-                if e - s == 4096 {
-                    history.entry(s).or_default().push(format!("e{i}:reset1"));
-                } else {
-                    for a in (s..e).step_by(4096) {
-                        history
-                            .entry(a)
-                            .or_default()
-                            .push(format!("e{i}:reset[{s:x}-{e:x}]"));
-                    }
-                }
-            }
-        }
-        let last_cow = ck.image.cow.clone();
         image
             .apply(&roundtrip(&ck))
             .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
         if held && i < 220 {
             let diffs = compare_live(pid, &image, 20).unwrap();
-            if !diffs.is_empty() && std::env::var_os("TARDI_TEST_DEBUG").is_some() {
-                for d in diffs.iter().take(3) {
-                    let Ok(a) = u64::from_str_radix(
-                        d.split_whitespace()
-                            .nth(1)
-                            .unwrap_or("")
-                            .trim_start_matches("0x"),
-                        16,
-                    ) else {
-                        eprintln!("{d}");
-                        continue;
-                    };
-                    let pm = std::fs::File::open(format!("/proc/{pid}/pagemap")).unwrap();
-                    let mut e = [0u8; 8];
-                    std::os::unix::fs::FileExt::read_exact_at(&pm, &mut e, a / 4096 * 8).unwrap();
-                    let e = u64::from_le_bytes(e);
-                    eprintln!(
-                        "in cow list: {}",
-                        last_cow.iter().any(|&(s, e)| s <= a && a < e)
-                    );
-                    let states: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-                        .unwrap()
-                        .map(|t| {
-                            let t = t.unwrap().path();
-                            let st = std::fs::read_to_string(t.join("stat")).unwrap();
-                            format!(
-                                "{}:{}",
-                                t.file_name().unwrap().to_str().unwrap(),
-                                st.rsplit_once(") ").unwrap().1.chars().next().unwrap()
-                            )
-                        })
-                        .collect();
-                    eprintln!("thread states: {states:?}");
-                    eprintln!(
-                        "{d}\n  pagemap: present={} file={} wp={} | history tail: {:?}",
-                        e >> 63 & 1,
-                        e >> 61 & 1,
-                        e >> 57 & 1,
-                        history
-                            .get(&a)
-                            .map(|h| h[h.len().saturating_sub(6)..].to_vec())
-                    );
-                }
-                let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-                eprintln!(
-                    "{}",
-                    maps.lines()
-                        .filter(|l| l.contains("churn.dat"))
-                        .take(40)
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                );
-            }
             assert!(
                 diffs.is_empty(),
                 "epoch {i}: image differs from the live process:\n{}",

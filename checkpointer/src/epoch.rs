@@ -359,7 +359,8 @@ impl<'p> EpochLoop<'p> {
             // (every 0.5 ms cost more than half of a busy service's system calls per epoch).
             let poll = (self.cfg.interval / 5).max(Duration::from_millis(1));
             let step = if cap > 0 {
-                left.min(poll).max(self.cfg.min_interval.saturating_sub(elapsed))
+                left.min(poll)
+                    .max(self.cfg.min_interval.saturating_sub(elapsed))
             } else {
                 left
             };

@@ -134,6 +134,36 @@ struct Rec {
     time_us: u64,
 }
 
+/// Applies an epoch's checkpoint to the verification image (if any), prints its JSON line (with
+/// `--json`) and keeps its record.
+fn record(
+    image: &mut Option<Image>,
+    recs: &mut Vec<Rec>,
+    ck: tardi_checkpointer::Checkpoint,
+    st: EpochStats,
+    t0: Instant,
+    json: bool,
+) -> anyhow::Result<()> {
+    if let Some(img) = image {
+        img.apply(&ck).context("applying the checkpoint")?;
+    }
+    let rec = Rec {
+        time_us: t0.elapsed().as_micros() as u64,
+        st,
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(&EpochLine {
+                st: &rec.st,
+                time_us: rec.time_us
+            })?
+        );
+    }
+    recs.push(rec);
+    Ok(())
+}
+
 #[derive(Serialize, Clone, Copy, Default, Debug)]
 struct Pct {
     p50: u64,
@@ -630,26 +660,9 @@ fn profile_in(
                 return Err(anyhow::Error::new(e).context(format!("epoch {n}")));
             }
         };
-        if let Some(img) = &mut image {
-            img.apply(&ck)
-                .with_context(|| format!("applying the checkpoint of epoch {n}"))?;
-        }
-        drop(ck);
-        let rec = Rec {
-            time_us: t0_done.elapsed().as_micros() as u64,
-            st,
-        };
-        if a.json {
-            println!(
-                "{}",
-                serde_json::to_string(&EpochLine {
-                    st: &rec.st,
-                    time_us: rec.time_us
-                })?
-            );
-        }
-        progress.epoch(&rec, a.duration);
-        recs.push(rec);
+        record(&mut image, &mut recs, ck, st, t0_done, a.json)
+            .with_context(|| format!("epoch {n}"))?;
+        progress.epoch(recs.last().expect("just recorded"), a.duration);
         if hold {
             held = true;
         }
@@ -665,23 +678,8 @@ fn profile_in(
         if !held && !matches!(stop, Stop::Exited(_)) {
             match ep.next_held() {
                 Ok((ck, st)) => {
-                    if let Some(img) = &mut image {
-                        img.apply(&ck).context("applying the last checkpoint")?;
-                    }
-                    let rec = Rec {
-                        time_us: t0_done.elapsed().as_micros() as u64,
-                        st,
-                    };
-                    if a.json {
-                        println!(
-                            "{}",
-                            serde_json::to_string(&EpochLine {
-                                st: &rec.st,
-                                time_us: rec.time_us
-                            })?
-                        );
-                    }
-                    recs.push(rec);
+                    record(&mut image, &mut recs, ck, st, t0_done, a.json)
+                        .context("the last (held) epoch")?;
                     held = true;
                 }
                 Err(e) => {

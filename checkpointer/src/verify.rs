@@ -48,19 +48,8 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
             (v.start, v.end, v.prot, v.shared, off)
         })
         .collect();
-    if live != img {
-        let first = live
-            .iter()
-            .zip(&img)
-            .position(|(a, b)| a != b)
-            .unwrap_or(live.len().min(img.len()));
-        diffs.push(format!(
-            "layout differs ({} live mappings, {} in the image); first difference at #{first}: live {:x?}, image {:x?}",
-            live.len(),
-            img.len(),
-            live.get(first),
-            img.get(first)
-        ));
+    if let Some(d) = layout_difference(&live, &img, "in the image") {
+        diffs.push(d);
         return Ok(diffs);
     }
 
@@ -155,6 +144,29 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
     Ok(diffs)
 }
 
+/// Describes the first difference between two layouts (`other` is `what`: "restored", ...).
+fn layout_difference<T: PartialEq + std::fmt::Debug>(
+    live: &[T],
+    other: &[T],
+    what: &str,
+) -> Option<String> {
+    if live == other {
+        return None;
+    }
+    let first = live
+        .iter()
+        .zip(other)
+        .position(|(a, b)| a != b)
+        .unwrap_or(live.len().min(other.len()));
+    Some(format!(
+        "layout differs ({} live mappings, {} {what}); first difference at #{first}: live {:x?}, {what} {:x?}",
+        live.len(),
+        other.len(),
+        live.get(first),
+        other.get(first)
+    ))
+}
+
 type Shape = (u64, u64, u32, bool, String);
 
 fn merged_layout(maps: &[crate::procfs::MapEntry]) -> Vec<Shape> {
@@ -227,19 +239,8 @@ pub fn compare_processes(
     // part was registered for tracking). Compare the merged layouts.
     let (sa, sb) = (merged_layout(&am), merged_layout(&bm));
     let mut diffs = Vec::new();
-    if sa != sb {
-        let first = sa
-            .iter()
-            .zip(&sb)
-            .position(|(x, y)| x != y)
-            .unwrap_or(sa.len().min(sb.len()));
-        diffs.push(format!(
-            "layout differs ({} live mappings, {} restored); first difference at #{first}: live {:x?}, restored {:x?}",
-            sa.len(),
-            sb.len(),
-            sa.get(first),
-            sb.get(first)
-        ));
+    if let Some(d) = layout_difference(&sa, &sb, "restored") {
+        diffs.push(d);
         return Ok(diffs);
     }
     let (amem, bmem) = (

@@ -182,6 +182,10 @@ pub struct ProfileArgs {
     /// Memory for twins (last sent copies of written pages) that deltas are taken against, MiB.
     #[arg(long, default_value_t = 64, value_name = "MB")]
     pub twin_budget: u64,
+    /// Threads that encode each epoch's pages (after the service resumed). More than one only
+    /// pays with spare cores: see docs/BENCHMARKS.md, "Parallel encode".
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub encode_workers: usize,
 }
 
 /// NOT IMPLEMENTED YET: arrives with replication and the orchestrator cluster.

@@ -541,6 +541,7 @@ fn epoch_config(a: &ProfileArgs, m: &Manifest) -> EpochConfig {
         codec: a.codec,
         twin_budget: (a.twin_budget as usize).saturating_mul(1 << 20),
         refresh_every: 100,
+        encode_workers: a.encode_workers.max(1),
     }
 }
 

@@ -97,11 +97,12 @@ fn statemachine_chain(tag: &str, cfg: EpochConfig) {
 }
 
 #[test]
-fn statemachine_chain_uffd_hot_pages() {
+fn statemachine_chain_uffd_hot_pages_two_encoders() {
     statemachine_chain(
         "hot",
         EpochConfig {
             interval: Duration::from_millis(5),
+            encode_workers: 2,
             ..Default::default()
         },
     );

@@ -42,6 +42,9 @@ pub struct EpochConfig {
     /// Re-read every value cached between epochs (signal actions, sigaltstacks, ...) every
     /// this many epochs (0: only at the start).
     pub refresh_every: u64,
+    /// Threads that encode an epoch's pages (after the resume). On this project's 2-core
+    /// machines one is the default: see docs/BENCHMARKS.md ("Parallel encode").
+    pub encode_workers: usize,
 }
 
 impl Default for EpochConfig {
@@ -55,6 +58,7 @@ impl Default for EpochConfig {
             codec: Codec::XorZstd,
             twin_budget: 64 << 20,
             refresh_every: 100,
+            encode_workers: 1,
         }
     }
 }
@@ -239,7 +243,8 @@ struct EpochLoop<'p> {
     armed: Vec<(u64, u64)>,
     prev_maps: Vec<MapEntry>,
     cache: MetaCache,
-    codec: PageCodec,
+    /// One set of codec contexts per encode worker.
+    codecs: Vec<PageCodec>,
     twins: TwinStore,
     streak: HashMap<u64, u32>,
     hot: HashSet<u64>,
@@ -318,7 +323,7 @@ impl<'p> EpochLoop<'p> {
             armed,
             prev_maps: maps,
             cache,
-            codec,
+            codecs: vec![codec],
             streak: HashMap::new(),
             hot: HashSet::new(),
             file_refs: HashMap::new(),
@@ -674,20 +679,54 @@ impl<'p> EpochLoop<'p> {
         for (s, e) in gaps(&live) {
             self.twins.remove_range(s, e);
         }
-        let mut out = Vec::with_capacity(data.len() / 2);
-        let mut pages = Vec::new();
         let mut st = EpochStats {
             epoch: self.epoch,
             ..Default::default()
         };
-        for r in &runs {
-            for p in 0..r.len / PAGE {
-                let addr = r.addr + p * PAGE;
-                let off = (r.data_off + p * PAGE) as usize;
-                let page = &data[off..off + PAGE as usize];
-                let twin = self.twins.get(addr);
-                let data_off = out.len() as u64;
-                let enc = self.codec.encode_page(self.cfg.codec, twin, page, &mut out);
+        // Encode against the twins (read-only meanwhile), on `encode_workers` threads, each with
+        // its own codec contexts; then stitch the parts and update the twins in order.
+        let list: Vec<(u64, usize)> = runs
+            .iter()
+            .flat_map(|r| {
+                (0..r.len / PAGE)
+                    .map(move |p| (r.addr + p * PAGE, (r.data_off + p * PAGE) as usize))
+            })
+            .collect();
+        let workers = self.cfg.encode_workers.clamp(1, list.len().max(1));
+        while self.codecs.len() < workers {
+            self.codecs
+                .push(PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?);
+        }
+        let kind = self.cfg.codec;
+        let twins = &self.twins;
+        let chunk = list.len().div_ceil(workers).max(1);
+        let parts: Vec<Encoded> = if workers == 1 {
+            vec![encode_part(&mut self.codecs[0], kind, twins, &data, &list)]
+        } else {
+            std::thread::scope(|sc| {
+                let handles: Vec<_> = self
+                    .codecs
+                    .iter_mut()
+                    .zip(list.chunks(chunk))
+                    .map(|(codec, part)| {
+                        let data = &data;
+                        sc.spawn(move || encode_part(codec, kind, twins, data, part))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("encoder thread panicked"))
+                    .collect()
+            })
+        };
+        let mut out = Vec::with_capacity(parts.iter().map(|p| p.0.len()).sum());
+        let mut pages = Vec::with_capacity(list.len());
+        let mut next = list.iter();
+        for (bytes, encs) in parts {
+            let base = out.len() as u64;
+            out.extend_from_slice(&bytes);
+            for (addr, enc, off) in encs {
+                let &(_, data_off) = next.next().expect("one encoding per page");
                 match enc {
                     PageEncoding::Zero => st.zero_pages += 1,
                     PageEncoding::Same => {
@@ -701,12 +740,13 @@ impl<'p> EpochLoop<'p> {
                     PageEncoding::Compressed { .. } => st.compressed_pages += 1,
                 }
                 if enc != PageEncoding::Same {
-                    self.twins.put(addr, self.epoch, page);
+                    self.twins
+                        .put(addr, self.epoch, &data[data_off..data_off + PAGE as usize]);
                 }
                 pages.push(EncodedPage {
                     addr,
                     enc,
-                    data_off,
+                    data_off: base + off,
                 });
             }
         }
@@ -745,6 +785,28 @@ impl<'p> EpochLoop<'p> {
             self.tracker.disarm(s, e);
         }
     }
+}
+
+/// One worker's output: its bytes, and (address, encoding, offset in those bytes) per page.
+type Encoded = (Vec<u8>, Vec<(u64, PageEncoding, u64)>);
+
+/// Encodes the pages `part` ((address, offset in `data`)) against their twins.
+fn encode_part(
+    codec: &mut PageCodec,
+    kind: Codec,
+    twins: &TwinStore,
+    data: &[u8],
+    part: &[(u64, usize)],
+) -> Encoded {
+    let mut out = Vec::with_capacity(part.len() * 64);
+    let mut encs = Vec::with_capacity(part.len());
+    for &(addr, off) in part {
+        let page = &data[off..off + PAGE as usize];
+        let at = out.len() as u64;
+        let enc = codec.encode_page(kind, twins.get(addr), page, &mut out);
+        encs.push((addr, enc, at));
+    }
+    (out, encs)
 }
 
 struct Captured {

@@ -542,6 +542,12 @@ fn epoch_config(a: &ProfileArgs, m: &Manifest) -> EpochConfig {
         twin_budget: (a.twin_budget as usize).saturating_mul(1 << 20),
         refresh_every: 100,
         encode_workers: a.encode_workers.max(1),
+        private_dirs: m
+            .tardi
+            .private_dirs
+            .iter()
+            .map(|d| d.to_string_lossy().into_owned())
+            .collect(),
     }
 }
 

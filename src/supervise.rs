@@ -197,8 +197,9 @@ fn snapshot_to(st: &ServeState, path: &Path) -> anyhow::Result<SnapshotReply> {
             others.join(", ")
         );
     }
-    let (mut ck, stats) = tardi_checkpointer::checkpoint(st.status.pid, 0)
-        .with_context(|| format!("checkpointing sandbox {:?}", st.status.name))?;
+    let (mut ck, stats) =
+        tardi_checkpointer::checkpoint(st.status.pid, 0, &private_dirs(&st.config))
+            .with_context(|| format!("checkpointing sandbox {:?}", st.status.name))?;
     ck.image.sandbox = serde_json::to_vec(&st.config)?;
     let tmp = dir.join(format!(
         ".{}.partial",
@@ -225,4 +226,19 @@ fn snapshot_to(st: &ServeState, path: &Path) -> anyhow::Result<SnapshotReply> {
         threads: stats.threads,
         memory_bytes: stats.saved_bytes,
     })
+}
+
+/// The sandbox's private directories: its writable binds (the manifest makes a bind writable
+/// exactly when it is, or lies under, one of `tardi.private_dirs`).
+pub fn private_dirs(cfg: &tardi_sandbox::SandboxConfig) -> Vec<String> {
+    cfg.mounts
+        .iter()
+        .filter(|m| {
+            matches!(
+                m.kind,
+                tardi_manifest::MountKind::Bind { writable: true, .. }
+            )
+        })
+        .map(|m| m.path.to_string_lossy().into_owned())
+        .collect()
 }

@@ -8,7 +8,7 @@ fn main() {
     let t0 = Instant::now();
     let mut n = 0;
     while t0.elapsed() < Duration::from_secs(secs) {
-        if let Err(e) = tardi_checkpointer::checkpoint(pid, n) {
+        if let Err(e) = tardi_checkpointer::checkpoint(pid, n, &[]) {
             println!("checkpoint {n}: {e}");
             return;
         }

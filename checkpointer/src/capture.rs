@@ -65,20 +65,29 @@ pub struct CaptureStats {
     pub saved_bytes: u64,
 }
 
-/// Takes a full checkpoint of process `pid` (a host PID). The process keeps running.
+/// Takes a full checkpoint of process `pid` (a host PID), with the whole tree of its private
+/// directories (sandbox paths; see [`crate::files`]). The process keeps running.
 ///
 /// A signal can be queued at the very moment the threads stop; it would be lost, so such an
 /// attempt is abandoned and retried a few times before giving up.
-pub fn checkpoint(pid: Pid, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
-    procfs::in_view(pid, |proc| checkpoint_in_view(proc, epoch))
+pub fn checkpoint(
+    pid: Pid,
+    epoch: u64,
+    private_dirs: &[String],
+) -> Result<(Checkpoint, CaptureStats)> {
+    procfs::in_view(pid, |proc| checkpoint_in_view(proc, epoch, private_dirs))
         .map_err(proc_err(pid, "the sandbox's view"))?
 }
 
 /// [`checkpoint`] for a caller already inside [`procfs::in_view`].
-pub fn checkpoint_in_view(proc: &Proc, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
+pub fn checkpoint_in_view(
+    proc: &Proc,
+    epoch: u64,
+    private_dirs: &[String],
+) -> Result<(Checkpoint, CaptureStats)> {
     let mut attempt = 0;
     loop {
-        match checkpoint_once(proc, epoch) {
+        match checkpoint_once(proc, epoch, private_dirs) {
             Err(CaptureError::PendingSignals(_)) if attempt < 20 => {
                 attempt += 1;
                 std::thread::sleep(Duration::from_millis(attempt));
@@ -88,7 +97,11 @@ pub fn checkpoint_in_view(proc: &Proc, epoch: u64) -> Result<(Checkpoint, Captur
     }
 }
 
-fn checkpoint_once(proc: &Proc, epoch: u64) -> Result<(Checkpoint, CaptureStats)> {
+fn checkpoint_once(
+    proc: &Proc,
+    epoch: u64,
+    private_dirs: &[String],
+) -> Result<(Checkpoint, CaptureStats)> {
     let mut stats = CaptureStats::default();
     // The copy destination is faulted in before the pause: a fresh 100 MB buffer would otherwise
     // cost ~25,000 page faults inside it.
@@ -97,7 +110,13 @@ fn checkpoint_once(proc: &Proc, epoch: u64) -> Result<(Checkpoint, CaptureStats)
     let mut st = Stopped::stop(proc)?;
     stats.quiesce = t0.elapsed();
     stats.threads = st.tids.len();
-    let captured = capture_stopped(proc, &mut st, &mut stats, buf);
+    let captured = capture_stopped(proc, &mut st, &mut stats, buf).and_then(|mut c| {
+        // Inside the pause: the files consistent with the memory.
+        c.0.private_files = crate::files::DirTracker::new(private_dirs.to_vec())
+            .changes()
+            .map_err(proc_err(proc.pid, "the private directories"))?;
+        Ok(c)
+    });
     let resumed = st.resume();
     stats.pause = t0.elapsed();
     let (mut image, mut data, file_ids) = captured?;
@@ -450,6 +469,7 @@ pub(crate) fn capture_meta(
         reset: Vec::new(),
         pages: Vec::new(),
         cow: Vec::new(),
+        private_files: Default::default(),
     })
 }
 

@@ -12,6 +12,7 @@
 
 use crate::capture::{self, CaptureError, MetaCache, copy_ranges, describe_vmas, trackable};
 use crate::delta::{Codec, PageCodec, PageEncoding, TwinStore};
+use crate::files::DirTracker;
 use crate::image::*;
 use crate::procfs::{MapEntry, Proc, in_view};
 use crate::ptrace::Stopped;
@@ -45,6 +46,9 @@ pub struct EpochConfig {
     /// Threads that encode an epoch's pages (after the resume). On this project's 2-core
     /// machines one is the default: see docs/BENCHMARKS.md ("Parallel encode").
     pub encode_workers: usize,
+    /// The service's private writable directories (sandbox paths), walked in every pause: see
+    /// [`crate::files`].
+    pub private_dirs: Vec<String>,
 }
 
 impl Default for EpochConfig {
@@ -59,6 +63,7 @@ impl Default for EpochConfig {
             twin_budget: 64 << 20,
             refresh_every: 100,
             encode_workers: 1,
+            private_dirs: Vec::new(),
         }
     }
 }
@@ -104,6 +109,8 @@ pub enum EpochError {
     Capture(#[from] CaptureError),
     #[error(transparent)]
     Track(#[from] TrackError),
+    #[error("walking the private directories: {0}")]
+    Files(#[source] std::io::Error),
     #[error("the epoch thread is gone: {0}")]
     Gone(String),
 }
@@ -258,6 +265,7 @@ struct EpochLoop<'p> {
     last_resume: Instant,
     rng: u64,
     buf: Vec<u8>,
+    dirs: DirTracker,
 }
 
 impl<'p> EpochLoop<'p> {
@@ -286,17 +294,19 @@ impl<'p> EpochLoop<'p> {
             let tracker = UffdTracker::new(&mut st, &maps, pagemap)?;
             let mut cache = MetaCache::default();
             let meta = capture::capture_meta(proc, &mut st, &maps, &mut cache, true)?;
-            let (ck, files) = capture::full_memory(proc, &maps, meta)?;
+            let (mut ck, files) = capture::full_memory(proc, &maps, meta)?;
+            let mut dirs = DirTracker::new(cfg.private_dirs.clone());
+            ck.0.private_files = dirs.changes().map_err(EpochError::Files)?;
             let mut armed = Vec::new();
             for m in maps.iter().filter(|m| trackable(m)) {
                 tracker.arm(m.start, m.end)?;
                 armed.push((m.start, m.end));
             }
-            Ok((tracker, cache, maps, armed, ck, files))
+            Ok((tracker, cache, maps, armed, ck, files, dirs))
         })();
         let resumed = st.resume();
         let pause = t0.elapsed();
-        let (tracker, cache, maps, armed, (mut image, data), files) = r?;
+        let (tracker, cache, maps, armed, (mut image, data), files, dirs) = r?;
         resumed.map_err(CaptureError::from)?;
         let mut data = data;
         capture::finish_full(proc, &mut image, &mut data, files)?;
@@ -333,6 +343,7 @@ impl<'p> EpochLoop<'p> {
             last_resume: Instant::now(),
             rng: 0x9E37_79B9_7F4A_7C15 ^ pid as u64,
             buf: Vec::new(),
+            dirs,
         };
         Ok((lp, (ck, stats)))
     }
@@ -606,6 +617,8 @@ impl<'p> EpochLoop<'p> {
         }
         meta.vmas = vmas;
         self.prev_maps = maps;
+        // Files last, still inside the pause: consistent with the memory just copied.
+        meta.private_files = self.dirs.changes().map_err(EpochError::Files)?;
         Ok(Captured {
             meta,
             runs,

@@ -106,6 +106,10 @@ pub struct ProcessImage {
     /// the receiver held for it (a page written then `MADV_DONTNEED`ed reverts to the file
     /// without the tracker seeing it).
     pub cow: Vec<(u64, u64)>,
+    /// The private directories (see [`crate::files`]): a full checkpoint carries their whole
+    /// tree, an incremental one what changed during the epoch. Empty when the caller declared
+    /// none.
+    pub private_files: crate::files::FileChanges,
 }
 
 /// One page of an incremental checkpoint: `enc` tells how its `enc.encoded_len()` bytes at
@@ -584,6 +588,7 @@ mod tests {
             reset: vec![],
             pages: vec![],
             cow: vec![],
+            private_files: Default::default(),
         };
         Checkpoint {
             epoch: 7,

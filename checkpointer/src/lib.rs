@@ -16,6 +16,7 @@ pub mod capture;
 pub mod delta;
 pub mod epoch;
 pub mod fds;
+pub mod files;
 pub mod image;
 pub mod procfs;
 pub mod ptrace;

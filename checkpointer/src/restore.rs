@@ -71,6 +71,8 @@ pub struct ChildPlan {
     pub cwd: String,
     pub rlimits: Vec<(u32, u64, u64)>,
     pub max_tid: i32,
+    /// The private directories' tree, written before anything is opened.
+    pub private_files: crate::files::FileChanges,
 }
 
 /// Everything [`prepare`] made; keep it alive until [`finish`].
@@ -150,6 +152,7 @@ fn prepare_pages(
         cwd: img.cwd.clone(),
         rlimits: img.rlimits.clone(),
         max_tid: img.max_tid,
+        private_files: img.private_files.clone(),
     };
     let payload = postcard::to_stdvec(&child).map_err(io::Error::other)?;
     // The pipe's write end must survive into the sandbox: clear close-on-exec on every
@@ -473,7 +476,14 @@ fn child_setup(p: &ChildPlan) -> String {
             0u32,
         );
     }
-    // 2. Mapped files and the executable.
+    // 2. The private directories, as the checkpoint saw them (a mapped file or an open
+    // descriptor may name a file in them).
+    if !p.private_files.dirs.is_empty()
+        && let Err(e) = crate::files::materialize(&p.private_files)
+    {
+        return step("writing the private directories", e);
+    }
+    // 3. Mapped files and the executable.
     let n = p.files.len();
     for (i, path) in p.files.iter().chain(std::iter::once(&p.exe)).enumerate() {
         let target = p.base + INHERITED as RawFd + i as RawFd;
@@ -508,12 +518,12 @@ fn child_setup(p: &ChildPlan) -> String {
             libc::close(fd);
         }
     }
-    // 3. The target's descriptors at their numbers.
+    // 4. The target's descriptors at their numbers.
     let floor = exe_target + 1;
     if let Err(e) = fds::recreate(&p.fds, floor) {
         return e.to_string();
     }
-    // 4. Working directory, limits, PID cursor.
+    // 5. Working directory, limits, PID cursor.
     let cwd = CString::new(p.cwd.as_str()).unwrap();
     // SAFETY: valid C string.
     if unsafe { libc::chdir(cwd.as_ptr()) } < 0 {
@@ -530,7 +540,7 @@ fn child_setup(p: &ChildPlan) -> String {
     if let Err(e) = std::fs::write("/proc/sys/kernel/ns_last_pid", p.max_tid.to_string()) {
         return step("setting ns_last_pid", e);
     }
-    // 5. Become the target.
+    // 6. Become the target.
     let argv0 = CString::new("tardi-restorer").unwrap();
     let arg1 = CString::new(p.base.to_string()).unwrap();
     let argv = [argv0.as_ptr(), arg1.as_ptr(), std::ptr::null()];

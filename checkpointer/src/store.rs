@@ -3,6 +3,7 @@
 //! back into a full checkpoint with [`Image::to_full`].
 
 use crate::delta::{PageCodec, PageEncoding};
+use crate::files::Tree;
 use crate::image::*;
 use std::collections::BTreeMap;
 
@@ -31,6 +32,8 @@ pub struct Image {
     pub meta: ProcessImage,
     pages: BTreeMap<u64, Box<[u8; 4096]>>,
     codec: PageCodec,
+    /// The private directories' tree at this epoch (`meta.private_files` stays empty).
+    tree: Tree,
 }
 
 impl Image {
@@ -54,7 +57,10 @@ impl Image {
         }
         let mut meta = ck.image.clone();
         meta.runs.clear();
+        let mut tree = Tree::default();
+        tree.apply(&std::mem::take(&mut meta.private_files));
         Ok(Image {
+            tree,
             epoch: ck.epoch,
             meta,
             pages,
@@ -69,6 +75,11 @@ impl Image {
     /// Number of saved pages.
     pub fn pages(&self) -> usize {
         self.pages.len()
+    }
+
+    /// The private directories' tree at this epoch.
+    pub fn tree(&self) -> &Tree {
+        &self.tree
     }
 
     pub fn page(&self, addr: u64) -> Option<&[u8; 4096]> {
@@ -143,6 +154,7 @@ impl Image {
         meta.reset.clear();
         meta.runs.clear();
         meta.base_epoch = None;
+        self.tree.apply(&std::mem::take(&mut meta.private_files));
         self.meta = meta;
         self.epoch = ck.epoch;
         Ok(())
@@ -168,6 +180,7 @@ impl Image {
         }
         let mut image = self.meta.clone();
         image.runs = runs;
+        image.private_files = self.tree.to_changes();
         Checkpoint {
             epoch: self.epoch,
             kind: Kind::Full,
@@ -208,6 +221,7 @@ mod tests {
             reset: vec![],
             pages: vec![],
             cow: vec![],
+            private_files: Default::default(),
         }
     }
 

@@ -53,6 +53,11 @@ pub enum RestoreError {
     Timeout,
     #[error("removing the restorer from the restored process: {0}")]
     Finish(String),
+    #[error(
+        "the restored service exited as soon as it resumed (see the sandbox log; the state it \
+         found, e.g. its files, may disagree with its memory)"
+    )]
+    ExitedAtOnce,
 }
 
 type Result<T> = std::result::Result<T, RestoreError>;
@@ -576,7 +581,19 @@ pub fn finish(prep: Prepared, pid: Pid, timeout: Duration) -> Result<FinishStats
     let (base, total) = wait_report(prep, pid, timeout)?;
     let stats_restorer = t0.elapsed();
     let t1 = Instant::now();
-    unmap_blob(pid, base, total).map_err(|e| RestoreError::Finish(e.to_string()))?;
+    unmap_blob(pid, base, total).map_err(|e| {
+        // A zombie or a vanished process: the service ran and died before the blob went.
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+        let dead = state
+            .as_deref()
+            .and_then(|s| s.rsplit_once(')'))
+            .is_none_or(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']));
+        if dead {
+            RestoreError::ExitedAtOnce
+        } else {
+            RestoreError::Finish(e.to_string())
+        }
+    })?;
     Ok(FinishStats {
         restorer: stats_restorer,
         cleanup: t1.elapsed(),

@@ -34,18 +34,10 @@ ROUNDS="${ROUNDS:-3}"
 VALUE_SIZE="${VALUE_SIZE:-1000}"
 
 . "$HERE/lib.sh"
-[[ $EUID -eq 0 ]] || { echo "run as root" >&2; exit 1; }
+need_root
 
 # --- tools -------------------------------------------------------------------------------------
-need=()
-command -v redis-server >/dev/null || need+=(redis-server)
-command -v redis-cli >/dev/null || need+=(redis-tools)
-command -v jq >/dev/null || need+=(jq)
-command -v python3 >/dev/null || need+=(python3)
-if ((${#need[@]})); then
-    echo "installing ${need[*]}..." >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
-fi
+ensure_tools redis-server redis-server redis-cli redis-tools jq jq python3 python3
 
 echo "building tardi (release)..." >&2
 (cd "$ROOT" && cargo build --release -q) >&2

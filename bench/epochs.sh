@@ -40,18 +40,12 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(dirname "$HERE")"
 OUT_DIR="$HERE/out"
+. "$HERE/lib.sh"
 PARTS=("$@")
 ((${#PARTS[@]})) || PARTS=(slowdown pause bytes hot)
 
-[[ $EUID -eq 0 ]] || { echo "run as root (ptrace of another process)" >&2; exit 1; }
-need=()
-command -v cc >/dev/null || need+=(gcc libc6-dev)
-command -v redis-server >/dev/null || need+=(redis-server)
-command -v redis-benchmark >/dev/null || need+=(redis-tools)
-if ((${#need[@]})); then
-    echo "installing ${need[*]}..." >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
-fi
+need_root "ptrace of another process"
+ensure_tools cc "gcc libc6-dev" redis-server redis-server redis-benchmark redis-tools
 
 echo "building epoch_bench (release)..." >&2
 (cd "$ROOT" && cargo build --release -q -p tardi-checkpointer --example epoch_bench) >&2

@@ -27,3 +27,22 @@ wait_quiet() {
     done
     echo "$busy"
 }
+
+# Exits unless run as root; $1 says why root is needed.
+need_root() {
+    [[ $EUID -eq 0 ]] || { echo "run as root${1:+ ($1)}" >&2; exit 1; }
+}
+
+# Installs what is missing, given pairs of a command and the Debian packages that provide it:
+#   ensure_tools cc "gcc libc6-dev" jq jq
+ensure_tools() {
+    local need=()
+    while (($# >= 2)); do
+        command -v "$1" >/dev/null || need+=($2)
+        shift 2
+    done
+    if ((${#need[@]})); then
+        echo "installing ${need[*]}..." >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
+    fi
+}

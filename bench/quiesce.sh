@@ -30,14 +30,9 @@ MODES="${MODES:-futex sleep busy}"
 GAP_MS="${GAP_MS:-2}"
 
 . "$HERE/lib.sh"
-[[ $EUID -eq 0 ]] || { echo "run as root (ptrace of another process)" >&2; exit 1; }
+need_root "ptrace of another process"
 
-need=()
-command -v cc >/dev/null || need+=(gcc libc6-dev)
-command -v jq >/dev/null || need+=(jq)
-if ((${#need[@]})); then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
-fi
+ensure_tools cc "gcc libc6-dev" jq jq
 
 echo "building quiesce_bench (release)..." >&2
 (cd "$ROOT" && cargo build --release -q -p tardi-checkpointer --example quiesce_bench) >&2

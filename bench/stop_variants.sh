@@ -19,13 +19,8 @@ VARIANTS="${VARIANTS:-block poll nap nap1}"
 REPEAT="${REPEAT:-2}"
 
 . "$HERE/lib.sh"
-[[ $EUID -eq 0 ]] || { echo "run as root (ptrace of another process)" >&2; exit 1; }
-need=()
-command -v cc >/dev/null || need+=(gcc libc6-dev)
-command -v jq >/dev/null || need+=(jq)
-if ((${#need[@]})); then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
-fi
+need_root "ptrace of another process"
+ensure_tools cc "gcc libc6-dev" jq jq
 
 WORK="$(mktemp -d /tmp/tardi-stopvar.XXXXXX)"
 TARGET_PID=""

@@ -633,6 +633,66 @@ impl Redis {
 
 /// Starts the loop, runs `warmup` epochs (discarded), then epochs until `n` are collected or
 /// `until` passes. `each` runs after every collected epoch (checkpoint, stats).
+/// A bench target running: the dirtier at `rate` MB/s, or redis under redis-benchmark.
+struct Loaded {
+    pid: i32,
+    /// Every process of the target (for the load window).
+    pids: Vec<i32>,
+    _dirtier: Option<Target>,
+    redis: Option<Redis>,
+    label: String,
+}
+
+/// Redis operations per second since `ops0` (NaN without redis).
+fn ops_rate(r: Option<&Redis>, ops0: Option<(f64, Instant)>) -> f64 {
+    match (r, ops0) {
+        (Some(r), Some((o, t))) => (r.ops() - o) / t.elapsed().as_secs_f64(),
+        _ => f64::NAN,
+    }
+}
+
+/// Share of epochs ended early by the cap, in %.
+fn capped_pct(st: &[EpochStats]) -> f64 {
+    100.0 * st.iter().filter(|s| s.capped).count() as f64 / st.len() as f64
+}
+
+fn start_target(a: &Args, target: &str, rate: f64) -> Loaded {
+    match target {
+        "dirtier" => {
+            let d = spawn_dirtier(
+                &a.str("dirtier", "target/bench/dirtier"),
+                a.get("port", 17100),
+                a.get("mb", 100),
+                rate,
+            );
+            Loaded {
+                pid: d.pid,
+                pids: vec![d.pid],
+                _dirtier: Some(d),
+                redis: None,
+                label: format!("dirtier {rate} MB/s"),
+            }
+        }
+        "redis" | "redis-rand" => {
+            let rand = target == "redis-rand";
+            let r = start_redis(a, rand);
+            let label = if rand {
+                "redis, random values"
+            } else {
+                "redis + redis-benchmark"
+            };
+            Loaded {
+                pid: r.server.pid,
+                pids: vec![r.server.pid, r.bench.pid],
+                _dirtier: None,
+                redis: Some(r),
+                label: label.to_string(),
+            }
+        }
+        t => panic!("unknown target {t}"),
+    }
+}
+
 fn run_epochs(
     pid: i32,
     cfg: EpochConfig,
@@ -1113,37 +1173,13 @@ fn bytes(a: &Args, raw: &mut Raw) {
     );
     for target in &targets {
         let busy = wait_quiet(wq);
-        let (pid, pids, _keep_d, keep_r, label) = match target.as_str() {
-            "dirtier" => {
-                let d = spawn_dirtier(
-                    &a.str("dirtier", "target/bench/dirtier"),
-                    a.get("port", 17100),
-                    a.get("mb", 100),
-                    rate,
-                );
-                let pid = d.pid;
-                (
-                    pid,
-                    vec![pid],
-                    Some(d),
-                    None,
-                    format!("dirtier {rate} MB/s"),
-                )
-            }
-            "redis" | "redis-rand" => {
-                let rand = target == "redis-rand";
-                let r = start_redis(a, rand);
-                let pid = r.server.pid;
-                let pids = vec![pid, r.bench.pid];
-                let label = if rand {
-                    "redis, random values"
-                } else {
-                    "redis + redis-benchmark"
-                };
-                (pid, pids, None, Some(r), label.to_string())
-            }
-            t => panic!("unknown target {t}"),
-        };
+        let Loaded {
+            pid,
+            pids,
+            _dirtier,
+            redis: keep_r,
+            label,
+        } = start_target(a, target, rate);
         for &codec in &codecs {
             let cfg = EpochConfig {
                 codec,
@@ -1176,10 +1212,7 @@ fn bytes(a: &Args, raw: &mut Raw) {
                 }
             });
             let other = lw.other_pct();
-            let ops_s = match (&keep_r, ops0) {
-                (Some(r), Some((o, t))) => (r.ops() - o) / t.elapsed().as_secs_f64(),
-                _ => f64::NAN,
-            };
+            let ops_s = ops_rate(keep_r.as_ref(), ops0);
             let st = match r {
                 Ok((st, _)) => st,
                 Err(e) => {
@@ -1204,7 +1237,7 @@ fn bytes(a: &Args, raw: &mut Raw) {
                     )
                 })
                 .unwrap_or_default();
-            let capped = 100.0 * st.iter().filter(|s| s.capped).count() as f64 / st.len() as f64;
+            let capped = capped_pct(&st);
             say(&format!(
                 "| {label} | {codec} | {} | {} | {} | {} | **{:.1}%** | {:.1}% | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} |",
                 st.len(),
@@ -1293,37 +1326,13 @@ fn hot(a: &Args, raw: &mut Raw) {
     );
     for target in &targets {
         let busy = wait_quiet(wq);
-        let (pid, pids, _keep_d, keep_r, label) = match target.as_str() {
-            "dirtier" => {
-                let d = spawn_dirtier(
-                    &a.str("dirtier", "target/bench/dirtier"),
-                    a.get("port", 17100),
-                    a.get("mb", 100),
-                    rate,
-                );
-                let pid = d.pid;
-                (
-                    pid,
-                    vec![pid],
-                    Some(d),
-                    None,
-                    format!("dirtier {rate} MB/s"),
-                )
-            }
-            "redis" | "redis-rand" => {
-                let rand = target == "redis-rand";
-                let r = start_redis(a, rand);
-                let pid = r.server.pid;
-                let pids = vec![pid, r.bench.pid];
-                let label = if rand {
-                    "redis, random values"
-                } else {
-                    "redis + redis-benchmark"
-                };
-                (pid, pids, None, Some(r), label.to_string())
-            }
-            t => panic!("unknown target {t}"),
-        };
+        let Loaded {
+            pid,
+            pids,
+            _dirtier,
+            redis: keep_r,
+            label,
+        } = start_target(a, target, rate);
         // Untracked fault rate.
         let f0_ = pstat(pid).minflt;
         let o0 = keep_r.as_ref().map_or(f64::NAN, |r| r.ops());
@@ -1355,10 +1364,7 @@ fn hot(a: &Args, raw: &mut Raw) {
                     last_t = Some(now);
                 });
                 let other = lw.other_pct();
-                let ops_s = match (&keep_r, ops0) {
-                    (Some(r), Some((o, t))) => (r.ops() - o) / t.elapsed().as_secs_f64(),
-                    _ => f64::NAN,
-                };
+                let ops_s = ops_rate(keep_r.as_ref(), ops0);
                 let st = match r {
                     Ok((st, _)) => st,
                     Err(e) => {
@@ -1376,8 +1382,7 @@ fn hot(a: &Args, raw: &mut Raw) {
                     .collect();
                 let pz = col(&st, |s| s.pause_us);
                 let ep_ms = med(&times);
-                let capped =
-                    100.0 * st.iter().filter(|s| s.capped).count() as f64 / st.len() as f64;
+                let capped = capped_pct(&st);
                 say(&format!(
                     "| {label} | {h} | {round} | {} | {} | {} | {} | {} | {} ({}) | {} | **{}** | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} |",
                     st.len(),

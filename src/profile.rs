@@ -3,6 +3,7 @@
 //! cost (sizes, pauses, rates, a verdict) and can draw plots and verify the checkpoints.
 
 use crate::cli::ProfileArgs;
+use crate::supervise::{block_signals, term_signals, wait_signal};
 use anyhow::{Context, anyhow, bail};
 use serde::Serialize;
 use std::io::{IsTerminal, Write};
@@ -15,7 +16,7 @@ use tardi_checkpointer::delta::Codec;
 use tardi_checkpointer::epoch::{EpochConfig, EpochStats, Epochs};
 use tardi_checkpointer::store::Image;
 use tardi_manifest::{Manifest, Proto};
-use tardi_sandbox::{Sandbox, SandboxConfig, Start};
+use tardi_sandbox::{Sandbox, SandboxConfig};
 
 /// Above this share of the link, a service is a poor candidate (Tardigrade §6.1).
 const LINK_SHARE: f64 = 0.4;
@@ -134,6 +135,15 @@ struct Rec {
     time_us: u64,
 }
 
+impl Rec {
+    fn line(&self) -> EpochLine<'_> {
+        EpochLine {
+            st: &self.st,
+            time_us: self.time_us,
+        }
+    }
+}
+
 /// Applies an epoch's checkpoint to the verification image (if any), prints its JSON line (with
 /// `--json`) and keeps its record.
 fn record(
@@ -152,13 +162,7 @@ fn record(
         st,
     };
     if json {
-        println!(
-            "{}",
-            serde_json::to_string(&EpochLine {
-                st: &rec.st,
-                time_us: rec.time_us
-            })?
-        );
+        println!("{}", serde_json::to_string(&rec.line())?);
     }
     recs.push(rec);
     Ok(())
@@ -178,15 +182,18 @@ impl Pct {
             return Pct::default();
         }
         v.sort_unstable();
-        // Nearest rank.
-        let at = |p: f64| v[((p / 100.0 * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
         Pct {
-            p50: at(50.0),
-            p90: at(90.0),
-            p99: at(99.0),
+            p50: nearest_rank(&v, 0.5),
+            p90: nearest_rank(&v, 0.9),
+            p99: nearest_rank(&v, 0.99),
             max: *v.last().unwrap(),
         }
     }
+}
+
+/// The nearest-rank percentile `p` (a fraction) of `sorted`, which must not be empty.
+fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> T {
+    sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
 }
 
 #[derive(Serialize)]
@@ -517,17 +524,6 @@ impl Stop {
     }
 }
 
-/// A pending SIGINT/SIGTERM/SIGHUP (blocked by `block_signals`), without waiting.
-fn poll_signal(set: &libc::sigset_t) -> Option<i32> {
-    let ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `set` and `ts` are valid for the call; no siginfo is requested.
-    let r = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
-    (r > 0).then_some(r)
-}
-
 fn epoch_config(a: &ProfileArgs, m: &Manifest) -> EpochConfig {
     let e = &m.tardi.epoch;
     let interval = Duration::from_secs_f64(a.interval.unwrap_or(e.interval_ms).max(0.001) / 1e3);
@@ -552,11 +548,8 @@ fn epoch_config(a: &ProfileArgs, m: &Manifest) -> EpochConfig {
 }
 
 pub fn profile(a: ProfileArgs) -> anyhow::Result<()> {
-    let signals = crate::supervise::block_signals();
-    let (m, warnings) = tardi_manifest::load_with_warnings(&a.manifest)?;
-    for w in warnings {
-        eprintln!("tardi: warning: {w}");
-    }
+    let signals = block_signals();
+    let m = crate::run::load_manifest(&a.manifest)?;
     let cfg = epoch_config(&a, &m);
     // Fail on what can be checked before the service runs.
     if let Some(dir) = &a.out {
@@ -564,14 +557,7 @@ pub fn profile(a: ProfileArgs) -> anyhow::Result<()> {
             .with_context(|| format!("creating the output directory {}", dir.display()))?;
         load_font()?;
     }
-    let config = SandboxConfig::from_manifest(&m);
-    let start = Start::Exec {
-        path: m.entrypoint.clone(),
-        argv: m.argv.clone(),
-        env: m.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-    };
-    let mut sandbox = Sandbox::start(&config, start)
-        .with_context(|| format!("starting sandbox {:?}", m.tardi.name))?;
+    let (config, mut sandbox) = crate::run::start_service(&m)?;
     let result = profile_in(&a, &m, &cfg, &config, &mut sandbox, &signals);
     let torn = sandbox.teardown();
     let outcome = result?;
@@ -643,7 +629,7 @@ fn profile_in(
     let mut recs: Vec<Rec> = Vec::new();
     let mut held = false;
     let stop = loop {
-        if let Some(sig) = poll_signal(signals) {
+        if let Some(sig) = wait_signal(signals, Duration::ZERO) {
             break Stop::Signal(sig);
         }
         if let Some(exit) = sandbox.try_wait().context("watching the sandbox")? {
@@ -802,7 +788,7 @@ fn wait_ready(
         .collect();
     let t0 = Instant::now();
     loop {
-        if let Some(sig) = poll_signal(signals) {
+        if let Some(sig) = wait_signal(signals, Duration::ZERO) {
             return Ok(Some(Stop::Signal(sig)));
         }
         if let Some(exit) = sandbox.try_wait().context("watching the sandbox")? {
@@ -944,16 +930,12 @@ impl Load {
             .stdout(out)
             .stderr(err)
             .process_group(0);
-        // SAFETY: the closure only calls sigemptyset/sigaddset on a local set and sigprocmask,
-        // which are async-signal-safe, as required between fork and exec.
+        // Undo `block_signals` (the mask is inherited): the load must die of SIGTERM.
+        let set = term_signals();
+        // SAFETY: the closure only calls sigprocmask on a set built before the fork, which is
+        // async-signal-safe, as required between fork and exec.
         unsafe {
-            c.pre_exec(|| {
-                // Undo `block_signals` (the mask is inherited): the load must die of SIGTERM.
-                let mut set: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut set);
-                for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-                    libc::sigaddset(&mut set, s);
-                }
+            c.pre_exec(move || {
                 libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
                 Ok(())
             });
@@ -1024,12 +1006,7 @@ fn verify(pid: i32, image: &Image, config: &SandboxConfig) -> anyhow::Result<Vec
     let prep = tardi_checkpointer::restore::prepare_with(&full, &|p| cfg2.host_path(p), true)
         .context("preparing the restore of the image")?;
     drop(full);
-    let start = Start::Restore {
-        pid: prep.pid,
-        payload: prep.payload.clone(),
-        fds: prep.inherit.clone(),
-    };
-    let mut sb2 = Sandbox::start(&cfg2, start)
+    let mut sb2 = Sandbox::start(&cfg2, crate::restore_cmd::restore_start(&prep))
         .with_context(|| format!("starting the verification sandbox {:?}", cfg2.name))?;
     let r = (|| -> anyhow::Result<Vec<String>> {
         let restored = sb2
@@ -1067,13 +1044,7 @@ fn verify(pid: i32, image: &Image, config: &SandboxConfig) -> anyhow::Result<Vec
 // ------------------------------------------------------------------------------------------------
 
 fn write_outputs(dir: &Path, s: &Summary, recs: &[Rec], cfg: &EpochConfig) -> anyhow::Result<()> {
-    let lines: Vec<EpochLine> = recs
-        .iter()
-        .map(|r| EpochLine {
-            st: &r.st,
-            time_us: r.time_us,
-        })
-        .collect();
+    let lines: Vec<EpochLine> = recs.iter().map(Rec::line).collect();
     let write = |file: &str, bytes: Vec<u8>| -> anyhow::Result<()> {
         let p = dir.join(file);
         std::fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))
@@ -1168,6 +1139,29 @@ mod plots {
 
     fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
         anyhow!("{e}")
+    }
+
+    /// A legend's mark for a series: a short line in `color`.
+    fn legend_mark(color: RGBColor, width: u32) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+        move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(width))
+    }
+
+    /// Draws the legend box of `chart`'s labelled series at `position`.
+    fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+        chart: &mut ChartContext<'a, DB, CT>,
+        position: SeriesLabelPosition,
+    ) -> anyhow::Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        chart
+            .configure_series_labels()
+            .position(position)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 16))
+            .draw()
+            .map_err(err)
     }
 
     /// An axis label without needless decimals.
@@ -1355,9 +1349,7 @@ mod plots {
                     .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))
                     .map_err(err)?
                     .label(label)
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
-                    });
+                    .legend(legend_mark(color, 3));
                 if few {
                     chart
                         .draw_series(
@@ -1368,15 +1360,7 @@ mod plots {
                         .map_err(err)?;
                 }
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 16))
-                .draw()
-                .map_err(err)?;
-            Ok(())
+            draw_legend(&mut chart, SeriesLabelPosition::UpperRight)
         }
     }
 
@@ -1406,7 +1390,7 @@ mod plots {
                 if values.is_empty() {
                     0.0
                 } else {
-                    values[((p * values.len() as f64).ceil() as usize).clamp(1, values.len()) - 1]
+                    super::nearest_rank(&values, p)
                 }
             };
             let fmt = |v: f64| {
@@ -1486,9 +1470,7 @@ mod plots {
                 .draw_series(LineSeries::new(steps, ENCODED.stroke_width(2)))
                 .map_err(err)?
                 .label("CDF")
-                .legend(|(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 24, y)], ENCODED.stroke_width(3))
-                });
+                .legend(legend_mark(ENCODED, 3));
             if let Some((g, label)) = self.guide {
                 chart
                     .draw_series(LineSeries::new(
@@ -1497,19 +1479,9 @@ mod plots {
                     ))
                     .map_err(err)?
                     .label(label)
-                    .legend(|(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 24, y)], GUIDE.stroke_width(2))
-                    });
+                    .legend(legend_mark(GUIDE, 2));
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::LowerRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 16))
-                .draw()
-                .map_err(err)?;
-            Ok(())
+            draw_legend(&mut chart, SeriesLabelPosition::LowerRight)
         }
     }
 }

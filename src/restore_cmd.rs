@@ -35,26 +35,22 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
         )
     })?;
     let t_prepared = t0.elapsed();
-    let start = Start::Restore {
-        pid: prep.pid,
-        payload: prep.payload.clone(),
-        fds: prep.inherit.clone(),
-    };
-    let mut sandbox = Sandbox::start(&config, start)
+    let mut sandbox = Sandbox::start(&config, restore_start(&prep))
         .with_context(|| format!("starting sandbox {:?}", config.name))?;
     let pid = sandbox
         .service_pid()
         .context("the restored service has no process")?;
     let t_sandbox = t0.elapsed();
-    let fin = restore::finish(prep, pid, Duration::from_secs(60));
-    if let Err(e) = fin {
-        let _ = sandbox.kill();
-        let log = sandbox.log_path().to_path_buf();
-        let _ = sandbox.teardown();
-        return Err(anyhow::Error::new(e)
-            .context(format!("restore failed (sandbox log: {})", log.display())));
-    }
-    let fin = fin.expect("checked above");
+    let fin = match restore::finish(prep, pid, Duration::from_secs(60)) {
+        Ok(fin) => fin,
+        Err(e) => {
+            let _ = sandbox.kill();
+            let log = sandbox.log_path().to_path_buf();
+            let _ = sandbox.teardown();
+            return Err(anyhow::Error::new(e)
+                .context(format!("restore failed (sandbox log: {})", log.display())));
+        }
+    };
     let timings = RestoreTimings {
         read_verify_us: t_read.as_micros() as u64,
         prepare_us: (t_prepared - t_read).as_micros() as u64,
@@ -75,6 +71,15 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
         },
         signals,
     )
+}
+
+/// How a sandbox starts the process `prep` was prepared for.
+pub fn restore_start(prep: &restore::Prepared) -> Start {
+    Start::Restore {
+        pid: prep.pid,
+        payload: prep.payload.clone(),
+        fds: prep.inherit.clone(),
+    }
 }
 
 /// Where a restore's time went (reported in the `started` event).

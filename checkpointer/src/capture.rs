@@ -47,7 +47,10 @@ pub enum CaptureError {
 
 type Result<T> = std::result::Result<T, CaptureError>;
 
-fn proc_err(pid: Pid, what: impl Into<String>) -> impl FnOnce(io::Error) -> CaptureError {
+pub(crate) fn proc_err(
+    pid: Pid,
+    what: impl Into<String>,
+) -> impl FnOnce(io::Error) -> CaptureError {
     let what = what.into();
     move |source| CaptureError::Proc { pid, what, source }
 }
@@ -155,10 +158,10 @@ pub(crate) fn identify_exe(proc: &Proc, path: &str) -> Result<FileRef> {
     identify_path(proc, "exe", path)
 }
 
-/// Memory of a full checkpoint for a stopped process whose metadata is `meta`.
 /// A full checkpoint's image and page data, and the mapped files still to identify.
 pub(crate) type FullMemory = ((ProcessImage, Vec<u8>), Vec<PendingFile>);
 
+/// Memory of a full checkpoint for a stopped process whose metadata is `meta`.
 pub(crate) fn full_memory(
     proc: &Proc,
     maps: &[MapEntry],
@@ -320,7 +323,12 @@ pub(crate) fn capture_meta(
     refresh: bool,
 ) -> Result<ProcessImage> {
     let pid = st.pid;
-    check_supported(proc, &st.tids)?;
+    // Read once: nothing below changes the fields used from it (the process stays stopped, and
+    // the injected calls only read).
+    let status = proc
+        .read_string("status")
+        .map_err(proc_err(pid, "status"))?;
+    check_supported(proc, &status, &st.tids)?;
 
     let mut threads = Vec::with_capacity(st.tids.len());
     let mut max_tid = 0;
@@ -375,7 +383,7 @@ pub(crate) fn capture_meta(
 
     // Process-wide state.
     let leader = st.tids[0];
-    let masks = signal_masks(proc)?;
+    let masks = signal_masks(&status);
     if refresh || cache.sig_masks != Some(masks) {
         cache.sigactions = capture_sigactions(st, maps, leader, masks)?;
         cache.sig_masks = Some(masks);
@@ -436,7 +444,7 @@ pub(crate) fn capture_meta(
     let rlimits = match &cache.rlimits {
         Some(r) => r.clone(),
         None => {
-            let r = capture_rlimits(pid)?;
+            let r = capture_rlimits(pid);
             cache.rlimits = Some(r.clone());
             r
         }
@@ -475,35 +483,25 @@ pub(crate) fn capture_meta(
 
 /// clear_child_tid and the alternate signal stack have no outside interface: ask the thread.
 fn inject_thread_values(st: &mut Stopped, maps: &[MapEntry], tid: Pid) -> Result<(u64, AltStack)> {
-    let (r, _, out) = st.inject(
+    let out = inject_ok(
+        st,
         maps,
         tid,
+        "prctl(PR_GET_TID_ADDRESS)",
         libc::SYS_prctl,
         [libc::PR_GET_TID_ADDRESS as u64, SCRATCH, 0, 0, 0, 0],
         8,
     )?;
-    if r < 0 {
-        return Err(CaptureError::Injected {
-            call: "prctl(PR_GET_TID_ADDRESS)",
-            tid,
-            errno: -r,
-        });
-    }
     let clear_child_tid = u64::from_le_bytes(out[..8].try_into().unwrap());
-    let (r, _, out) = st.inject(
+    let out = inject_ok(
+        st,
         maps,
         tid,
+        "sigaltstack",
         libc::SYS_sigaltstack,
         [0, SCRATCH, 0, 0, 0, 0],
         24,
     )?;
-    if r < 0 {
-        return Err(CaptureError::Injected {
-            call: "sigaltstack",
-            tid,
-            errno: -r,
-        });
-    }
     let altstack = AltStack {
         sp: u64::from_le_bytes(out[..8].try_into().unwrap()),
         flags: u32::from_le_bytes(out[8..12].try_into().unwrap()) & !1, // not SS_ONSTACK
@@ -512,18 +510,35 @@ fn inject_thread_values(st: &mut Stopped, maps: &[MapEntry], tid: Pid) -> Result
     Ok((clear_child_tid, altstack))
 }
 
-/// (SigIgn, SigCgt) of the process.
-fn signal_masks(proc: &Proc) -> Result<(u64, u64)> {
-    let text = proc
-        .read_string("status")
-        .map_err(proc_err(proc.pid, "status"))?;
+/// [`Stopped::inject`] of a call that must succeed; returns the scratch bytes after it.
+fn inject_ok(
+    st: &mut Stopped,
+    maps: &[MapEntry],
+    tid: Pid,
+    call: &'static str,
+    nr: i64,
+    args: [u64; 6],
+    scratch_len: usize,
+) -> Result<Vec<u8>> {
+    let (r, _, out) = st.inject(maps, tid, nr, args, scratch_len)?;
+    if r < 0 {
+        return Err(CaptureError::Injected {
+            call,
+            tid,
+            errno: -r,
+        });
+    }
+    Ok(out)
+}
+
+/// (SigIgn, SigCgt) of the process, from its `status` text.
+fn signal_masks(status: &str) -> (u64, u64) {
     let field = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(k))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        procfs::status_value(status, k)
+            .and_then(|v| u64::from_str_radix(v, 16).ok())
             .unwrap_or(0)
     };
-    Ok((field("SigIgn:"), field("SigCgt:")))
+    (field("SigIgn"), field("SigCgt"))
 }
 
 fn regs_to_vec(r: &Regs) -> Vec<u64> {
@@ -609,11 +624,12 @@ fn signal_name(s: u32) -> String {
 
 /// Process-level state this checkpointer cannot restore yet: refuse it by name rather than
 /// produce a checkpoint that restores into something different.
-fn check_supported(proc: &Proc, tids: &[Pid]) -> Result<()> {
+/// `status` is the process's `status` text.
+fn check_supported(proc: &Proc, status: &str, tids: &[Pid]) -> Result<()> {
     let pid = proc.pid;
     let field = |k: &str| {
-        proc.status_field("status", k)
-            .map_err(proc_err(pid, k.to_string()))
+        procfs::status_value(status, k)
+            .ok_or_else(|| proc_err(pid, k)(io::Error::other(format!("status: no field {k}"))))
     };
     let mut children = Vec::new();
     for t in tids {
@@ -662,20 +678,15 @@ fn capture_sigactions(
         if interesting & (1 << (signo - 1)) == 0 || signo == 9 || signo == 19 {
             continue;
         }
-        let (r, _, buf) = st.inject(
+        let buf = inject_ok(
+            st,
             maps,
             tid,
+            "rt_sigaction",
             libc::SYS_rt_sigaction,
             [signo as u64, 0, SCRATCH, 8, 0, 0],
             32,
         )?;
-        if r < 0 {
-            return Err(CaptureError::Injected {
-                call: "rt_sigaction",
-                tid,
-                errno: -r,
-            });
-        }
         let w = |i: usize| u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap());
         out.push(SigAction {
             signo,
@@ -688,7 +699,7 @@ fn capture_sigactions(
     Ok(out)
 }
 
-fn capture_rlimits(pid: Pid) -> Result<Vec<(u32, u64, u64)>> {
+fn capture_rlimits(pid: Pid) -> Vec<(u32, u64, u64)> {
     let mut v = Vec::new();
     for res in 0..16u32 {
         let mut lim = libc::rlimit64 {
@@ -701,7 +712,7 @@ fn capture_rlimits(pid: Pid) -> Result<Vec<(u32, u64, u64)>> {
             v.push((res, lim.rlim_cur, lim.rlim_max));
         }
     }
-    Ok(v)
+    v
 }
 
 /// Mappings, saved runs, their contents, and the mapped files to identify after the pause.

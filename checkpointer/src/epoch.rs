@@ -10,7 +10,9 @@
 //! [`crate::procfs::in_view`]); [`Epochs`] talks to it over channels, so the hand-offs are
 //! outside the pause.
 
-use crate::capture::{self, CaptureError, MetaCache, copy_ranges, describe_vmas, trackable};
+use crate::capture::{
+    self, CaptureError, MetaCache, copy_ranges, describe_vmas, proc_err, trackable,
+};
 use crate::delta::{Codec, PageCodec, PageEncoding, TwinStore};
 use crate::files::DirTracker;
 use crate::image::*;
@@ -275,22 +277,14 @@ impl<'p> EpochLoop<'p> {
     ) -> Result<(EpochLoop<'p>, (Checkpoint, EpochStats))> {
         let pid = proc.pid;
         let codec = PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?;
-        let pagemap =
-            proc.open_file("pagemap", libc::O_RDONLY)
-                .map_err(|e| CaptureError::Proc {
-                    pid,
-                    what: "pagemap".into(),
-                    source: e,
-                })?;
+        let pagemap = proc
+            .open_file("pagemap", libc::O_RDONLY)
+            .map_err(proc_err(pid, "pagemap"))?;
         let t0 = Instant::now();
         let mut st = Stopped::stop(proc).map_err(CaptureError::from)?;
         let quiesce = t0.elapsed();
         let r = (|| -> Result<_> {
-            let maps = proc.smaps().map_err(|e| CaptureError::Proc {
-                pid,
-                what: "smaps".into(),
-                source: e,
-            })?;
+            let maps = proc.smaps().map_err(proc_err(pid, "smaps"))?;
             let tracker = UffdTracker::new(&mut st, &maps, pagemap)?;
             let mut cache = MetaCache::default();
             let meta = capture::capture_meta(proc, &mut st, &maps, &mut cache, true)?;
@@ -364,11 +358,11 @@ impl<'p> EpochLoop<'p> {
             if elapsed >= self.cfg.interval {
                 return false;
             }
-            if cap > 0 && elapsed >= self.cfg.min_interval {
-                let armed = self.armed.clone();
-                if self.tracker.count_written(&armed, cap) >= cap {
-                    return true;
-                }
+            if cap > 0
+                && elapsed >= self.cfg.min_interval
+                && self.tracker.count_written(&self.armed, cap) >= cap
+            {
+                return true;
             }
             let left = self.cfg.interval - elapsed;
             // Each cap check scans every armed range: poll a few times per epoch, not more
@@ -441,22 +435,12 @@ impl<'p> EpochLoop<'p> {
     /// The part inside the pause.
     fn capture(&mut self, st: &mut Stopped) -> Result<Captured> {
         let pid = self.proc.pid;
-        let proc_err = |what: &str| {
-            let what = what.to_string();
-            move |e| {
-                EpochError::from(CaptureError::Proc {
-                    pid,
-                    what,
-                    source: e,
-                })
-            }
-        };
-        let maps = self.proc.maps().map_err(proc_err("maps"))?;
+        let maps = self.proc.maps().map_err(proc_err(pid, "maps"))?;
         // VmFlags come from smaps, which is costly: only when the layout changed.
         let maps = if same_layout(&maps, &self.prev_maps) {
             std::mem::take(&mut self.prev_maps)
         } else {
-            self.proc.smaps().map_err(proc_err("smaps"))?
+            self.proc.smaps().map_err(proc_err(pid, "smaps"))?
         };
         let epoch = self.epoch + 1;
         let refresh = self.cfg.refresh_every > 0 && epoch.is_multiple_of(self.cfg.refresh_every);
@@ -469,7 +453,7 @@ impl<'p> EpochLoop<'p> {
         // a mapping replaced since it was armed.
         let mut written = Vec::new();
         let mut stale = Vec::new();
-        for &(s, e) in &self.armed.clone() {
+        for &(s, e) in &self.armed {
             if self.tracker.take_written(s, e, &mut written)?.is_none() {
                 stale.push((s, e));
             }
@@ -509,7 +493,7 @@ impl<'p> EpochLoop<'p> {
         // Registering can merge or split mappings (their flags changed): the layout to record
         // is the one after it.
         let maps = if armed_any {
-            self.proc.smaps().map_err(proc_err("smaps"))?
+            self.proc.smaps().map_err(proc_err(pid, "smaps"))?
         } else {
             maps
         };

@@ -215,9 +215,8 @@ impl Proc {
     /// A `Key:\tvalue` line of `status` or `task/TID/status`.
     pub fn status_field(&self, rel: &str, key: &str) -> io::Result<String> {
         let text = self.read_string(rel)?;
-        text.lines()
-            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')))
-            .map(|v| v.trim().to_string())
+        status_value(&text, key)
+            .map(str::to_string)
             .ok_or_else(|| io::Error::other(format!("{rel}: no field {key}")))
     }
 
@@ -294,6 +293,13 @@ pub fn parse_smaps(text: &str) -> Vec<MapEntry> {
         }
     }
     out
+}
+
+/// The value of the `Key:\tvalue` line `key` of a `status` text, trimmed.
+pub fn status_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')))
+        .map(str::trim)
 }
 
 pub fn get<'a>(kv: &'a [(String, String)], key: &str) -> Option<&'a str> {

@@ -17,7 +17,6 @@
 
 use crate::abi::Regs;
 use crate::sys::{Pid, cvt};
-use std::collections::BTreeMap;
 use std::io;
 use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -426,10 +425,7 @@ impl Stopped {
         r.rax = nr as u64;
         r.orig_rax = u64::MAX;
         r.rip = insn;
-        let a: Vec<u64> = args
-            .iter()
-            .map(|&x| if x == SCRATCH { scratch } else { x })
-            .collect();
+        let a = args.map(|x| if x == SCRATCH { scratch } else { x });
         (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) = (a[0], a[1], a[2], a[3], a[4], a[5]);
         self.set_regs(tid, &r)?;
         // Whatever happens while the call runs, the thread's registers and stack bytes are put
@@ -553,6 +549,3 @@ impl Drop for Stopped {
 
 /// Placeholder argument for [`Stopped::inject`]: replaced by the scratch buffer's address.
 pub const SCRATCH: u64 = u64::MAX - 0x5c;
-
-/// Per-thread values gathered by injection, keyed by host TID.
-pub type Injected = BTreeMap<Pid, (u64, crate::image::AltStack)>;

@@ -8,11 +8,11 @@
 use crate::capture::CaptureError;
 use crate::image::*;
 use crate::procfs::{self, Proc};
-use crate::sys::{self, Pid};
-use std::collections::HashMap;
+use crate::sys::{self, Pid, cvt_i as check};
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
 type Result<T> = std::result::Result<T, CaptureError>;
 
@@ -52,30 +52,27 @@ pub fn capture(proc: &Proc, mut sockets: Option<&mut SocketCache>) -> Result<Vec
         }
     }
     let pidfd = sys::pidfd_open(pid).map_err(perr(pid, "pidfd".into()))?;
-    let mut pipes: HashMap<u64, Vec<u8>> = HashMap::new();
+    let mut pipes = HashSet::new();
     let mut out = Vec::with_capacity(links.len());
     for (fd, link) in &links {
         let (fd, link) = (*fd, link.as_str());
-        if let Some((s, cloexec, flags)) = sockets.as_deref().and_then(|c| c.get(link))
-            && s.state == SocketState::ConnectedTcp
-        {
-            out.push(FdImage {
-                fd,
-                cloexec: *cloexec,
-                flags: *flags,
-                kind: FdKind::Socket(s.clone()),
-            });
-            continue;
-        }
+        let cached = match sockets.as_deref().and_then(|c| c.get(link)).cloned() {
+            Some((s, cloexec, flags)) if s.state == SocketState::ConnectedTcp => {
+                out.push(FdImage {
+                    fd,
+                    cloexec,
+                    flags,
+                    kind: FdKind::Socket(s),
+                });
+                continue;
+            }
+            other => other.map(|e| e.0),
+        };
         let (info, raw) = proc.fdinfo(fd).map_err(perr(pid, format!("fdinfo {fd}")))?;
         let flags_octal = procfs::get(&info, "flags").unwrap_or("0");
         let all_flags = i32::from_str_radix(flags_octal, 8).unwrap_or(0);
         let cloexec = all_flags & libc::O_CLOEXEC != 0;
         let flags = all_flags & !libc::O_CLOEXEC;
-        let cached = sockets
-            .as_deref()
-            .and_then(|c| c.get(link))
-            .map(|e| e.0.clone());
         let kind = match cached {
             Some(s) => FdKind::Socket(s),
             None => classify(proc, &pidfd, fd, link, &info, &raw, flags, &mut pipes)?,
@@ -110,7 +107,7 @@ fn classify(
     info: &[(String, String)],
     raw: &str,
     flags: i32,
-    pipes: &mut HashMap<u64, Vec<u8>>,
+    pipes: &mut HashSet<u64>,
 ) -> Result<FdKind> {
     if let Some(path) = link.strip_prefix('/').map(|_| link) {
         if path.starts_with("/memfd:") {
@@ -151,12 +148,12 @@ fn classify(
         let id: u64 = ino.parse().unwrap_or(0);
         let write_end = flags & libc::O_ACCMODE == libc::O_WRONLY;
         let capacity = pipe_capacity(proc, fd)?;
-        let buffered = if pipes.contains_key(&id) {
-            Vec::new()
-        } else {
+        // The buffered bytes go with the first end seen.
+        let buffered = if pipes.insert(id) {
             peek_pipe(proc, fd)?
+        } else {
+            Vec::new()
         };
-        pipes.insert(id, Vec::new());
         return Ok(FdKind::Pipe {
             id,
             write_end,
@@ -239,13 +236,7 @@ fn open_proc_fd(proc: &Proc, fd: i32) -> Result<OwnedFd> {
 fn peek_pipe(proc: &Proc, fd: i32) -> Result<Vec<u8>> {
     let pid = proc.pid;
     let src = open_proc_fd(proc, fd)?;
-    let mut p = [0; 2];
-    // SAFETY: `p` has room for two descriptors.
-    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } < 0 {
-        return Err(perr(pid, "pipe".into())(io::Error::last_os_error()));
-    }
-    // SAFETY: both descriptors are fresh and ours.
-    let (r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+    let (r, w) = sys::pipe(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(perr(pid, "pipe".into()))?;
     // SAFETY: F_SETPIPE_SZ takes an int; 1 MiB is within the default pipe-max-size.
     unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
     // SAFETY: tee between two pipe descriptors we hold.
@@ -396,14 +387,6 @@ fn rerr(fd: i32, what: &str) -> impl FnOnce(io::Error) -> RecreateError {
     move |source| RecreateError { fd, what, source }
 }
 
-fn check(r: libc::c_int) -> io::Result<RawFd> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
 /// Moves `tmp` to descriptor number `target` (without close-on-exec).
 fn place(tmp: RawFd, target: RawFd) -> io::Result<()> {
     if tmp == target {
@@ -427,10 +410,15 @@ fn lift(fd: RawFd, floor: RawFd) -> io::Result<RawFd> {
     Ok(n)
 }
 
+/// Moves a fresh descriptor above `floor` ([`lift`]), then to number `target` ([`place`]).
+fn install(fd: RawFd, target: RawFd, floor: RawFd) -> io::Result<()> {
+    place(lift(fd, floor)?, target)
+}
+
 /// Recreates every descriptor at its old number. `floor` is above every target number and
 /// every descriptor the caller still needs.
 pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), RecreateError> {
-    let mut pipes_done: HashMap<u64, ()> = HashMap::new();
+    let mut pipes_done = HashSet::new();
     for f in fds {
         match &f.kind {
             FdKind::Path { path, pos, is_dir } => {
@@ -446,11 +434,10 @@ pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), Recrea
                     // SAFETY: lseek on a descriptor we own.
                     unsafe { libc::lseek(tmp, *pos as i64, libc::SEEK_SET) };
                 }
-                let tmp = lift(tmp, floor).map_err(rerr(f.fd, path))?;
-                place(tmp, f.fd).map_err(rerr(f.fd, path))?;
+                install(tmp, f.fd, floor).map_err(rerr(f.fd, path))?;
             }
             FdKind::Pipe { id, .. } => {
-                if pipes_done.insert(*id, ()).is_some() {
+                if !pipes_done.insert(*id) {
                     continue;
                 }
                 recreate_pipe(fds, *id, floor)?;
@@ -470,8 +457,7 @@ pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), Recrea
                     // SAFETY: writes 8 bytes from a live u64.
                     unsafe { libc::write(tmp, (count as *const u64).cast(), 8) };
                 }
-                let tmp = lift(tmp, floor).map_err(rerr(f.fd, "eventfd"))?;
-                place(tmp, f.fd).map_err(rerr(f.fd, "eventfd"))?;
+                install(tmp, f.fd, floor).map_err(rerr(f.fd, "eventfd"))?;
             }
             FdKind::TimerFd {
                 clockid,
@@ -481,8 +467,7 @@ pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), Recrea
             } => {
                 let tmp = recreate_timerfd(f, *clockid, *ticks, *value_ns, *interval_ns)
                     .map_err(rerr(f.fd, "timerfd"))?;
-                let tmp = lift(tmp, floor).map_err(rerr(f.fd, "timerfd"))?;
-                place(tmp, f.fd).map_err(rerr(f.fd, "timerfd"))?;
+                install(tmp, f.fd, floor).map_err(rerr(f.fd, "timerfd"))?;
             }
             FdKind::SignalFd { mask } => {
                 let fl = libc::SFD_CLOEXEC | (f.flags & libc::O_NONBLOCK);
@@ -491,15 +476,13 @@ pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), Recrea
                     libc::syscall(libc::SYS_signalfd4, -1, mask as *const u64, 8, fl) as i32
                 })
                 .map_err(rerr(f.fd, "signalfd"))?;
-                let tmp = lift(tmp, floor).map_err(rerr(f.fd, "signalfd"))?;
-                place(tmp, f.fd).map_err(rerr(f.fd, "signalfd"))?;
+                install(tmp, f.fd, floor).map_err(rerr(f.fd, "signalfd"))?;
             }
             FdKind::Epoll { .. } => {
                 // SAFETY: plain epoll creation.
                 let tmp = check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })
                     .map_err(rerr(f.fd, "epoll"))?;
-                let tmp = lift(tmp, floor).map_err(rerr(f.fd, "epoll"))?;
-                place(tmp, f.fd).map_err(rerr(f.fd, "epoll"))?;
+                install(tmp, f.fd, floor).map_err(rerr(f.fd, "epoll"))?;
             }
         }
     }
@@ -526,11 +509,9 @@ fn recreate_pipe(fds: &[FdImage], id: u64, floor: RawFd) -> std::result::Result<
         .filter(|f| matches!(f.kind, FdKind::Pipe { id: i, .. } if i == id))
         .collect();
     let first = ends[0].fd;
-    let mut p = [0; 2];
-    // SAFETY: `p` has room for two descriptors.
-    check(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }).map_err(rerr(first, "pipe"))?;
-    let r = lift(p[0], floor).map_err(rerr(first, "pipe"))?;
-    let w = lift(p[1], floor).map_err(rerr(first, "pipe"))?;
+    let (r, w) = sys::pipe(libc::O_CLOEXEC).map_err(rerr(first, "pipe"))?;
+    let r = lift(r.into_raw_fd(), floor).map_err(rerr(first, "pipe"))?;
+    let w = lift(w.into_raw_fd(), floor).map_err(rerr(first, "pipe"))?;
     let mut buffered: &[u8] = &[];
     for e in &ends {
         if let FdKind::Pipe {
@@ -662,13 +643,13 @@ fn reset_connection(s: &SocketImage, ty: i32, floor: RawFd) -> io::Result<RawFd>
         let mut a: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
         a.sin6_family = libc::AF_INET6 as u16;
         a.sin6_addr.s6_addr[15] = 1;
-        (libc::AF_INET6, as_bytes(&a))
+        (libc::AF_INET6, sys::as_bytes(&a).to_vec())
     } else {
         // SAFETY: plain data, all-zero is valid.
         let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
         a.sin_family = libc::AF_INET as u16;
         a.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
-        (libc::AF_INET, as_bytes(&a))
+        (libc::AF_INET, sys::as_bytes(&a).to_vec())
     };
     // SAFETY: plain socket calls on descriptors we own; addresses are valid sockaddrs.
     unsafe {
@@ -717,10 +698,4 @@ fn reset_connection(s: &SocketImage, ty: i32, floor: RawFd) -> io::Result<RawFd>
         }
         Ok(c)
     }
-}
-
-fn as_bytes<T>(v: &T) -> Vec<u8> {
-    // SAFETY: reading the bytes of a plain-data sockaddr.
-    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
-        .to_vec()
 }

@@ -193,12 +193,7 @@ pub fn materialize(tree: &FileChanges) -> io::Result<()> {
     for path in have.keys().rev() {
         if !want.contains_key(path.as_str()) {
             let p = Path::new(path);
-            let r = if std::fs::symlink_metadata(p)?.is_dir() {
-                std::fs::remove_dir_all(p)
-            } else {
-                std::fs::remove_file(p)
-            };
-            r.or_else(|e| {
+            remove(p, std::fs::symlink_metadata(p)?.is_dir()).or_else(|e| {
                 if e.kind() == io::ErrorKind::NotFound {
                     Ok(())
                 } else {
@@ -218,11 +213,7 @@ pub fn materialize(tree: &FileChanges) -> io::Result<()> {
                     | (Entry::File { .. }, false, false)
             );
             if !same_kind {
-                if m.is_dir() {
-                    std::fs::remove_dir_all(&p)?
-                } else {
-                    std::fs::remove_file(&p)?
-                }
+                remove(&p, m.is_dir())?;
             }
         }
         match entry {
@@ -241,6 +232,15 @@ pub fn materialize(tree: &FileChanges) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Removes a directory with everything below it, or any other entry.
+fn remove(p: &Path, is_dir: bool) -> io::Result<()> {
+    if is_dir {
+        std::fs::remove_dir_all(p)
+    } else {
+        std::fs::remove_file(p)
+    }
 }
 
 #[cfg(test)]

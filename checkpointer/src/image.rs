@@ -236,8 +236,8 @@ pub enum FdKind {
         pos: u64,
         is_dir: bool,
     },
-    /// One end of a pipe. `id` pairs the ends; `buffered` is what sat in it (kept on the read
-    /// end's record); `capacity` is F_GETPIPE_SZ.
+    /// One end of a pipe. `id` pairs the ends; `buffered` is what sat in it (kept on the record
+    /// of the first end captured); `capacity` is F_GETPIPE_SZ.
     Pipe {
         id: u64,
         write_end: bool,

@@ -20,10 +20,10 @@ use crate::capture::regs_from_slice;
 use crate::fds;
 use crate::image::*;
 use crate::ptrace::Stopped;
-use crate::sys::{self, Pid};
+use crate::sys::{self, Pid, as_bytes};
 use std::ffi::CString;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -135,7 +135,7 @@ fn prepare_pages(
     let max_fd = img.fds.iter().map(|f| f.fd).max().unwrap_or(2);
     let plan_fd = sys::memfd("tardi-plan")?;
     let restorer = sys::memfd("tardi-restorer")?;
-    let (notify_r, notify_w) = pipe()?;
+    let (notify_r, notify_w) = sys::pipe(libc::O_CLOEXEC)?;
     let inherit = vec![
         plan_fd.as_raw_fd(),
         pages.as_raw_fd(),
@@ -175,14 +175,6 @@ fn prepare_pages(
     })
 }
 
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut p = [0; 2];
-    // SAFETY: `p` has room for two descriptors.
-    sys::cvt_i(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) })?;
-    // SAFETY: both are fresh descriptors we own.
-    Ok(unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) })
-}
-
 fn verify_files(img: &ProcessImage, host_path: &dyn Fn(&str) -> Option<PathBuf>) -> Result<()> {
     for f in img.files.iter().chain(std::iter::once(&img.exe)) {
         let err = |reason: String| RestoreError::File {
@@ -205,11 +197,6 @@ fn verify_files(img: &ProcessImage, host_path: &dyn Fn(&str) -> Option<PathBuf>)
 
 fn cat<T: Copy>(v: &[T]) -> Vec<u8> {
     v.iter().flat_map(|x| as_bytes(x).to_vec()).collect()
-}
-
-fn as_bytes<T: Copy>(v: &T) -> &[u8] {
-    // SAFETY: `T` is a `repr(C)` plain-data plan type; we only read its bytes.
-    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
 }
 
 /// Registers as the restored thread must see them: an interrupted system call is set up to be
@@ -438,8 +425,7 @@ pub fn child_main(payload: &[u8]) -> ! {
         }
     };
     let notify = plan.base + 2;
-    let err = child_setup(&plan);
-    let msg = err;
+    let msg = child_setup(&plan);
     let notify_fd = if plan.inherited.len() == INHERITED {
         // Before or after the move: try the final number first.
         // SAFETY: F_GETFD only queries.
@@ -488,18 +474,18 @@ fn child_setup(p: &ChildPlan) -> String {
     {
         return step("writing the private directories", e);
     }
-    // 3. Mapped files and the executable.
+    // 3. Mapped files and the executable. The executable for PR_SET_MM_EXE_FILE must be a real
+    // open file: O_PATH only if it cannot be read.
     let n = p.files.len();
     for (i, path) in p.files.iter().chain(std::iter::once(&p.exe)).enumerate() {
         let target = p.base + INHERITED as RawFd + i as RawFd;
         let c = CString::new(path.as_str()).unwrap();
         // SAFETY: valid C string.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                if i == n { libc::O_PATH } else { libc::O_RDONLY },
-            )
-        };
+        let open = |flags| unsafe { libc::open(c.as_ptr(), flags) };
+        let mut fd = open(libc::O_RDONLY);
+        if fd < 0 && i == n {
+            fd = open(libc::O_PATH);
+        }
         if fd < 0 {
             return step(
                 &format!("opening mapped file {path}"),
@@ -512,19 +498,8 @@ fn child_setup(p: &ChildPlan) -> String {
             libc::close(fd);
         }
     }
-    // The executable for PR_SET_MM_EXE_FILE must be a real open file, not O_PATH.
-    let exe_target = p.base + INHERITED as RawFd + n as RawFd;
-    let c = CString::new(p.exe.as_str()).unwrap();
-    // SAFETY: valid C string; reopen read-only over the O_PATH descriptor.
-    unsafe {
-        let fd = libc::open(c.as_ptr(), libc::O_RDONLY);
-        if fd >= 0 {
-            libc::dup2(fd, exe_target);
-            libc::close(fd);
-        }
-    }
     // 4. The target's descriptors at their numbers.
-    let floor = exe_target + 1;
+    let floor = p.base + INHERITED as RawFd + n as RawFd + 1;
     if let Err(e) = fds::recreate(&p.fds, floor) {
         return e.to_string();
     }
@@ -583,11 +558,7 @@ pub fn finish(prep: Prepared, pid: Pid, timeout: Duration) -> Result<FinishStats
     let t1 = Instant::now();
     unmap_blob(pid, base, total).map_err(|e| {
         // A zombie or a vanished process: the service ran and died before the blob went.
-        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
-        let dead = state
-            .as_deref()
-            .and_then(|s| s.rsplit_once(')'))
-            .is_none_or(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']));
+        let dead = proc_state(pid).is_none_or(|rest| rest.starts_with(['Z', 'X']));
         if dead {
             RestoreError::ExitedAtOnce
         } else {
@@ -607,11 +578,7 @@ pub fn finish_held(prep: Prepared, pid: Pid, timeout: Duration) -> Result<(u64, 
     let (base, total) = wait_report(prep, pid, timeout)?;
     let deadline = Instant::now() + timeout;
     loop {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, r)| r.starts_with('T'))
-        {
+        if proc_state(pid).is_some_and(|r| r.starts_with('T')) {
             return Ok((base, base + total));
         }
         if Instant::now() > deadline {
@@ -619,6 +586,14 @@ pub fn finish_held(prep: Prepared, pid: Pid, timeout: Duration) -> Result<(u64, 
         }
         std::thread::sleep(Duration::from_micros(200));
     }
+}
+
+/// `/proc/PID/stat` from the state field on (after the command name), or `None` if the
+/// process is gone.
+fn proc_state(pid: Pid) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.trim_start().to_owned())
 }
 
 /// Reads the restorer's report: (blob start, blob size), or its failure.

@@ -237,6 +237,16 @@ mod tests {
         }
     }
 
+    /// A full checkpoint at epoch 0.
+    fn full(image: ProcessImage, data: Vec<u8>) -> Checkpoint {
+        Checkpoint {
+            epoch: 0,
+            kind: Kind::Full,
+            image,
+            data,
+        }
+    }
+
     #[test]
     fn applies_pages_drops_unmapped_and_reset() {
         let mut m = meta(vec![anon(0x1000, 0x5000), anon(0x10000, 0x12000)]);
@@ -252,13 +262,7 @@ mod tests {
                 data_off: 0x3000,
             },
         ];
-        let full = Checkpoint {
-            epoch: 0,
-            kind: Kind::Full,
-            image: m,
-            data: vec![7u8; 0x4000],
-        };
-        let mut img = Image::from_full(&full).unwrap();
+        let mut img = Image::from_full(&full(m, vec![7u8; 0x4000])).unwrap();
         assert_eq!(img.pages(), 4);
         // Epoch 1: the second mapping is gone, 0x2000 is reset, 0x3000 rewritten raw.
         let mut m = meta(vec![anon(0x1000, 0x5000)]);
@@ -296,13 +300,9 @@ mod tests {
                 data_off: 0x1000,
             },
         ];
-        let full = Checkpoint {
-            epoch: 0,
-            kind: Kind::Full,
-            image: m,
-            data: vec![1u8; 0x2000],
-        };
-        let back = Image::from_full(&full).unwrap().to_full();
+        let back = Image::from_full(&full(m, vec![1u8; 0x2000]))
+            .unwrap()
+            .to_full();
         assert_eq!(back.image.runs.len(), 2);
     }
 }

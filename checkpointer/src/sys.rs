@@ -118,6 +118,21 @@ pub fn pidfd_getfd(pidfd: &OwnedFd, fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
 
+/// `pipe2(flags)`: `(read, write)`.
+pub fn pipe(flags: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut p = [0; 2];
+    // SAFETY: `p` has room for two descriptors.
+    cvt_i(unsafe { libc::pipe2(p.as_mut_ptr(), flags) })?;
+    // SAFETY: both are fresh descriptors we own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) })
+}
+
+/// The bytes of a plain-data value (a `repr(C)` plan type, a sockaddr).
+pub fn as_bytes<T: Copy>(v: &T) -> &[u8] {
+    // SAFETY: `T` is plain data; we only read its `size_of::<T>()` bytes.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+}
+
 pub fn memfd(name: &str) -> io::Result<OwnedFd> {
     let name = CString::new(name).unwrap();
     // SAFETY: `name` is a valid C string; on success the descriptor is ours.

@@ -288,13 +288,7 @@ pub fn compare_processes(
                                     })
                             });
                     if real {
-                        push_diff(
-                            &mut diffs,
-                            at + (p * PAGE) as u64,
-                            &m.name,
-                            &x[r.clone()],
-                            &y[r],
-                        );
+                        push_diff(&mut diffs, base, &m.name, &x[r.clone()], &y[r]);
                         if diffs.len() >= limit {
                             return Ok(diffs);
                         }

@@ -237,13 +237,13 @@ impl Sandbox {
             .map_or(Ipv4Addr::UNSPECIFIED, |l| l.host_addr)
     }
 
-    /// The host side's interface name, `td<i>h`.
     /// The link index (see [`crate::net`]); pass it as [`SandboxConfig::link_index`] to get the
     /// same addresses again.
     pub fn link_index(&self) -> Option<u32> {
         self.link.as_ref().map(|l| l.index)
     }
 
+    /// The host side's interface name, `td<i>h`.
     pub fn host_interface(&self) -> &str {
         self.link.as_ref().map_or("", |l| &l.host_if)
     }
@@ -635,19 +635,7 @@ impl InitExec {
     /// `clone3` into new namespaces; the child execs the init. Returns the init's PID and a
     /// pidfd for it.
     fn spawn(&self) -> io::Result<(i32, OwnedFd)> {
-        let null = std::ptr::null::<libc::c_char>();
-        let argv: Vec<*const libc::c_char> = self
-            .argv
-            .iter()
-            .map(|s| s.as_ptr())
-            .chain(std::iter::once(null))
-            .collect();
-        let envp: Vec<*const libc::c_char> = self
-            .envp
-            .iter()
-            .map(|s| s.as_ptr())
-            .chain(std::iter::once(null))
-            .collect();
+        let (argv, envp) = (sys::ptr_array(&self.argv), sys::ptr_array(&self.envp));
         let mut pidfd: libc::c_int = -1;
         let flags = libc::CLONE_NEWPID
             | libc::CLONE_NEWNS

@@ -123,11 +123,7 @@ fn run(
         .mode(0o640)
         .open(&spec.log_path)
         .map_err(|e| SandboxError::io("opening the service log", &spec.log_path, e))?;
-    let devnull = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-        .map_err(|e| SandboxError::io("opening", "/dev/null", e))?;
+    let devnull = open_devnull()?;
     for (target, src) in [(0, &devnull), (1, &log), (2, &log)] {
         if !restore_fds.contains(&target) {
             sys::dup2(src.as_raw_fd(), target).map_err(|e| SandboxError::sys("dup2", e))?;
@@ -150,11 +146,7 @@ fn run(
         .append(true)
         .open(SANDBOX_LOG)
         .map_err(|e| SandboxError::io("opening the service log", Path::new(SANDBOX_LOG), e))?;
-    let devnull = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-        .map_err(|e| SandboxError::io("opening", "/dev/null", e))?;
+    let devnull = open_devnull()?;
     std::env::set_current_dir(&cfg.start_dir).map_err(|e| {
         SandboxError::io(
             "changing to the start directory (inside the sandbox)",
@@ -218,6 +210,32 @@ fn mount(
     .map_err(|e| SandboxError::sys(what(), e))
 }
 
+/// A tmpfs at `target`, with mount options `data` (`mode=...`).
+fn mount_tmpfs(
+    target: &Path,
+    flags: libc::c_ulong,
+    data: &str,
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    mount(
+        Some(Path::new("tmpfs")),
+        target,
+        Some("tmpfs"),
+        flags,
+        Some(data),
+        what,
+    )
+}
+
+/// `/dev/null`, for reading and writing.
+fn open_devnull() -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| SandboxError::io("opening", "/dev/null", e))
+}
+
 /// `root` + a sandbox path.
 fn under(root: &Path, sandbox_path: &Path) -> PathBuf {
     root.join(sandbox_path.strip_prefix("/").unwrap_or(sandbox_path))
@@ -235,14 +253,9 @@ fn build_root(cfg: &SandboxConfig, root: &Path, log: &Path) -> Result<()> {
         None,
         || "making all mounts private (mount --make-rprivate /)".into(),
     )?;
-    mount(
-        Some(Path::new("tmpfs")),
-        root,
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some("mode=755"),
-        || format!("mounting the root tmpfs on {}", root.display()),
-    )?;
+    mount_tmpfs(root, libc::MS_NOSUID | libc::MS_NODEV, "mode=755", || {
+        format!("mounting the root tmpfs on {}", root.display())
+    })?;
 
     let mut mounts = cfg.mounts.clone();
     mounts.sort_by_key(|m| m.path.components().count());
@@ -291,14 +304,9 @@ fn build_root(cfg: &SandboxConfig, root: &Path, log: &Path) -> Result<()> {
                 } else {
                     "mode=755"
                 };
-                mount(
-                    Some(Path::new("tmpfs")),
-                    &target,
-                    Some("tmpfs"),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    Some(mode),
-                    || format!("mounting a tmpfs at sandbox {}", m.path.display()),
-                )?;
+                mount_tmpfs(&target, libc::MS_NOSUID | libc::MS_NODEV, mode, || {
+                    format!("mounting a tmpfs at sandbox {}", m.path.display())
+                })?;
             }
         }
     }
@@ -321,14 +329,9 @@ fn build_root(cfg: &SandboxConfig, root: &Path, log: &Path) -> Result<()> {
 fn build_dev(root: &Path, log: &Path) -> Result<()> {
     let dev = root.join("dev");
     ensure_mountpoint(&dev, Path::new("/dev"), true)?;
-    mount(
-        Some(Path::new("tmpfs")),
-        &dev,
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NOEXEC,
-        Some("mode=755"),
-        || "mounting the /dev tmpfs".into(),
-    )?;
+    mount_tmpfs(&dev, libc::MS_NOSUID | libc::MS_NOEXEC, "mode=755", || {
+        "mounting the /dev tmpfs".into()
+    })?;
     for node in ["null", "zero", "full", "random", "urandom", "tty"] {
         let host = Path::new("/dev").join(node);
         if !host.exists() {
@@ -357,14 +360,9 @@ fn build_dev(root: &Path, log: &Path) -> Result<()> {
     }
     let shm = dev.join("shm");
     fs::create_dir(&shm).map_err(|e| SandboxError::io("creating", &shm, e))?;
-    mount(
-        Some(Path::new("tmpfs")),
-        &shm,
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some("mode=1777"),
-        || "mounting the /dev/shm tmpfs".into(),
-    )
+    mount_tmpfs(&shm, libc::MS_NOSUID | libc::MS_NODEV, "mode=1777", || {
+        "mounting the /dev/shm tmpfs".into()
+    })
 }
 
 /// Makes sure `target` exists as a directory (`dir`) or a file to mount on. It is created on the
@@ -472,15 +470,7 @@ fn setup_signals() -> Result<OwnedFd> {
         }
     }
     sys::sigmask(libc::SIG_BLOCK, &all).map_err(|e| SandboxError::sys("pthread_sigmask", e))?;
-    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid sigset_t.
-    unsafe {
-        libc::sigemptyset(&mut set);
-        for &sig in &all {
-            libc::sigaddset(&mut set, sig);
-        }
-    }
+    let set = sys::sigset(&all);
     // SAFETY: -1 asks for a new signalfd; `set` is initialised.
     let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC) };
     if fd < 0 {
@@ -573,9 +563,7 @@ fn spawn_exec(
         }
         c_env.push(CString::new(format!("{k}={v}")).map_err(|_| nul("the environment"))?);
     }
-    let null = std::ptr::null::<libc::c_char>();
-    let argv_p: Vec<_> = c_argv.iter().map(|s| s.as_ptr()).chain([null]).collect();
-    let env_p: Vec<_> = c_env.iter().map(|s| s.as_ptr()).chain([null]).collect();
+    let (argv_p, env_p) = (sys::ptr_array(&c_argv), sys::ptr_array(&c_env));
     let (err_r, err_w) = sys::pipe_cloexec().map_err(|e| SandboxError::sys("pipe2", e))?;
 
     // SAFETY: the init is single-threaded, so the forked child is a complete copy; it still

@@ -102,14 +102,17 @@ fn reserved_indices(run_root: &std::path::Path, own: &std::path::Path) -> HashSe
     };
     dirs.filter_map(|d| d.ok())
         .filter(|d| d.path() != own)
-        .filter_map(|d| {
-            std::fs::read_to_string(d.path().join(INDEX_FILE))
-                .ok()?
-                .trim()
-                .parse()
-                .ok()
-        })
+        .filter_map(|d| recorded_index(&d.path()))
         .collect()
+}
+
+/// The link index recorded in the run directory `run_dir`, if any.
+fn recorded_index(run_dir: &std::path::Path) -> Option<u32> {
+    std::fs::read_to_string(run_dir.join(INDEX_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The index for the sandbox whose run directory is `run_dir`: `want` if given, else the one
@@ -120,9 +123,7 @@ pub(crate) fn create_link_for(
     want: Option<u32>,
     run_dir: &std::path::Path,
 ) -> Result<Link> {
-    let recorded = std::fs::read_to_string(run_dir.join(INDEX_FILE))
-        .ok()
-        .and_then(|s| s.trim().parse().ok());
+    let recorded = recorded_index(run_dir);
     let reserved = run_dir
         .parent()
         .map(|root| reserved_indices(root, run_dir))

@@ -4,7 +4,7 @@
 //! Everything here that may run between a `clone` and an `execve` in a multi-threaded process
 //! (see [`clone3`]) is a plain system call: no allocation, no locks.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
@@ -23,6 +23,16 @@ pub(crate) struct CloneArgs {
     pub set_tid: u64,
     pub set_tid_size: u64,
     pub cgroup: u64,
+}
+
+/// A raw system call's return value: the error in `errno` if negative. Async-signal-safe.
+fn cvt(ret: impl Into<i64>) -> io::Result<i64> {
+    let ret = ret.into();
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
 }
 
 /// Raw `clone3(2)` with no stack (`stack = 0`): fork-like, the child continues on a copy-on-write
@@ -44,33 +54,32 @@ pub(crate) unsafe fn clone3(args: &mut CloneArgs) -> io::Result<libc::pid_t> {
             std::mem::size_of::<CloneArgs>(),
         )
     };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret as libc::pid_t)
-    }
+    cvt(ret).map(|pid| pid as libc::pid_t)
 }
 
 /// A pipe whose both ends are close-on-exec: `(read, write)`.
 pub(crate) fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` is a valid array of two ints for the kernel to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
     // SAFETY: pipe2 succeeded, so both fds are open and owned by nobody else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The NULL-terminated array of pointers to `strings` that `execve` takes as `argv`/`envp`.
+pub(crate) fn ptr_array(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain([std::ptr::null()])
+        .collect()
 }
 
 /// Sets or clears `FD_CLOEXEC` on `fd`. Async-signal-safe.
 pub(crate) fn set_cloexec(fd: RawFd, on: bool) -> io::Result<()> {
     // SAFETY: F_SETFD takes an int argument and only touches the fd table.
     let ret = unsafe { libc::fcntl(fd, libc::F_SETFD, if on { libc::FD_CLOEXEC } else { 0 }) };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    cvt(ret).map(drop)
 }
 
 /// Whether `fd` is an open file descriptor of this process.
@@ -82,11 +91,7 @@ pub(crate) fn fd_is_open(fd: RawFd) -> bool {
 /// `dup2(2)`.
 pub(crate) fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
     // SAFETY: dup2 only manipulates the fd table; a bad fd is reported as an error.
-    if unsafe { libc::dup2(from, to) } < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    cvt(unsafe { libc::dup2(from, to) }).map(drop)
 }
 
 /// `pidfd_send_signal(2)` (no siginfo, no flags).
@@ -101,11 +106,7 @@ pub(crate) fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: libc::c_int) -> i
             0u32,
         )
     };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    cvt(ret).map(drop)
 }
 
 /// How a child process ended.
@@ -202,22 +203,14 @@ pub(crate) fn make_readonly_recursive(path: &CStr) -> io::Result<()> {
             std::mem::size_of::<MountAttr>(),
         )
     };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    cvt(ret).map(drop)
 }
 
 /// `pivot_root(2)`.
 pub(crate) fn pivot_root(new_root: &CStr, put_old: &CStr) -> io::Result<()> {
     // SAFETY: both paths are NUL-terminated strings valid for the call.
     let ret = unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    cvt(ret).map(drop)
 }
 
 /// `mount(2)` with optional source, fs type and data.
@@ -239,15 +232,11 @@ pub(crate) fn mount(
             p(data).cast::<libc::c_void>(),
         )
     };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    cvt(ret).map(drop)
 }
 
-/// Blocks or unblocks (`how` = `SIG_BLOCK`/`SIG_SETMASK`/...) the given signals in this thread.
-pub(crate) fn sigmask(how: libc::c_int, signals: &[libc::c_int]) -> io::Result<()> {
+/// The signal set holding exactly `signals`.
+pub(crate) fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
     // SAFETY: sigset_t is plain data; it is initialised by sigemptyset before use.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a valid sigset_t; the signal numbers are checked by sigaddset.
@@ -257,6 +246,12 @@ pub(crate) fn sigmask(how: libc::c_int, signals: &[libc::c_int]) -> io::Result<(
             libc::sigaddset(&mut set, s);
         }
     }
+    set
+}
+
+/// Blocks or unblocks (`how` = `SIG_BLOCK`/`SIG_SETMASK`/...) the given signals in this thread.
+pub(crate) fn sigmask(how: libc::c_int, signals: &[libc::c_int]) -> io::Result<()> {
+    let set = sigset(signals);
     // SAFETY: `set` is initialised; a NULL old set is allowed.
     let ret = unsafe { libc::pthread_sigmask(how, &set, std::ptr::null_mut()) };
     if ret != 0 {

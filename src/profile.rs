@@ -538,19 +538,14 @@ fn epoch_config(a: &ProfileArgs, m: &Manifest) -> EpochConfig {
         twin_budget: (a.twin_budget as usize).saturating_mul(1 << 20),
         refresh_every: 100,
         encode_workers: a.encode_workers.max(1),
-        private_dirs: m
-            .tardi
-            .private_dirs
-            .iter()
-            .map(|d| d.to_string_lossy().into_owned())
-            .collect(),
+        private_dirs: Vec::new(), // set from the sandbox's config once it is built
     }
 }
 
 pub fn profile(a: ProfileArgs) -> anyhow::Result<()> {
     let signals = block_signals();
     let m = crate::run::load_manifest(&a.manifest)?;
-    let cfg = epoch_config(&a, &m);
+    let mut cfg = epoch_config(&a, &m);
     // Fail on what can be checked before the service runs.
     if let Some(dir) = &a.out {
         std::fs::create_dir_all(dir)
@@ -558,6 +553,8 @@ pub fn profile(a: ProfileArgs) -> anyhow::Result<()> {
         load_font()?;
     }
     let (config, mut sandbox) = crate::run::start_service(&m)?;
+    // The same private directories a snapshot of this sandbox would walk.
+    cfg.private_dirs = crate::supervise::private_dirs(&config);
     let result = profile_in(&a, &m, &cfg, &config, &mut sandbox, &signals);
     let torn = sandbox.teardown();
     let outcome = result?;

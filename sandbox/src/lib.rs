@@ -194,13 +194,12 @@ impl SandboxConfig {
         }
     }
 
-    /// The configuration a manifest asks for: its mounts (or [`default_mounts`] when it has
-    /// none), start directory, subnet and rlimits; name and hostname from `tardi.name`.
+    /// The configuration a manifest asks for: its mounts (see
+    /// [`tardi_manifest::Manifest::mounts_or_default`]: without `fs.mounts`, the host's root
+    /// read-only plus a writable bind of each private dir), start directory, subnet and rlimits; name and hostname from `tardi.name`.
     pub fn from_manifest(m: &tardi_manifest::Manifest) -> SandboxConfig {
         let mut c = SandboxConfig::new(m.tardi.name.clone());
-        if !m.mounts.is_empty() {
-            c.mounts = m.mounts.clone();
-        }
+        c.mounts = m.mounts_or_default();
         c.start_dir = m.start_dir.clone();
         c.subnet = m.tardi.network.subnet;
         c.stack_size = m.sys.stack_size;

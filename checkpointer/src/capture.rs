@@ -166,8 +166,9 @@ pub(crate) fn full_memory(
     proc: &Proc,
     maps: &[MapEntry],
     mut meta: ProcessImage,
+    buf: Vec<u8>,
 ) -> Result<FullMemory> {
-    let (vmas, runs, data, files) = capture_memory(proc, maps, Vec::new())?;
+    let (vmas, runs, data, files) = capture_memory(proc, maps, buf)?;
     meta.vmas = vmas;
     meta.runs = runs;
     Ok(((meta, data), files))
@@ -250,7 +251,7 @@ pub(crate) fn hash_file(mut f: std::fs::File) -> io::Result<[u8; 32]> {
 type Captured = (ProcessImage, Vec<u8>, Vec<PendingFile>);
 
 /// Anonymous (including copied-on-write) and swapped memory of `pid`, plus slack.
-fn estimate_private_bytes(proc: &Proc) -> usize {
+pub(crate) fn estimate_private_bytes(proc: &Proc) -> usize {
     let text = proc.read_string("smaps_rollup").unwrap_or_default();
     let kb = |key: &str| -> u64 {
         text.lines()
@@ -263,7 +264,7 @@ fn estimate_private_bytes(proc: &Proc) -> usize {
 }
 
 /// A zeroed buffer whose pages are already present (huge pages where the kernel gives them).
-fn prefaulted_buffer(bytes: usize) -> Vec<u8> {
+pub(crate) fn prefaulted_buffer(bytes: usize) -> Vec<u8> {
     let mut v: Vec<u8> = Vec::with_capacity(bytes);
     let start = (v.as_ptr() as usize).next_multiple_of(2 << 20);
     let end = (v.as_ptr() as usize + bytes) & !((2 << 20) - 1);

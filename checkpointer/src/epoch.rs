@@ -280,6 +280,8 @@ impl<'p> EpochLoop<'p> {
         let pagemap = proc
             .open_file("pagemap", libc::O_RDONLY)
             .map_err(proc_err(pid, "pagemap"))?;
+        // As for a one-shot full checkpoint: fault the copy buffer in before the pause.
+        let buf = capture::prefaulted_buffer(capture::estimate_private_bytes(proc));
         let t0 = Instant::now();
         let mut st = Stopped::stop(proc).map_err(CaptureError::from)?;
         let quiesce = t0.elapsed();
@@ -288,7 +290,7 @@ impl<'p> EpochLoop<'p> {
             let tracker = UffdTracker::new(&mut st, &maps, pagemap)?;
             let mut cache = MetaCache::default();
             let meta = capture::capture_meta(proc, &mut st, &maps, &mut cache, true)?;
-            let (mut ck, files) = capture::full_memory(proc, &maps, meta)?;
+            let (mut ck, files) = capture::full_memory(proc, &maps, meta, buf)?;
             let mut dirs = DirTracker::new(cfg.private_dirs.clone());
             ck.0.private_files = dirs.changes().map_err(EpochError::Files)?;
             let mut armed = Vec::new();

@@ -526,7 +526,8 @@ impl<'p> EpochLoop<'p> {
                 streak.insert(a, self.streak.get(&a).copied().unwrap_or(0) + 1);
             }
             self.streak = streak;
-            let mut hot = HashSet::new();
+            // In address order, as `dirty` is: ready to coalesce.
+            let mut hot = Vec::new();
             for &a in &dirty {
                 let was_hot = self.hot.contains(&a);
                 let cools = was_hot
@@ -537,17 +538,15 @@ impl<'p> EpochLoop<'p> {
                 if cools {
                     self.streak.insert(a, 0);
                 } else if was_hot || self.streak[&a] >= self.cfg.hot_epochs {
-                    hot.insert(a);
+                    hot.push(a);
                 }
             }
             self.cool.clear();
-            let mut hv: Vec<u64> = hot.iter().copied().collect();
-            hv.sort_unstable();
-            for (s, e) in coalesce(&hv) {
+            for (s, e) in coalesce(&hot) {
                 self.tracker.protect(s, e, false)?;
             }
             hot_now = hot.len() as u64;
-            self.hot = hot;
+            self.hot = hot.into_iter().collect();
         }
         // The copied-on-write pages of private file mappings, sent whole every epoch: a page
         // written and then zapped (MADV_DONTNEED) reads as the file again, yet the scan does not

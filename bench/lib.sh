@@ -46,3 +46,21 @@ ensure_tools() {
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
     fi
 }
+
+# A scratch directory $WORK (/tmp/tardi-$1.*) holding the `threads` target built from
+# threads.c. On exit the target whose PID is in $TARGET_PID is killed and $WORK removed.
+threads_workdir() {
+    WORK="$(mktemp -d "/tmp/tardi-$1.XXXXXX")"
+    TARGET_PID=""
+    trap _threads_cleanup EXIT
+    trap 'exit 130' INT TERM
+    cc -O2 -Wall -pthread -o "$WORK/threads" "$HERE/threads.c"
+}
+
+_threads_cleanup() {
+    if [[ -n "$TARGET_PID" ]] && kill -0 "$TARGET_PID" 2>/dev/null; then
+        kill -KILL "$TARGET_PID" 2>/dev/null || true
+        wait "$TARGET_PID" 2>/dev/null || true
+    fi
+    rm -rf "$WORK"
+}

@@ -39,18 +39,7 @@ echo "building quiesce_bench (release)..." >&2
 BENCH="$ROOT/target/release/examples/quiesce_bench"
 TRACER=("$BENCH"); TRACER_DESC="tracer at default priority (SCHED_OTHER, nice 0)"
 if [[ "${RT:-0}" == 1 ]]; then TRACER=(chrt -f 50 "$BENCH"); TRACER_DESC="tracer SCHED_FIFO 50"; fi
-WORK="$(mktemp -d /tmp/tardi-quiesce.XXXXXX)"
-TARGET_PID=""
-cleanup() {
-    if [[ -n "$TARGET_PID" ]] && kill -0 "$TARGET_PID" 2>/dev/null; then
-        kill -KILL "$TARGET_PID" 2>/dev/null || true
-        wait "$TARGET_PID" 2>/dev/null || true
-    fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-cc -O2 -Wall -pthread -o "$WORK/threads" "$HERE/threads.c"
+threads_workdir quiesce
 
 mkdir -p "$OUT_DIR"
 STAMP="$(date +%Y%m%d-%H%M%S)"

@@ -22,18 +22,7 @@ REPEAT="${REPEAT:-2}"
 need_root "ptrace of another process"
 ensure_tools cc "gcc libc6-dev" jq jq
 
-WORK="$(mktemp -d /tmp/tardi-stopvar.XXXXXX)"
-TARGET_PID=""
-cleanup() {
-    if [[ -n "$TARGET_PID" ]] && kill -0 "$TARGET_PID" 2>/dev/null; then
-        kill -KILL "$TARGET_PID" 2>/dev/null || true
-        wait "$TARGET_PID" 2>/dev/null || true
-    fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-cc -O2 -Wall -pthread -o "$WORK/threads" "$HERE/threads.c"
+threads_workdir stopvar
 cc -O2 -Wall -o "$WORK/stop_variants" "$HERE/stop_variants.c"
 
 mkdir -p "$OUT_DIR"

@@ -274,26 +274,22 @@ fn mean(v: &[f64]) -> f64 {
 fn col(st: &[EpochStats], f: impl Fn(&EpochStats) -> u64) -> Vec<f64> {
     st.iter().map(|s| f(s) as f64).collect()
 }
-fn f0(x: f64) -> String {
+/// `x` with `digits` decimals, "–" for NaN.
+fn fixed(x: f64, digits: usize) -> String {
     if x.is_nan() {
         "–".into()
     } else {
-        format!("{x:.0}")
+        format!("{x:.digits$}")
     }
+}
+fn f0(x: f64) -> String {
+    fixed(x, 0)
 }
 fn f1(x: f64) -> String {
-    if x.is_nan() {
-        "–".into()
-    } else {
-        format!("{x:.1}")
-    }
+    fixed(x, 1)
 }
 fn f2(x: f64) -> String {
-    if x.is_nan() {
-        "–".into()
-    } else {
-        format!("{x:.2}")
-    }
+    fixed(x, 2)
 }
 /// Thousands separators for integers in tables.
 fn n0(x: f64) -> String {

@@ -1,8 +1,8 @@
 //! Helpers for the C test programs in `tests/programs/` (std only).
 //!
 //! * [`build`] compiles `tests/programs/<name>.c` into
-//!   `<workspace>/target/tardi-test-programs/<name>` (cached by mtime, safe
-//!   to call from parallel tests).
+//!   `<workspace>/target/tardi-test-programs/<name>` (cached by mtime;
+//!   builds are serialised, so a binary a test runs is never replaced).
 //! * [`query`] asks a running `statemachine` for its `digest` report over
 //!   UDP; [`expected_digest`] recomputes, from the step counts alone, the
 //!   digest that the program must report (the same pure functions as the C
@@ -53,13 +53,34 @@ pub fn build_variant(name: &str, suffix: &str, extra_flags: &[&str]) -> PathBuf 
     let src_mtime = std::fs::metadata(&src)
         .and_then(|m| m.modified())
         .unwrap_or_else(|e| panic!("test program source {}: {e}", src.display()));
-    if let Ok(bin_mtime) = std::fs::metadata(&out).and_then(|m| m.modified())
-        && bin_mtime >= src_mtime
-    {
+    let up_to_date = || {
+        std::fs::metadata(&out)
+            .and_then(|m| m.modified())
+            .is_ok_and(|bin_mtime| bin_mtime >= src_mtime)
+    };
+    if up_to_date() {
         return out;
     }
     std::fs::create_dir_all(&out_dir)
         .unwrap_or_else(|e| panic!("create {}: {e}", out_dir.display()));
+    // Builds are serialised (a thread mutex for parallel tests in this
+    // process, an flock for other test binaries) and the check is repeated
+    // under the lock. Without that, two tests that both found the binary
+    // missing each compiled it, and the second rename replaced the file a
+    // service started by the first was running: its mapping then reads
+    // "(deleted)" and a checkpoint is rightly refused.
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = BUILD
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let lock_path = out_dir.join(".build.lock");
+    let lock = std::fs::File::create(&lock_path)
+        .unwrap_or_else(|e| panic!("create {}: {e}", lock_path.display()));
+    lock.lock()
+        .unwrap_or_else(|e| panic!("lock {}: {e}", lock_path.display()));
+    if up_to_date() {
+        return out;
+    }
     // Unique temporary name per process *and* per call: parallel tests in one
     // process share a pid. rename() is atomic, so a concurrent reader sees
     // either the old or the new complete binary.

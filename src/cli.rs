@@ -186,6 +186,12 @@ pub struct ProfileArgs {
     /// pays with spare cores: see docs/BENCHMARKS.md, "Parallel encode".
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub encode_workers: usize,
+    /// How written pages are found: `uffd` (userfaultfd write-protection, Linux >= 6.7) or
+    /// `mprotect` (write-protection with mprotect, faults caught by an agent loaded into the
+    /// service; for older kernels, and slower). Default: the manifest's
+    /// `tardi.epoch.tracker`, else `uffd`.
+    #[arg(long, value_name = "KIND")]
+    pub tracker: Option<tardi_checkpointer::track::TrackerKind>,
 }
 
 /// NOT IMPLEMENTED YET: arrives with replication and the orchestrator cluster.

@@ -539,6 +539,9 @@ fn epoch_config(a: &ProfileArgs, m: &Manifest) -> EpochConfig {
         refresh_every: 100,
         encode_workers: a.encode_workers.max(1),
         private_dirs: Vec::new(), // set from the sandbox's config once it is built
+        tracker: a
+            .tracker
+            .unwrap_or_else(|| e.tracker.parse().unwrap_or_default()),
     }
 }
 

@@ -35,6 +35,15 @@ fn chain(pid: i32, cfg: EpochConfig, epochs: u64, check_every: u64) -> Image {
             .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
         if held {
             let diffs = compare_live(pid, &image, 20).unwrap();
+            if !diffs.is_empty() && std::env::var_os("TARDI_DEBUG_NORM").is_some() {
+                for v in &image.meta.vmas {
+                    eprintln!("img {:x}-{:x} {}", v.start, v.end, v.prot);
+                }
+                eprintln!(
+                    "{}",
+                    std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap()
+                );
+            }
             assert!(
                 diffs.is_empty(),
                 "epoch {i}: the image differs from the live process:\n{}",
@@ -250,6 +259,37 @@ fn churn_chain_uffd_with_multi_mapping_mremap() {
         "churnall",
         EpochConfig {
             interval: Duration::from_millis(5),
+            ..Default::default()
+        },
+        "",
+    );
+}
+
+/// The mprotect + SIGSEGV tracker (agent in the process) on the state machine: 4 threads
+/// blocked in futex, epoll, nanosleep, pipe reads and a timerfd between bursts of writes to
+/// heap, stack, TLS, mmap'd and mprotect'd memory.
+#[test]
+fn statemachine_chain_mprotect_hot_pages() {
+    statemachine_chain(
+        "mprot",
+        EpochConfig {
+            interval: Duration::from_millis(5),
+            tracker: tardi_checkpointer::track::TrackerKind::Mprotect,
+            ..Default::default()
+        },
+    );
+}
+
+/// The churn program under the mprotect tracker, every layout change included: the agent sees
+/// each mremap (it is one of the calls it serves), so the multi-mapping move that the
+/// userfaultfd tracker cannot follow works here.
+#[test]
+fn churn_chain_mprotect_all_layout_changes() {
+    churn_chain(
+        "churnmp",
+        EpochConfig {
+            interval: Duration::from_millis(5),
+            tracker: tardi_checkpointer::track::TrackerKind::Mprotect,
             ..Default::default()
         },
         "",

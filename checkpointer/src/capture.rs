@@ -295,6 +295,8 @@ pub struct MetaCache {
     /// Host TID → (TID in the sandbox, name).
     names: HashMap<Pid, (Pid, String)>,
     auxv: Option<Vec<u64>>,
+    /// The process carries our own seccomp filter (the mprotect tracker's agent).
+    pub(crate) own_filter: bool,
 }
 
 fn capture_stopped(
@@ -329,7 +331,7 @@ pub(crate) fn capture_meta(
     let status = proc
         .read_string("status")
         .map_err(proc_err(pid, "status"))?;
-    check_supported(proc, &status, &st.tids)?;
+    check_supported(proc, &status, &st.tids, cache.own_filter)?;
 
     let mut threads = Vec::with_capacity(st.tids.len());
     let mut max_tid = 0;
@@ -626,7 +628,7 @@ fn signal_name(s: u32) -> String {
 /// Process-level state this checkpointer cannot restore yet: refuse it by name rather than
 /// produce a checkpoint that restores into something different.
 /// `status` is the process's `status` text.
-fn check_supported(proc: &Proc, status: &str, tids: &[Pid]) -> Result<()> {
+fn check_supported(proc: &Proc, status: &str, tids: &[Pid], own_filter: bool) -> Result<()> {
     let pid = proc.pid;
     let field = |k: &str| {
         procfs::status_value(status, k)
@@ -645,7 +647,8 @@ fn check_supported(proc: &Proc, status: &str, tids: &[Pid]) -> Result<()> {
             children.join(", ")
         )));
     }
-    if field("Seccomp")? != "0" {
+    let filters = procfs::status_value(status, "Seccomp_filters").unwrap_or("0");
+    if field("Seccomp")? != "0" && !(own_filter && filters.trim() == "1") {
         return Err(CaptureError::Unsupported(
             "the service installed a seccomp filter; restoring seccomp filters is not supported yet".into(),
         ));

@@ -19,7 +19,10 @@ use crate::image::*;
 use crate::procfs::{MapEntry, Proc, in_view};
 use crate::ptrace::Stopped;
 use crate::sys::Pid;
-use crate::track::{PAGE_IS_FILE, PAGE_IS_PRESENT, Query, TrackError, UffdTracker};
+use crate::track::mprotect::MprotectTracker;
+use crate::track::{
+    PAGE_IS_FILE, PAGE_IS_PRESENT, Query, TrackError, Tracker, TrackerKind, UffdTracker,
+};
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -51,6 +54,8 @@ pub struct EpochConfig {
     /// The service's private writable directories (sandbox paths), walked in every pause: see
     /// [`crate::files`].
     pub private_dirs: Vec<String>,
+    /// How written pages are found (see [`crate::track`]).
+    pub tracker: TrackerKind,
 }
 
 impl Default for EpochConfig {
@@ -66,6 +71,7 @@ impl Default for EpochConfig {
             refresh_every: 100,
             encode_workers: 1,
             private_dirs: Vec::new(),
+            tracker: TrackerKind::Uffd,
         }
     }
 }
@@ -247,7 +253,7 @@ impl Drop for Epochs {
 struct EpochLoop<'p> {
     proc: &'p Proc,
     cfg: EpochConfig,
-    tracker: UffdTracker,
+    tracker: Box<dyn Tracker>,
     /// Mappings armed for tracking, as (start, end).
     armed: Vec<(u64, u64)>,
     prev_maps: Vec<MapEntry>,
@@ -287,17 +293,30 @@ impl<'p> EpochLoop<'p> {
         let quiesce = t0.elapsed();
         let r = (|| -> Result<_> {
             let maps = proc.smaps().map_err(proc_err(pid, "smaps"))?;
-            let tracker = UffdTracker::new(&mut st, &maps, pagemap)?;
             let mut cache = MetaCache::default();
-            let meta = capture::capture_meta(proc, &mut st, &maps, &mut cache, true)?;
-            let (mut ck, files) = capture::full_memory(proc, &maps, meta, buf)?;
-            let mut dirs = DirTracker::new(cfg.private_dirs.clone());
-            ck.0.private_files = dirs.changes().map_err(EpochError::Files)?;
+            let (mut tracker, maps): (Box<dyn Tracker>, _) = match cfg.tracker {
+                TrackerKind::Uffd => (Box::new(UffdTracker::new(&mut st, &maps, pagemap)?), maps),
+                TrackerKind::Mprotect => {
+                    let mut t = MprotectTracker::new(&mut st, proc, &maps, pagemap)?;
+                    cache.own_filter = true;
+                    t.begin(&mut st)?;
+                    // The agent's own mappings are new.
+                    let maps = t.layout(proc.smaps().map_err(proc_err(pid, "smaps"))?);
+                    (Box::new(t), maps)
+                }
+            };
+            let mut meta = capture::capture_meta(proc, &mut st, &maps, &mut cache, true)?;
+            tracker.threads(&meta.threads, &maps);
+            tracker.patch_image(&mut meta);
             let mut armed = Vec::new();
             for m in maps.iter().filter(|m| trackable(m)) {
                 tracker.arm(m.start, m.end)?;
                 armed.push((m.start, m.end));
             }
+            tracker.commit(&mut st, &armed, &maps)?;
+            let (mut ck, files) = capture::full_memory(proc, &maps, meta, buf)?;
+            let mut dirs = DirTracker::new(cfg.private_dirs.clone());
+            ck.0.private_files = dirs.changes().map_err(EpochError::Files)?;
             Ok((tracker, cache, maps, armed, ck, files, dirs))
         })();
         let resumed = st.resume();
@@ -401,7 +420,10 @@ impl<'p> EpochLoop<'p> {
             match self.capture(&mut st) {
                 // A signal queued just as the threads stopped would be lost: let it be
                 // delivered and stop again (as a one-shot checkpoint does).
-                Err(EpochError::Capture(CaptureError::PendingSignals(_))) if attempt < 20 => {
+                Err(EpochError::Capture(CaptureError::PendingSignals(_)))
+                | Err(EpochError::Track(TrackError::Busy))
+                    if attempt < 20 =>
+                {
                     attempt += 1;
                     let _ = st.resume();
                     std::thread::sleep(Duration::from_micros(200 * attempt));
@@ -437,16 +459,22 @@ impl<'p> EpochLoop<'p> {
     /// The part inside the pause.
     fn capture(&mut self, st: &mut Stopped) -> Result<Captured> {
         let pid = self.proc.pid;
-        let maps = self.proc.maps().map_err(proc_err(pid, "maps"))?;
+        self.tracker.begin(st)?;
+        let maps = self
+            .tracker
+            .layout(self.proc.maps().map_err(proc_err(pid, "maps"))?);
         // VmFlags come from smaps, which is costly: only when the layout changed.
         let maps = if same_layout(&maps, &self.prev_maps) {
             std::mem::take(&mut self.prev_maps)
         } else {
-            self.proc.smaps().map_err(proc_err(pid, "smaps"))?
+            self.tracker
+                .layout(self.proc.smaps().map_err(proc_err(pid, "smaps"))?)
         };
         let epoch = self.epoch + 1;
         let refresh = self.cfg.refresh_every > 0 && epoch.is_multiple_of(self.cfg.refresh_every);
         let mut meta = capture::capture_meta(self.proc, st, &maps, &mut self.cache, refresh)?;
+        self.tracker.threads(&meta.threads, &maps);
+        self.tracker.patch_image(&mut meta);
         // Nothing above changed tracking state: a failure there can be retried.
         self.epoch = epoch;
         let ts = Instant::now();
@@ -494,8 +522,9 @@ impl<'p> EpochLoop<'p> {
         }
         // Registering can merge or split mappings (their flags changed): the layout to record
         // is the one after it.
-        let maps = if armed_any {
-            self.proc.smaps().map_err(proc_err(pid, "smaps"))?
+        let maps = if armed_any && self.tracker.arm_changes_layout() {
+            self.tracker
+                .layout(self.proc.smaps().map_err(proc_err(pid, "smaps"))?)
         } else {
             maps
         };
@@ -543,7 +572,7 @@ impl<'p> EpochLoop<'p> {
             }
             self.cool.clear();
             for (s, e) in coalesce(&hot) {
-                self.tracker.protect(s, e, false)?;
+                self.tracker.unprotect(s, e)?;
             }
             hot_now = hot.len() as u64;
             self.hot = hot.into_iter().collect();
@@ -575,6 +604,10 @@ impl<'p> EpochLoop<'p> {
         let cow = coalesce(&cow_list);
         let scan = ts.elapsed();
 
+        // Protections for the next epoch (the mprotect tracker applies them only now, and its
+        // agent's memory changes with them: before the copy).
+        self.tracker.commit(st, &self.armed, &maps)?;
+
         // Copy every page to send.
         let tc = Instant::now();
         let mut want: Vec<(u64, u64, bool)> = Vec::new();
@@ -601,9 +634,9 @@ impl<'p> EpochLoop<'p> {
             }
         }
         meta.vmas = vmas;
-        self.prev_maps = maps;
         // Files last, still inside the pause: consistent with the memory just copied.
         meta.private_files = self.dirs.changes().map_err(EpochError::Files)?;
+        self.prev_maps = maps;
         Ok(Captured {
             meta,
             runs,
@@ -779,9 +812,7 @@ impl<'p> EpochLoop<'p> {
 
     /// Removes write tracking (the process keeps running untracked).
     fn disarm(&mut self) {
-        for &(s, e) in &self.armed {
-            self.tracker.disarm(s, e);
-        }
+        self.tracker.release(self.proc, &self.armed);
     }
 }
 

@@ -12,6 +12,7 @@
 
 #[path = "../restorer/abi.rs"]
 pub mod abi;
+pub mod agent;
 pub mod capture;
 pub mod delta;
 pub mod epoch;

@@ -24,6 +24,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 const PTRACE_SEIZE: u32 = 0x4206;
 const PTRACE_INTERRUPT: u32 = 0x4207;
 const PTRACE_GETREGSET: u32 = 0x4204;
+const PTRACE_SETREGSET: u32 = 0x4205;
 const PTRACE_GETSIGMASK: u32 = 0x420a;
 const PTRACE_GET_RSEQ_CONFIGURATION: u32 = 0x420f;
 const PTRACE_EVENT_STOP: i32 = 128;
@@ -334,6 +335,100 @@ impl Stopped {
         Ok(buf)
     }
 
+    /// Puts back an XSAVE area read with [`Stopped::xstate`].
+    pub fn set_xstate(&self, tid: Pid, xs: &[u8]) -> Result<()> {
+        let mut iov = libc::iovec {
+            iov_base: xs.as_ptr() as *mut libc::c_void,
+            iov_len: xs.len(),
+        };
+        // SAFETY: the iovec describes `xs`, which the kernel only reads.
+        unsafe {
+            ptrace(
+                PTRACE_SETREGSET,
+                tid,
+                NT_X86_XSTATE as u64,
+                (&raw mut iov) as u64,
+            )
+        }
+        .map_err(op("setregset(xstate)", tid))?;
+        Ok(())
+    }
+
+    /// Runs a function of code we placed in the process (the write-tracking agent) on stopped
+    /// thread `tid`: `entry(args[0], args[1])` must end in `int3`. It runs on the thread's own
+    /// stack, below the red zone, with `stack_bytes` of room; the stack bytes, the registers and
+    /// the XSAVE state (the code may use vector registers) are all put back afterwards. Signals
+    /// that arrive meanwhile are held back and raised again, as for [`Stopped::inject`].
+    ///
+    /// `orig_rax` is set to -1 while the code runs, so a system call the thread was stopped in
+    /// is not restarted into our code; the saved registers bring the restart back afterwards.
+    pub fn call(&self, tid: Pid, entry: u64, args: [u64; 2], stack_bytes: usize) -> Result<i64> {
+        let saved = self.regs(tid)?;
+        let xs = self.xstate(tid)?;
+        let top = saved.rsp - 128;
+        let sp = (top - stack_bytes as u64) & !15;
+        let mut orig = vec![0u8; (top - sp) as usize];
+        crate::sys::read_remote(self.pid, sp, &mut orig).map_err(op("read stack", tid))?;
+        let mut r = saved;
+        r.rip = entry;
+        r.rsp = sp;
+        r.rdi = args[0];
+        r.rsi = args[1];
+        r.rax = 0;
+        r.orig_rax = u64::MAX;
+        self.set_regs(tid, &r)?;
+        let mut deferred = Vec::new();
+        let ran = (|| {
+            for _ in 0..64 {
+                // SAFETY: CONT takes no pointers; no signal is delivered.
+                unsafe { ptrace(libc::PTRACE_CONT, tid, 0, 0) }.map_err(op("cont", tid))?;
+                let Some(status) =
+                    wait_tid(self.pid, tid, &self.proc_dir).map_err(op("wait", tid))?
+                else {
+                    return Err(PtraceError::ProcessDied { pid: self.pid });
+                };
+                if !libc::WIFSTOPPED(status) {
+                    return Err(PtraceError::ProcessDied { pid: self.pid });
+                }
+                let sig = libc::WSTOPSIG(status);
+                if (status >> 16) != 0 {
+                    continue; // an event stop (interrupt): step on
+                }
+                if sig == libc::SIGTRAP {
+                    return self.regs(tid).map(|r| r.rax as i64);
+                }
+                if matches!(
+                    sig,
+                    libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE
+                ) {
+                    let rip = self.regs(tid).map(|r| r.rip).unwrap_or(0);
+                    tracing::error!(tid, sig, rip = format!("{rip:#x}"), "fault in agent code");
+                    return Err(PtraceError::UnexpectedStop {
+                        tid,
+                        status,
+                        during: "an agent operation (fault)",
+                    });
+                }
+                deferred.push(sig);
+            }
+            Err(PtraceError::UnexpectedStop {
+                tid,
+                status: 0,
+                during: "an agent operation (no progress)",
+            })
+        })();
+        if !matches!(ran, Err(PtraceError::ProcessDied { .. })) {
+            self.set_regs(tid, &saved)?;
+            self.set_xstate(tid, &xs)?;
+            crate::sys::write_remote(self.pid, sp, &orig).map_err(op("restore stack", tid))?;
+        }
+        for sig in deferred {
+            // SAFETY: tgkill on a thread of the process we trace.
+            unsafe { libc::syscall(libc::SYS_tgkill, self.pid, tid, sig) };
+        }
+        ran
+    }
+
     pub fn sigmask(&self, tid: Pid) -> Result<u64> {
         let mut m: u64 = 0;
         // SAFETY: GETSIGMASK writes `addr` (= 8) bytes to `data`.
@@ -381,6 +476,12 @@ impl Stopped {
         })
         .map_err(op("get_robust_list", tid))?;
         Ok((head, len as u64))
+    }
+
+    /// Injects system calls at `addr` (a `syscall` instruction) instead of the vDSO's: the
+    /// write-tracking agent's, whose calls its seccomp filter lets through.
+    pub fn set_syscall_insn(&mut self, addr: u64) {
+        self.syscall_insn = Some(addr);
     }
 
     /// Address of a `syscall` instruction in the target's vDSO.

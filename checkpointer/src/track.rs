@@ -1,7 +1,11 @@
-//! Write tracking with userfaultfd write-protection in async mode plus `PAGEMAP_SCAN`
-//! (Linux ≥ 6.7): the kernel resolves the first write to a protected page by itself (~1.2 µs)
-//! and marks the page written; one `PAGEMAP_SCAN` per range returns the written pages and
-//! protects them again, atomically.
+//! Write tracking: the [`Tracker`] interface the epoch loop uses, and its two implementations.
+//!
+//! - [`UffdTracker`] (here, the default): userfaultfd write-protection in async mode plus
+//!   `PAGEMAP_SCAN` (Linux ≥ 6.7): the kernel resolves the first write to a protected page by
+//!   itself (~1.2 µs) and marks the page written; one `PAGEMAP_SCAN` per range returns the
+//!   written pages and protects them again, atomically.
+//! - [`mprotect::MprotectTracker`]: `mprotect` + SIGSEGV through an agent loaded into the
+//!   process (Tardigrade's method), for kernels without the former.
 //!
 //! The userfaultfd must belong to the target's mm, so it is created *inside* the target by an
 //! injected `userfaultfd()` call, duplicated into the supervisor with `pidfd_getfd`, and closed
@@ -14,8 +18,11 @@
 //! - Pages zapped by `MADV_DONTNEED` are reported as written.
 //! - `walk_end` is only meaningful when the output vector came back full.
 //!
-//! The mprotect + SIGSEGV tracker (for kernels without this) is **not implemented yet**.
 
+pub mod mprotect;
+
+use crate::image::ThreadImage;
+use crate::procfs::MapEntry;
 use crate::ptrace::Stopped;
 use crate::sys;
 use std::fs::File;
@@ -67,9 +74,97 @@ struct PageRegion {
     categories: u64,
 }
 
+/// What the epoch loop needs from a write tracker. Ranges are whole mappings of the layout the
+/// app asked for (see [`Tracker::observe`]); page lists are `(start, end, categories)` regions.
+///
+/// One pause calls, in order: `begin` (first), `layout`, `threads`, then `take_written` / `scan` /
+/// `arm` / `protect` as the loop decides, then `commit` (last, still inside the pause).
+pub trait Tracker {
+    /// First call of a pause. May fail with [`TrackError::Busy`]: resume, and stop again.
+    fn begin(&mut self, _st: &mut Stopped) -> Result<(), TrackError> {
+        Ok(())
+    }
+    /// The raw layout read in this pause (maps or smaps); returns the layout to record. A
+    /// tracker that changes protections itself gives back what the app asked for.
+    fn layout(&mut self, maps: Vec<MapEntry>) -> Vec<MapEntry> {
+        maps
+    }
+    /// The threads of this pause (their stacks may need special care).
+    fn threads(&mut self, _threads: &[ThreadImage], _maps: &[MapEntry]) {}
+    /// Starts tracking `[start, end)` (whole mappings), protected from now on.
+    fn arm(&mut self, start: u64, end: u64) -> Result<(), TrackError>;
+    /// Leaves `[start, end)` writable: reported as written by every `take_written` (hot pages).
+    fn unprotect(&mut self, start: u64, end: u64) -> Result<(), TrackError>;
+    /// Pages of `[start, end)` matching `q` (contents queries: present, file, swapped).
+    fn scan(
+        &mut self,
+        start: u64,
+        end: u64,
+        q: Query,
+        out: &mut Vec<(u64, u64, u64)>,
+    ) -> Result<(), TrackError>;
+    /// Pages of the armed range `[start, end)` written since the last pause, protected again.
+    /// `Ok(None)`: the range holds memory replaced since it was armed (capture it whole).
+    fn take_written(
+        &mut self,
+        start: u64,
+        end: u64,
+        out: &mut Vec<(u64, u64, u64)>,
+    ) -> Result<Option<()>, TrackError>;
+    /// Written pages so far in `ranges`, stopping at `limit` (runs while the process runs).
+    fn count_written(&mut self, ranges: &[(u64, u64)], limit: u64) -> u64;
+    /// Last call of a pause: `armed` is the new armed set, `maps` the recorded layout.
+    fn commit(
+        &mut self,
+        _st: &mut Stopped,
+        _armed: &[(u64, u64)],
+        _maps: &[MapEntry],
+    ) -> Result<(), TrackError> {
+        Ok(())
+    }
+    /// Whether `arm` changes the layout the kernel shows (the loop then reads it again).
+    fn arm_changes_layout(&self) -> bool {
+        true
+    }
+    /// Corrects the captured process state for what the tracker itself changed in it.
+    fn patch_image(&self, _image: &mut crate::image::ProcessImage) {}
+    /// Stops tracking `armed` for good; the process keeps running untracked.
+    fn release(&mut self, proc: &crate::procfs::Proc, armed: &[(u64, u64)]);
+    /// A short name for logs and stats.
+    fn name(&self) -> &'static str;
+}
+
+/// Which tracker an epoch loop uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrackerKind {
+    /// userfaultfd write-protect (async) + PAGEMAP_SCAN (Linux >= 6.7).
+    #[default]
+    Uffd,
+    /// mprotect + SIGSEGV through an agent in the process (any kernel with seccomp).
+    Mprotect,
+}
+
+impl std::str::FromStr for TrackerKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "uffd" => Ok(TrackerKind::Uffd),
+            "mprotect" => Ok(TrackerKind::Mprotect),
+            _ => Err(format!("unknown tracker {s:?} (known: uffd, mprotect)")),
+        }
+    }
+}
+
 /// Why tracking could not be set up or a scan failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TrackError {
+    #[error(transparent)]
+    Agent(#[from] crate::agent::AgentError),
+    #[error("a thread was stopped inside the agent's memory-layout update; the pause is retried")]
+    Busy,
+    #[error("reading /proc/PID/pagemap: {0}")]
+    Pagemap(io::Error),
     #[error(
         "creating a userfaultfd inside the process failed (errno {0}); write tracking needs Linux >= 6.7 with userfaultfd"
     )]
@@ -333,6 +428,43 @@ impl UffdTracker {
             }
         }
         n
+    }
+}
+
+impl Tracker for UffdTracker {
+    fn arm(&mut self, start: u64, end: u64) -> Result<(), TrackError> {
+        UffdTracker::arm(self, start, end)
+    }
+    fn unprotect(&mut self, start: u64, end: u64) -> Result<(), TrackError> {
+        self.protect(start, end, false)
+    }
+    fn scan(
+        &mut self,
+        start: u64,
+        end: u64,
+        q: Query,
+        out: &mut Vec<(u64, u64, u64)>,
+    ) -> Result<(), TrackError> {
+        UffdTracker::scan(self, start, end, q, out)
+    }
+    fn take_written(
+        &mut self,
+        start: u64,
+        end: u64,
+        out: &mut Vec<(u64, u64, u64)>,
+    ) -> Result<Option<()>, TrackError> {
+        UffdTracker::take_written(self, start, end, out)
+    }
+    fn count_written(&mut self, ranges: &[(u64, u64)], limit: u64) -> u64 {
+        UffdTracker::count_written(self, ranges, limit)
+    }
+    fn release(&mut self, _proc: &crate::procfs::Proc, armed: &[(u64, u64)]) {
+        for &(s, e) in armed {
+            self.disarm(s, e);
+        }
+    }
+    fn name(&self) -> &'static str {
+        "uffd"
     }
 }
 

@@ -18,7 +18,10 @@ const PAGE: usize = 4096;
 /// Differences found (empty: identical). At most `limit` are listed.
 pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<String>> {
     let proc = Proc::open(pid)?;
-    let maps = proc.maps()?;
+    // With the mprotect tracker's agent, armed pages read as read-only: compare what the app
+    // asked for.
+    let raw = proc.maps()?;
+    let maps = crate::agent::app_layout(pid, raw.clone());
     let mem = proc.open_file("mem", libc::O_RDONLY)?;
     let mut diffs = Vec::new();
 
@@ -63,9 +66,14 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
         if v.backing == Backing::Vdso || m.shared {
             continue;
         }
+        // map_files names the kernel's mapping, which the agent's protection may have split.
+        let kernel = raw
+            .iter()
+            .find(|r| r.start <= m.start && m.start < r.end)
+            .unwrap_or(m);
         let file = match v.backing {
             Backing::File { .. } => Some(proc.open_file(
-                &format!("map_files/{:x}-{:x}", m.start, m.end),
+                &format!("map_files/{:x}-{:x}", kernel.start, kernel.end),
                 libc::O_RDONLY,
             )?),
             _ => None,
@@ -231,7 +239,10 @@ pub fn compare_processes(
     let keep = |m: &crate::procfs::MapEntry| {
         m.name != "[vsyscall]" && !(m.start >= skip.0 && m.end <= skip.1)
     };
-    let am: Vec<_> = a.maps()?.into_iter().filter(keep).collect();
+    let am: Vec<_> = crate::agent::app_layout(live, a.maps()?)
+        .into_iter()
+        .filter(keep)
+        .collect();
     let bm: Vec<_> = b.maps()?.into_iter().filter(keep).collect();
     // Adjacent mappings with the same attributes (and, for files, contiguous offsets) are one
     // range as far as the process can tell: the kernel merges such neighbours when a restore

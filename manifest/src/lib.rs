@@ -106,6 +106,7 @@ impl Default for Epoch {
             min_ms: 1.0,
             cap_pages: 1000,
             hot_epochs: 3,
+            tracker: "uffd".to_string(),
         }
     }
 }
@@ -220,6 +221,9 @@ pub struct Epoch {
     pub cap_pages: u64,
     /// `hot_epochs`: a page written in this many consecutive epochs is hot, default 3.
     pub hot_epochs: u32,
+    /// `tracker`: how written pages are found, `"uffd"` (userfaultfd write-protect, Linux >=
+    /// 6.7, the default) or `"mprotect"` (mprotect + SIGSEGV through an in-process agent).
+    pub tracker: String,
 }
 
 /// `[tardi.network]`.

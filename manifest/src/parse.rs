@@ -59,6 +59,7 @@ const KNOWN_KEYS: &[&str] = &[
     "tardi.epoch.min_ms",
     "tardi.epoch.cap_pages",
     "tardi.epoch.hot_epochs",
+    "tardi.epoch.tracker",
     "tardi.network",
     "tardi.network.subnet",
 ];
@@ -754,6 +755,13 @@ impl<'t> Ctx<'t> {
                         return Err(
                             self.invalid(&e, format!("must be in 1..={}, got {n}", u32::MAX))
                         );
+                    }
+                },
+                "tracker" => match self.string(&e)? {
+                    t @ ("uffd" | "mprotect") => st.epoch.tracker = t.to_string(),
+                    t => {
+                        return Err(self
+                            .invalid(&e, format!("must be \"uffd\" or \"mprotect\", got {t:?}")));
                     }
                 },
                 _ => return Err(self.unknown(&e, &[])),

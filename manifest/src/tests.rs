@@ -87,6 +87,7 @@ interval_ms = 20
 min_ms = 0.5
 cap_pages = 64
 hot_epochs = 5
+tracker = "mprotect"
 
 [tardi.network]
 subnet = "10.42.0.0"
@@ -123,6 +124,7 @@ subnet = "10.42.0.0"
     assert_eq!(m.tardi.epoch.min_ms, 0.5);
     assert_eq!(m.tardi.epoch.cap_pages, 64);
     assert_eq!(m.tardi.epoch.hot_epochs, 5);
+    assert_eq!(m.tardi.epoch.tracker, "mprotect");
     assert_eq!(m.tardi.network.subnet, Ipv4Addr::new(10, 42, 0, 0));
     assert_eq!(m.tardi.ports[0].to_string(), "tcp:6379");
 }

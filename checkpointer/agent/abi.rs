@@ -1,0 +1,119 @@
+//! The layout shared by the write-tracking agent (`agent/main.rs`, inside the tracked process)
+//! and its tracer side (`src/agent.rs`, in the supervisor). Plain `#[repr(C)]` data, no
+//! pointers to agent code: the supervisor reads and writes it with `process_vm_readv/writev`.
+//!
+//! Who writes what:
+//! - the supervisor, while every thread is stopped: `table`, `runs`, `filter`, `log_cursor`,
+//!   the counters it resets;
+//! - the agent, at any time: `extra`, `log`, `log_head`, `faults`, `trapped`, `app_*`, `lock`.
+
+#![allow(dead_code)]
+
+pub const AGENT_MAGIC: u64 = u64::from_le_bytes(*b"TARDIAGT");
+pub const AGENT_VERSION: u32 = 1;
+
+/// Armed ranges the supervisor writes each pause (sorted, disjoint).
+pub const TABLE_CAP: usize = 4096;
+/// Armed ranges the agent adds when an app call cuts an armed range in pieces.
+pub const EXTRA_CAP: usize = 512;
+/// Ranges changed by the app's memory-layout calls since the last pause.
+pub const LOG_CAP: usize = 4096;
+/// Ranges the supervisor asks the agent to write-protect (one `OP_REARM`).
+pub const RUNS_CAP: usize = 16384;
+/// BPF instructions of the seccomp filter.
+pub const FILTER_CAP: usize = 512;
+/// The stack the supervisor runs agent operations on.
+pub const OP_STACK: usize = 32 * 1024;
+
+/// `Range::prot` of an entry that no longer tracks anything.
+pub const DISARMED: u64 = u64::MAX;
+
+/// `LogEntry::kind`: the app changed the layout of (or zapped) the range: capture it whole.
+pub const LOG_CHANGED: u64 = 1;
+/// `LogEntry::kind`: the range is a stack (thread stack, signal stack, rseq area): never
+/// write-protect it, read its present pages every pause.
+pub const LOG_STACK: u64 = 2;
+
+/// `si_errno` of the SIGSYS our filter raises (`SECCOMP_RET_TRAP | TRAP_TAG`).
+pub const TRAP_TAG: u32 = 0x7a;
+
+/// Operations the supervisor runs in a stopped thread (`rdi` of the entry point).
+pub const OP_INIT: u64 = 1;
+pub const OP_REARM: u64 = 2;
+pub const OP_DISARM_ALL: u64 = 3;
+
+/// Return values of operations (besides `0` and `-errno`).
+pub const RET_BUSY: i64 = -16; // -EBUSY: a thread was stopped inside a table update
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct Range {
+    pub start: u64,
+    pub end: u64,
+    /// The protection the app asked for (`PROT_*`), or [`DISARMED`].
+    pub prot: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct LogEntry {
+    /// Written last by the agent: zero means "reserved, not yet filled".
+    pub start: u64,
+    pub end: u64,
+    pub kind: u64,
+}
+
+/// The kernel's `struct sigaction` for `rt_sigaction` on x86-64.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct KSigaction {
+    pub handler: u64,
+    pub flags: u64,
+    pub restorer: u64,
+    pub mask: u64,
+}
+
+#[repr(C)]
+pub struct Control {
+    pub magic: u64,
+    pub version: u32,
+    /// Non-zero while tracking is on: the SIGSEGV handler resolves faults on armed ranges.
+    pub active: u32,
+    /// Held (non-zero) by a thread updating `extra`/`table` entries or the log on behalf of a
+    /// memory-layout call; a pause that finds it held leaves protections and the log alone.
+    pub lock: u32,
+    pub log_overflow: u32,
+    /// Pages made writable since the last `OP_REARM` (the capping signal).
+    pub faults: u64,
+    /// System calls the SIGSYS handler served (statistics).
+    pub trapped: u64,
+    /// The app's own dispositions of SIGSEGV and SIGSYS (the kernel holds the agent's).
+    pub app_segv: KSigaction,
+    pub app_sys: KSigaction,
+    /// The agent's text, for the filter's "calls from here are allowed" test.
+    pub text_start: u64,
+    pub text_end: u64,
+    pub n_table: u64,
+    pub n_extra: u64,
+    /// Log entries are reserved by `log_head` (monotonic) and consumed up to `log_cursor`.
+    pub log_head: u64,
+    pub log_cursor: u64,
+    pub n_runs: u64,
+    pub filter_len: u64,
+    pub table: [Range; TABLE_CAP],
+    pub extra: [Range; EXTRA_CAP],
+    pub log: [LogEntry; LOG_CAP],
+    pub runs: [Range; RUNS_CAP],
+    pub filter: [u64; FILTER_CAP],
+}
+
+/// The system calls the filter traps (unless made from the agent's own text): those the agent
+/// emulates (signal dispositions and masks, memory layout, `execve`) and those into which the
+/// kernel writes user memory. Keep in step with `emulate` and `buffers` in `agent/main.rs`.
+pub const TRAPPED: &[u16] = &[
+    0, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 16, 17, 19, 22, 23, 25, 27, 28, 35, 36, 38, 40, 43, 45,
+    47, 51, 52, 53, 55, 59, 61, 63, 70, 72, 78, 79, 89, 96, 97, 98, 99, 100, 115, 118, 120, 125,
+    127, 128, 130, 131, 137, 138, 143, 157, 191, 192, 193, 194, 195, 196, 201, 202, 204, 206, 208,
+    217, 222, 223, 224, 228, 229, 230, 232, 239, 243, 247, 262, 267, 270, 271, 274, 275, 281, 286,
+    287, 288, 293, 295, 299, 302, 307, 309, 310, 315, 318, 322, 326, 327, 329, 332, 334, 425, 441,
+];

@@ -1,0 +1,602 @@
+//! The supervisor's side of the write-tracking agent (`agent/main.rs`): loading it into a
+//! stopped process, the seccomp filter it installs, running its operations, reading its
+//! control block, and turning the layout the kernel shows (armed pages read-only) back into
+//! the layout the app asked for.
+//!
+//! Why an agent: on kernels without userfaultfd write-protection, the only way to learn which
+//! pages a process writes is to write-protect them with `mprotect` and catch the faults
+//! (Tardigrade, §3.3). The fault must be handled in the process, and the process's own
+//! `sigaction(SIGSEGV)` and `mprotect` calls must not undo ours, so a small blob is loaded next
+//! to the app and a seccomp filter sends those calls to it. See [`crate::track::mprotect`] for
+//! the tracker built on it.
+//!
+//! The agent never decides what was written: that is read from `/proc/PID/maps` (a written
+//! page is a writable page inside an armed range), so a handler interrupted by a pause loses
+//! nothing. The agent's log only names ranges whose layout the app changed, to be captured
+//! whole.
+
+#[path = "../agent/abi.rs"]
+pub mod abi;
+
+mod layout {
+    include!(concat!(env!("OUT_DIR"), "/agent_layout.rs"));
+}
+
+use crate::procfs::MapEntry;
+use crate::ptrace::{PtraceError, Stopped};
+use crate::sys::{self, Pid};
+use abi::*;
+use std::io;
+use std::mem::{offset_of, size_of};
+
+/// The agent's loadable bytes (file-backed part of its segments, at their offsets).
+static IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tardi-agent.bin"));
+
+const PROT_WRITE: u64 = 2;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("loading the write-tracking agent: {what} failed (errno {errno})")]
+    Load { what: &'static str, errno: i64 },
+    #[error("the write-tracking agent's {op} failed: {detail}")]
+    Op { op: &'static str, detail: String },
+    #[error(transparent)]
+    Ptrace(#[from] PtraceError),
+    #[error("reading or writing the agent's control block: {0}")]
+    Io(#[from] io::Error),
+}
+
+type Result<T> = std::result::Result<T, AgentError>;
+
+/// The control block fields before the big arrays.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Header {
+    pub magic: u64,
+    pub version: u32,
+    pub active: u32,
+    pub lock: u32,
+    pub log_overflow: u32,
+    pub faults: u64,
+    pub trapped: u64,
+    pub app_segv: KSigaction,
+    pub app_sys: KSigaction,
+    pub n_table: u64,
+    pub n_extra: u64,
+    pub log_head: u64,
+    pub log_cursor: u64,
+}
+
+/// An agent loaded at `base` in process `pid`.
+#[derive(Debug, Clone, Copy)]
+pub struct Agent {
+    pub pid: Pid,
+    pub base: u64,
+}
+
+impl Agent {
+    /// The whole reserved range.
+    pub fn range(&self) -> (u64, u64) {
+        (self.base, self.base + layout::SPAN)
+    }
+
+    /// Where the agent's code is: system calls made from here pass the filter.
+    pub fn text(&self) -> (u64, u64) {
+        let (s, e) = layout::SEGMENTS
+            .iter()
+            .filter(|seg| seg.2 & 4 != 0)
+            .fold((u64::MAX, 0), |(s, e), seg| (s.min(seg.0), e.max(seg.1)));
+        (self.base + s, self.base + e)
+    }
+
+    /// The agent's `syscall` instruction (see [`Stopped::set_syscall_insn`]).
+    pub fn syscall_insn(&self) -> u64 {
+        self.base + layout::SYSCALL
+    }
+
+    fn control(&self) -> u64 {
+        self.base + layout::CONTROL
+    }
+
+    /// Finds an agent already loaded in the process (by a previous epoch loop, or carried over
+    /// by a restore): an anonymous mapping that starts with the agent's own first bytes.
+    pub fn find(pid: Pid, maps: &[MapEntry]) -> Option<Agent> {
+        let head = &IMAGE[..64];
+        let mut buf = [0u8; 64];
+        maps.iter()
+            .filter(|m| m.inode == 0 && !m.shared && m.read && !m.write && !m.exec)
+            .filter(|m| m.name.is_empty() && m.end - m.start >= 4096)
+            .find(|m| sys::read_remote(pid, m.start, &mut buf).is_ok() && buf == head)
+            .map(|m| Agent { pid, base: m.start })
+    }
+
+    /// Maps the agent into the stopped process (wherever the kernel puts it) and protects its
+    /// segments. Nothing runs yet: see [`Agent::init`].
+    pub fn load(st: &mut Stopped, maps: &[MapEntry]) -> Result<Agent> {
+        let tid = st.tids[0];
+        let prot_rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+        let (base, _, _) = st.inject(
+            maps,
+            tid,
+            libc::SYS_mmap,
+            [0, layout::SPAN, prot_rw, flags, u64::MAX, 0],
+            0,
+        )?;
+        if base < 0 {
+            return Err(AgentError::Load {
+                what: "mmap",
+                errno: -base,
+            });
+        }
+        let agent = Agent {
+            pid: st.pid,
+            base: base as u64,
+        };
+        let (ts, te) = agent.text();
+        if ts >> 32 != (te - 1) >> 32 {
+            // The filter compares the instruction pointer's halves; keep it simple.
+            let _ = st.inject(
+                maps,
+                tid,
+                libc::SYS_munmap,
+                [agent.base, layout::SPAN, 0, 0, 0, 0],
+                0,
+            );
+            return Err(AgentError::Load {
+                what: "placement (text crosses a 4 GiB boundary)",
+                errno: 0,
+            });
+        }
+        sys::write_remote(st.pid, agent.base, IMAGE)?;
+        for &(s, e, prot) in layout::SEGMENTS {
+            if prot == 3 {
+                continue; // already read-write
+            }
+            let (r, _, _) = st.inject(
+                maps,
+                tid,
+                libc::SYS_mprotect,
+                [agent.base + s, e - s, prot as u64, 0, 0, 0],
+                0,
+            )?;
+            if r < 0 {
+                return Err(AgentError::Load {
+                    what: "mprotect",
+                    errno: -r,
+                });
+            }
+        }
+        Ok(agent)
+    }
+
+    /// Runs `OP_INIT`: the agent takes over SIGSEGV and SIGSYS and, with `install_filter`,
+    /// installs the seccomp filter on every thread.
+    pub fn init(&self, st: &mut Stopped, install_filter: bool) -> Result<()> {
+        let prog = filter(self.text());
+        let mut fields = Vec::new();
+        fields.extend_from_slice(&(prog.len() as u64).to_ne_bytes());
+        sys::write_remote(
+            self.pid,
+            self.control() + offset_of!(Control, filter_len) as u64,
+            &fields,
+        )?;
+        let bytes: Vec<u8> = prog.iter().flat_map(|i| i.to_ne_bytes()).collect();
+        sys::write_remote(
+            self.pid,
+            self.control() + offset_of!(Control, filter) as u64,
+            &bytes,
+        )?;
+        let (ts, te) = self.text();
+        let mut text = ts.to_ne_bytes().to_vec();
+        text.extend_from_slice(&te.to_ne_bytes());
+        sys::write_remote(
+            self.pid,
+            self.control() + offset_of!(Control, text_start) as u64,
+            &text,
+        )?;
+        let r = self.op(st, OP_INIT, install_filter as u64)?;
+        if r != self.control() as i64 {
+            let detail = match r {
+                -13 => "seccomp refused the filter (EACCES: the process lacks CAP_SYS_ADMIN and no_new_privs)".to_string(),
+                r if r <= -1000 => format!("seccomp could not synchronise thread {}", -1000 - r),
+                r => format!("returned {r}"),
+            };
+            return Err(AgentError::Op { op: "init", detail });
+        }
+        Ok(())
+    }
+
+    /// Runs an operation on the leader thread.
+    fn op(&self, st: &mut Stopped, op: u64, arg: u64) -> Result<i64> {
+        let tid = st.tids[0];
+        Ok(st.call(tid, self.base + layout::ENTRY, [op, arg], 4096)?)
+    }
+
+    pub fn header(&self) -> io::Result<Header> {
+        let mut buf = vec![0u8; offset_of!(Control, table)];
+        sys::read_remote(self.pid, self.control(), &mut buf)?;
+        let u64_at = |o: usize| u64::from_ne_bytes(buf[o..o + 8].try_into().unwrap());
+        let u32_at = |o: usize| u32::from_ne_bytes(buf[o..o + 4].try_into().unwrap());
+        let sa = |o: usize| KSigaction {
+            handler: u64_at(o),
+            flags: u64_at(o + 8),
+            restorer: u64_at(o + 16),
+            mask: u64_at(o + 24),
+        };
+        Ok(Header {
+            magic: u64_at(offset_of!(Control, magic)),
+            version: u32_at(offset_of!(Control, version)),
+            active: u32_at(offset_of!(Control, active)),
+            lock: u32_at(offset_of!(Control, lock)),
+            log_overflow: u32_at(offset_of!(Control, log_overflow)),
+            faults: u64_at(offset_of!(Control, faults)),
+            trapped: u64_at(offset_of!(Control, trapped)),
+            app_segv: sa(offset_of!(Control, app_segv)),
+            app_sys: sa(offset_of!(Control, app_sys)),
+            n_table: u64_at(offset_of!(Control, n_table)),
+            n_extra: u64_at(offset_of!(Control, n_extra)),
+            log_head: u64_at(offset_of!(Control, log_head)),
+            log_cursor: u64_at(offset_of!(Control, log_cursor)),
+        })
+    }
+
+    /// Pages made writable since the last rearm (read while the process runs: one word).
+    pub fn faults(&self) -> io::Result<u64> {
+        let mut b = [0u8; 8];
+        sys::read_remote(
+            self.pid,
+            self.control() + offset_of!(Control, faults) as u64,
+            &mut b,
+        )?;
+        Ok(u64::from_ne_bytes(b))
+    }
+
+    fn read_ranges(&self, off: usize, n: usize) -> io::Result<Vec<Range>> {
+        let mut buf = vec![0u8; n * size_of::<Range>()];
+        sys::read_remote(self.pid, self.control() + off as u64, &mut buf)?;
+        Ok(buf
+            .chunks_exact(24)
+            .map(|c| Range {
+                start: u64::from_ne_bytes(c[0..8].try_into().unwrap()),
+                end: u64::from_ne_bytes(c[8..16].try_into().unwrap()),
+                prot: u64::from_ne_bytes(c[16..24].try_into().unwrap()),
+            })
+            .collect())
+    }
+
+    /// The armed entries (table and extra), without the disarmed ones, sorted.
+    pub fn entries(&self, h: &Header) -> io::Result<Vec<Range>> {
+        let mut v = self.read_ranges(
+            offset_of!(Control, table),
+            (h.n_table as usize).min(TABLE_CAP),
+        )?;
+        v.extend(self.read_ranges(
+            offset_of!(Control, extra),
+            (h.n_extra as usize).min(EXTRA_CAP),
+        )?);
+        v.retain(|r| r.prot != DISARMED && r.start < r.end);
+        v.sort_by_key(|r| r.start);
+        Ok(v)
+    }
+
+    /// Log entries `[cursor, head)` (only meaningful while the lock is free). `None`: more
+    /// were written than the log holds (see `log_overflow`).
+    pub fn log(&self, h: &Header) -> io::Result<Vec<LogEntry>> {
+        let n = (h.log_head - h.log_cursor).min(LOG_CAP as u64);
+        let mut buf = vec![0u8; LOG_CAP * size_of::<LogEntry>()];
+        if n > 0 {
+            sys::read_remote(
+                self.pid,
+                self.control() + offset_of!(Control, log) as u64,
+                &mut buf,
+            )?;
+        }
+        Ok((h.log_cursor..h.log_cursor + n)
+            .map(|i| {
+                let o = (i % LOG_CAP as u64) as usize * 24;
+                let w = |k: usize| u64::from_ne_bytes(buf[o + k..o + k + 8].try_into().unwrap());
+                LogEntry {
+                    start: w(0),
+                    end: w(8),
+                    kind: w(16),
+                }
+            })
+            .filter(|e| e.start < e.end)
+            .collect())
+    }
+
+    /// Writes the new armed table and the ranges to protect, consumes the log up to `head`,
+    /// and runs `OP_REARM`. `Ok(false)`: a thread was stopped inside a table update, nothing
+    /// was changed (the caller's next pause retries).
+    pub fn rearm(
+        &self,
+        st: &mut Stopped,
+        table: &[Range],
+        runs: &[Range],
+        head: u64,
+    ) -> Result<bool> {
+        let ranges = |rs: &[Range]| -> Vec<u8> {
+            rs.iter()
+                .flat_map(|r| [r.start, r.end, r.prot])
+                .flat_map(u64::to_ne_bytes)
+                .collect()
+        };
+        if self.header()?.lock != 0 {
+            return Ok(false);
+        }
+        let base = self.control();
+        let table = &table[..table.len().min(TABLE_CAP)];
+        // Counters first, in one write: n_table, n_extra, log_head (unchanged), log_cursor.
+        let mut counters = Vec::new();
+        for v in [table.len() as u64, 0, head, head] {
+            counters.extend_from_slice(&v.to_ne_bytes());
+        }
+        sys::write_remote(
+            self.pid,
+            base + offset_of!(Control, n_table) as u64,
+            &counters,
+        )?;
+        sys::write_remote(
+            self.pid,
+            base + offset_of!(Control, log_overflow) as u64,
+            &0u32.to_ne_bytes(),
+        )?;
+        sys::write_remote(
+            self.pid,
+            base + offset_of!(Control, table) as u64,
+            &ranges(table),
+        )?;
+        let mut chunks = runs.chunks(RUNS_CAP).peekable();
+        if chunks.peek().is_none() {
+            // Nothing to protect; still reset the fault counter and mark tracking active.
+            sys::write_remote(
+                self.pid,
+                base + offset_of!(Control, n_runs) as u64,
+                &0u64.to_ne_bytes(),
+            )?;
+            return self.run_rearm(st);
+        }
+        for chunk in chunks {
+            sys::write_remote(
+                self.pid,
+                base + offset_of!(Control, runs) as u64,
+                &ranges(chunk),
+            )?;
+            sys::write_remote(
+                self.pid,
+                base + offset_of!(Control, n_runs) as u64,
+                &(chunk.len() as u64).to_ne_bytes(),
+            )?;
+            if !self.run_rearm(st)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn run_rearm(&self, st: &mut Stopped) -> Result<bool> {
+        match self.op(st, OP_REARM, 0)? {
+            0 => Ok(true),
+            RET_BUSY => Ok(false),
+            r => Err(AgentError::Op {
+                op: "rearm",
+                detail: format!("mprotect failed with errno {}", -r),
+            }),
+        }
+    }
+
+    /// Gives every armed page its protection back and empties the table. The handlers and the
+    /// filter stay (a filter cannot be removed); with nothing armed they only pass calls on.
+    pub fn disarm_all(&self, st: &mut Stopped) -> Result<()> {
+        match self.op(st, OP_DISARM_ALL, 0)? {
+            0 => Ok(()),
+            r => Err(AgentError::Op {
+                op: "disarm",
+                detail: format!("mprotect failed with errno {}", -r),
+            }),
+        }
+    }
+}
+
+/// The seccomp filter (classic BPF, one `u64` per `struct sock_filter`): calls from the
+/// agent's text pass; the calls in [`abi::TRAPPED`] raise SIGSYS (`SECCOMP_RET_TRAP`, tagged
+/// with [`abi::TRAP_TAG`]); everything else passes. Calls of another ABI (i386 `int 0x80`,
+/// x32) fail with `ENOSYS`: the agent could not interpret them.
+pub fn filter(text: (u64, u64)) -> Vec<u64> {
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const JGE_K: u16 = 0x35;
+    const RET_K: u16 = 0x06;
+    const ALLOW: u32 = 0x7fff_0000;
+    const TRAP: u32 = 0x0003_0000;
+    const ERRNO: u32 = 0x0005_0000;
+    const ENOSYS: u32 = 38;
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    let ins = |code: u16, jt: u8, jf: u8, k: u32| -> u64 {
+        code as u64 | (jt as u64) << 16 | (jf as u64) << 24 | (k as u64) << 32
+    };
+    let (ts, te) = text;
+    let n = TRAPPED.len();
+    assert!(n < 250, "jump offsets are 8-bit");
+    let mut p = vec![
+        ins(LD_W_ABS, 0, 0, 4),              // 0: arch
+        ins(JEQ_K, 1, 0, AUDIT_ARCH_X86_64), // 1
+        ins(RET_K, 0, 0, ERRNO | ENOSYS),    // 2
+        ins(LD_W_ABS, 0, 0, 0),              // 3: nr
+        ins(JGE_K, 0, 1, 0x4000_0000),       // 4: x32 ABI?
+        ins(RET_K, 0, 0, ERRNO | ENOSYS),    // 5
+        ins(LD_W_ABS, 0, 0, 12),             // 6: ip, high half
+        ins(JEQ_K, 0, 4, (ts >> 32) as u32), // 7: -> 12 when outside
+        ins(LD_W_ABS, 0, 0, 8),              // 8: ip, low half
+        ins(JGE_K, 0, 2, ts as u32),         // 9: -> 12 when below
+        ins(JGE_K, 1, 0, te as u32),         // 10: -> 12 when at/above the end
+        ins(RET_K, 0, 0, ALLOW),             // 11: the agent's own call
+        ins(LD_W_ABS, 0, 0, 0),              // 12: nr
+    ];
+    for (i, &nr) in TRAPPED.iter().enumerate() {
+        // Jump to the TRAP return after the list's ALLOW.
+        let to_trap = (n - i) as u8; // skip the rest of the list and the ALLOW
+        p.push(ins(JEQ_K, to_trap, 0, nr as u32));
+    }
+    p.push(ins(RET_K, 0, 0, ALLOW));
+    p.push(ins(RET_K, 0, 0, TRAP | TRAP_TAG));
+    assert!(p.len() <= FILTER_CAP);
+    p
+}
+
+/// The layout the app asked for, from the layout the kernel shows: a piece of a mapping inside
+/// an armed entry, read-only because we made it so (or writable again since), gets the
+/// entry's protection. Pieces are merged back when they are parts of one kernel mapping or of
+/// one armed entry and agree in everything, so the result does not depend on which pages
+/// happen to be protected: the same process gives the same layout at every pause.
+pub fn normalize(raw: &[MapEntry], entries: &[Range]) -> Vec<MapEntry> {
+    // (piece, index of its kernel mapping, armed entry it was normalized by)
+    let mut out: Vec<(MapEntry, usize, Option<usize>)> = Vec::with_capacity(raw.len());
+    let mut k = 0; // first entry that may overlap the current mapping (both are sorted)
+    for (ri, m) in raw.iter().enumerate() {
+        while k < entries.len() && entries[k].end <= m.start {
+            k += 1;
+        }
+        let mut at = m.start;
+        let mut j = k;
+        while at < m.end {
+            while j < entries.len() && entries[j].end <= at {
+                j += 1;
+            }
+            let (piece_end, entry) = match entries.get(j) {
+                Some(e) if e.start <= at => (e.end.min(m.end), Some(j)),
+                Some(e) => (e.start.min(m.end), None),
+                None => (m.end, None),
+            };
+            let mut p = m.clone();
+            if m.inode != 0 {
+                p.offset = m.offset + (at - m.start);
+            }
+            p.start = at;
+            p.end = piece_end;
+            let mut owner = None;
+            if let Some(j) = entry {
+                let want = entries[j].prot;
+                let have = p.prot() as u64;
+                if !p.shared && (have == want || have == want & !PROT_WRITE) {
+                    p.read = want & 1 != 0;
+                    p.write = want & 2 != 0;
+                    p.exec = want & 4 != 0;
+                    if p.write && !p.has_flag("wr") && !p.vmflags.is_empty() {
+                        p.vmflags.push("wr".into());
+                    }
+                    owner = Some(j);
+                }
+            }
+            match out.last_mut() {
+                Some((last, lri, lo))
+                    if (*lri == ri || (owner.is_some() && *lo == owner)) && same_kind(last, &p) =>
+                {
+                    last.end = p.end;
+                    *lri = ri;
+                }
+                _ => out.push((p, ri, owner)),
+            }
+            at = piece_end;
+        }
+    }
+    out.into_iter().map(|(m, _, _)| m).collect()
+}
+
+/// Adjacent, with the same protection, sharing, backing (contiguous offsets), name and flags.
+fn same_kind(a: &MapEntry, b: &MapEntry) -> bool {
+    // "wr" follows the protection; "ac" (accounted) is dropped by the kernel when an
+    // untouched anonymous piece is made read-only: neither tells the app anything.
+    fn flags(m: &MapEntry) -> Vec<&str> {
+        let mut f: Vec<&str> = m
+            .vmflags
+            .iter()
+            .map(String::as_str)
+            .filter(|f| !matches!(*f, "wr" | "ac"))
+            .collect();
+        f.sort_unstable();
+        f
+    }
+    a.end == b.start
+        && a.prot() == b.prot()
+        && a.shared == b.shared
+        && a.inode == b.inode
+        && a.name == b.name
+        // /proc shows offset 0 for anonymous memory.
+        && (a.inode == 0 || a.offset + (a.end - a.start) == b.offset)
+        && flags(a) == flags(b)
+}
+
+/// For a process that may carry an agent (verification of a held process): the layout the app
+/// asked for. Without an agent, the layout as is.
+pub fn app_layout(pid: Pid, raw: Vec<MapEntry>) -> Vec<MapEntry> {
+    let Some(agent) = Agent::find(pid, &raw) else {
+        return raw;
+    };
+    match agent.header().and_then(|h| agent.entries(&h)) {
+        Ok(entries) => normalize(&raw, &entries),
+        Err(_) => raw,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(start: u64, end: u64, prot: u32) -> MapEntry {
+        MapEntry {
+            start,
+            end,
+            read: prot & 1 != 0,
+            write: prot & 2 != 0,
+            exec: prot & 4 != 0,
+            shared: false,
+            offset: 0,
+            inode: 0,
+            name: String::new(),
+            vmflags: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn normalize_restores_intended_protection_and_merges() {
+        let k = 0x1000;
+        // One armed entry [1,5) (rw) split by faults into r--, rw-, r--; then an app read-only
+        // mapping [5,6) that the kernel merged with the last read-only piece.
+        let raw = vec![m(k, 2 * k, 1), m(2 * k, 3 * k, 3), m(3 * k, 6 * k, 1)];
+        let entries = vec![Range {
+            start: k,
+            end: 5 * k,
+            prot: 3,
+        }];
+        let n = normalize(&raw, &entries);
+        let shape: Vec<_> = n
+            .iter()
+            .map(|e| (e.start / k, e.end / k, e.prot()))
+            .collect();
+        assert_eq!(shape, vec![(1, 5, 3), (5, 6, 1)]);
+        // An app mprotect to PROT_NONE inside an armed entry is not ours: left as is.
+        let raw = vec![m(k, 2 * k, 0), m(2 * k, 3 * k, 1)];
+        let entries = vec![Range {
+            start: k,
+            end: 3 * k,
+            prot: 3,
+        }];
+        let shape: Vec<_> = normalize(&raw, &entries)
+            .iter()
+            .map(|e| (e.start / k, e.end / k, e.prot()))
+            .collect();
+        assert_eq!(shape, vec![(1, 2, 0), (2, 3, 3)]);
+    }
+
+    #[test]
+    fn filter_jumps_land_on_the_trap() {
+        let p = filter((0x7f00_0000_1000, 0x7f00_0000_5000));
+        let trap = p.len() - 1;
+        for (i, &ins) in p.iter().enumerate().skip(13).take(TRAPPED.len()) {
+            let jt = ((ins >> 16) & 0xff) as usize;
+            assert_eq!(i + 1 + jt, trap, "instruction {i}");
+        }
+        assert_eq!(p[trap] >> 32, 0x0003_0000 | TRAP_TAG as u64);
+    }
+}

@@ -1,0 +1,439 @@
+//! The mprotect + SIGSEGV tracker (Tardigrade §3.3), for kernels without userfaultfd
+//! write-protection: written pages are write-protected at each pause and the agent in the
+//! process ([`crate::agent`]) makes a page writable again on its first write.
+//!
+//! What was written is read from the kernel, never from the agent: at a pause, a writable page
+//! inside an armed range was written (or made writable for a system call to write into) since
+//! the last pause. Ranges whose layout the app changed during the epoch (`mmap`, `munmap`,
+//! `mremap`, `mprotect`, `madvise`, `brk`) come from the agent's log and are captured whole.
+//! A pause that finds a thread inside the agent's layout critical section is retried
+//! ([`TrackError::Busy`]), so the log, the armed table and the layout always agree when read.
+//!
+//! Never write-protected (their present pages are read every pause): stacks (the mapping that
+//! holds a thread's stack pointer at some pause, `[stack]`, `MAP_STACK` mappings, signal
+//! stacks, rseq areas — the kernel writes there itself, and a fault while it pushes a signal
+//! frame would kill the thread) and the agent's own memory.
+//!
+//! Contents queries ([`Tracker::scan`]) use `/proc/PID/pagemap`, not `PAGEMAP_SCAN`, so the
+//! tracker needs nothing newer than seccomp filters.
+//!
+//! Known limits (documented in docs/ARCHITECTURE.md): system calls outside the agent's list
+//! that write into armed memory fail with `EFAULT`; writes that bypass page protection
+//! (`/proc/self/mem`, io_uring fixed buffers) are not seen; `execve` fails with `EPERM`; a bad
+//! pointer passed to an emulated call faults in the agent instead of returning `EFAULT`.
+
+use super::{
+    PAGE_IS_FILE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED, PAGE_IS_WRITTEN, Query, TrackError, Tracker,
+};
+use crate::agent::abi::{LOG_CHANGED, LOG_STACK, Range};
+use crate::agent::{Agent, Header, normalize};
+use crate::image::{ProcessImage, SigAction, ThreadImage};
+use crate::procfs::{MapEntry, Proc};
+use crate::ptrace::Stopped;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+const PAGE: u64 = 4096;
+const RSP: usize = 19; // index of rsp in user_regs_struct
+const SS_DISABLE: u32 = 2;
+
+pub struct MprotectTracker {
+    agent: Agent,
+    pagemap: File,
+    pm_buf: Vec<u8>,
+    /// This pause's layout as the kernel shows it (armed pages read-only).
+    raw: Vec<MapEntry>,
+    hdr: Header,
+    entries: Vec<Range>,
+    /// Ranges the app changed the layout of since the last pause: captured whole.
+    changed: Vec<(u64, u64)>,
+    /// The log overflowed: every range is captured whole.
+    everything: bool,
+    /// Never write-protected (sorted, merged).
+    stacks: Vec<(u64, u64)>,
+    pending_arm: Vec<(u64, u64)>,
+    hot: Vec<(u64, u64)>,
+}
+
+impl MprotectTracker {
+    /// Loads the agent into the stopped process (or adopts one already there), lets it take
+    /// over SIGSEGV/SIGSYS, installs the filter if the process has none yet, and empties the
+    /// armed table (left over by an earlier loop, or stale after a restore).
+    pub fn new(
+        st: &mut Stopped,
+        proc: &Proc,
+        maps: &[MapEntry],
+        pagemap: File,
+    ) -> Result<Self, TrackError> {
+        let agent = match Agent::find(st.pid, maps) {
+            Some(a) => a,
+            None => Agent::load(st, maps)?,
+        };
+        let status = proc.read_string("status").map_err(TrackError::Pagemap)?;
+        let filtered =
+            crate::procfs::status_value(&status, "Seccomp").is_some_and(|v| v.trim() != "0");
+        agent.init(st, !filtered)?;
+        // From now on, injected calls must come from the agent's text to pass the filter.
+        st.set_syscall_insn(agent.syscall_insn());
+        let hdr = agent.header().map_err(TrackError::Pagemap)?;
+        if hdr.lock != 0 {
+            return Err(TrackError::Busy);
+        }
+        agent.rearm(st, &[], &[], hdr.log_head)?;
+        Ok(MprotectTracker {
+            agent,
+            pagemap,
+            pm_buf: vec![0u8; 8 * 4096],
+            raw: Vec::new(),
+            hdr,
+            entries: Vec::new(),
+            changed: Vec::new(),
+            everything: false,
+            stacks: Vec::new(),
+            pending_arm: Vec::new(),
+            hot: Vec::new(),
+        })
+    }
+
+    pub fn agent(&self) -> Agent {
+        self.agent
+    }
+
+    /// Ranges never write-protected, this pause.
+    fn excluded(&self) -> Vec<(u64, u64)> {
+        let mut v = self.stacks.clone();
+        v.push(self.agent.range());
+        merge(v)
+    }
+
+    /// Present pages of `[s, e)` (with a fault address's categories), appended to `out`.
+    fn present(
+        &mut self,
+        s: u64,
+        e: u64,
+        out: &mut Vec<(u64, u64, u64)>,
+    ) -> Result<(), TrackError> {
+        let q = Query {
+            anyof: super::has_contents(),
+            ret: PAGE_IS_WRITTEN,
+            ..Default::default()
+        };
+        self.scan(s, e, q, out)
+    }
+}
+
+impl Tracker for MprotectTracker {
+    fn begin(&mut self, st: &mut Stopped) -> Result<(), TrackError> {
+        st.set_syscall_insn(self.agent.syscall_insn());
+        let hdr = self.agent.header().map_err(TrackError::Pagemap)?;
+        if hdr.lock != 0 {
+            return Err(TrackError::Busy);
+        }
+        self.changed.clear();
+        self.everything = hdr.log_overflow != 0;
+        for e in self.agent.log(&hdr).map_err(TrackError::Pagemap)? {
+            match e.kind {
+                LOG_CHANGED => self.changed.push((e.start, e.end)),
+                LOG_STACK => self.stacks.push((e.start, e.end)),
+                _ => {}
+            }
+        }
+        self.stacks = merge(std::mem::take(&mut self.stacks));
+        self.entries = self.agent.entries(&hdr).map_err(TrackError::Pagemap)?;
+        self.hdr = hdr;
+        Ok(())
+    }
+
+    fn layout(&mut self, raw: Vec<MapEntry>) -> Vec<MapEntry> {
+        let n = normalize(&raw, &self.entries);
+        self.raw = raw;
+        n
+    }
+
+    fn threads(&mut self, threads: &[ThreadImage], maps: &[MapEntry]) {
+        let mut add = Vec::new();
+        for t in threads {
+            if let Some(&sp) = t.regs.get(RSP)
+                && let Some(m) = maps.iter().find(|m| m.start <= sp && sp < m.end)
+            {
+                add.push((m.start, m.end));
+            }
+            let a = &t.altstack;
+            if a.size > 0 && a.flags & SS_DISABLE == 0 {
+                add.push((a.sp & !(PAGE - 1), (a.sp + a.size).div_ceil(PAGE) * PAGE));
+            }
+            if let Some(r) = &t.rseq {
+                add.push((
+                    r.addr & !(PAGE - 1),
+                    (r.addr + r.len as u64).div_ceil(PAGE) * PAGE,
+                ));
+            }
+        }
+        for m in maps.iter().filter(|m| m.name == "[stack]") {
+            add.push((m.start, m.end));
+        }
+        self.stacks.extend(add);
+        // Forget stack ranges nothing is mapped at any more.
+        let mut stacks = merge(std::mem::take(&mut self.stacks));
+        stacks.retain(|&(s, e)| maps.iter().any(|m| m.start < e && s < m.end));
+        self.stacks = stacks;
+    }
+
+    fn arm(&mut self, start: u64, end: u64) -> Result<(), TrackError> {
+        self.pending_arm.push((start, end));
+        Ok(())
+    }
+
+    fn unprotect(&mut self, start: u64, end: u64) -> Result<(), TrackError> {
+        self.hot.push((start, end));
+        Ok(())
+    }
+
+    fn scan(
+        &mut self,
+        start: u64,
+        end: u64,
+        q: Query,
+        out: &mut Vec<(u64, u64, u64)>,
+    ) -> Result<(), TrackError> {
+        let per = self.pm_buf.len() / 8;
+        let mut left = if q.max_pages == 0 {
+            u64::MAX
+        } else {
+            q.max_pages
+        };
+        let mut at = start;
+        while at < end && left > 0 {
+            let n = (((end - at) / PAGE) as usize).min(per);
+            let buf = &mut self.pm_buf[..n * 8];
+            self.pagemap
+                .read_exact_at(buf, (at / PAGE) * 8)
+                .map_err(TrackError::Pagemap)?;
+            for (i, w) in buf.chunks_exact(8).enumerate() {
+                let e = u64::from_ne_bytes(w.try_into().unwrap());
+                let cats = if e >> 63 & 1 != 0 { PAGE_IS_PRESENT } else { 0 }
+                    | if e >> 62 & 1 != 0 { PAGE_IS_SWAPPED } else { 0 }
+                    | if e >> 61 & 1 != 0 { PAGE_IS_FILE } else { 0 };
+                let c = cats ^ q.inverted;
+                if c & q.mask != q.mask || (q.anyof != 0 && c & q.anyof == 0) {
+                    continue;
+                }
+                let addr = at + i as u64 * PAGE;
+                let ret = if q.ret == PAGE_IS_WRITTEN {
+                    PAGE_IS_WRITTEN
+                } else {
+                    cats & q.ret
+                };
+                match out.last_mut() {
+                    Some(r) if r.1 == addr && r.2 == ret => r.1 += PAGE,
+                    _ => out.push((addr, addr + PAGE, ret)),
+                }
+                left -= 1;
+                if left == 0 {
+                    break;
+                }
+            }
+            at += n as u64 * PAGE;
+        }
+        Ok(())
+    }
+
+    fn take_written(
+        &mut self,
+        start: u64,
+        end: u64,
+        out: &mut Vec<(u64, u64, u64)>,
+    ) -> Result<Option<()>, TrackError> {
+        if self.everything || self.changed.iter().any(|&(s, e)| s < end && start < e) {
+            return Ok(None);
+        }
+        let excluded = self.excluded();
+        // Writable now = written since the last pause (or opened for a system call, or hot).
+        let mut writable: Vec<(u64, u64)> = Vec::new();
+        for m in self
+            .raw
+            .iter()
+            .filter(|m| m.write && m.start < end && start < m.end)
+        {
+            writable.push((m.start.max(start), m.end.min(end)));
+        }
+        for (s, e) in subtract(&writable, &excluded) {
+            out.push((s, e, PAGE_IS_WRITTEN));
+        }
+        // Never protected: whatever is there.
+        for (s, e) in intersect(&writable, &excluded) {
+            self.present(s, e, out)?;
+        }
+        Ok(Some(()))
+    }
+
+    fn count_written(&mut self, _ranges: &[(u64, u64)], _limit: u64) -> u64 {
+        self.agent.faults().unwrap_or(0)
+    }
+
+    fn commit(
+        &mut self,
+        st: &mut Stopped,
+        armed: &[(u64, u64)],
+        maps: &[MapEntry],
+    ) -> Result<(), TrackError> {
+        let excluded = self.excluded();
+        let mut table: Vec<Range> = Vec::new();
+        for &(s, e) in armed {
+            let Some(m) = maps.iter().find(|m| m.start <= s && s < m.end) else {
+                continue;
+            };
+            let prot = m.prot() as u64;
+            if prot & 2 == 0 || m.shared {
+                continue;
+            }
+            for (ps, pe) in subtract(&[(s, e)], &excluded) {
+                table.push(Range {
+                    start: ps,
+                    end: pe,
+                    prot,
+                });
+            }
+        }
+        table.sort_by_key(|r| r.start);
+        // What to protect: the writable pieces (written this epoch) and the newly armed ranges
+        // of every entry, but not the hot pages.
+        let mut open: Vec<(u64, u64)> = self
+            .raw
+            .iter()
+            .filter(|m| m.write)
+            .map(|m| (m.start, m.end))
+            .collect();
+        open.extend(self.pending_arm.iter().copied());
+        let open = merge(open);
+        let hot = merge(std::mem::take(&mut self.hot));
+        let mut runs: Vec<Range> = Vec::new();
+        for r in &table {
+            for (s, e) in subtract(&intersect(&[(r.start, r.end)], &open), &hot) {
+                match runs.last_mut() {
+                    Some(l) if l.end == s && l.prot == r.prot & !2 => l.end = e,
+                    _ => runs.push(Range {
+                        start: s,
+                        end: e,
+                        prot: r.prot & !2,
+                    }),
+                }
+            }
+        }
+        self.pending_arm.clear();
+        if !self.agent.rearm(st, &table, &runs, self.hdr.log_head)? {
+            return Err(TrackError::Busy);
+        }
+        Ok(())
+    }
+
+    fn arm_changes_layout(&self) -> bool {
+        false
+    }
+
+    fn patch_image(&self, image: &mut ProcessImage) {
+        // The kernel holds the agent's handlers; the image gets the app's own.
+        for (signo, a) in [(11u32, self.hdr.app_segv), (31, self.hdr.app_sys)] {
+            image.sigactions.retain(|s| s.signo != signo);
+            if a.handler != 0 {
+                image.sigactions.push(SigAction {
+                    signo,
+                    handler: a.handler,
+                    flags: a.flags,
+                    restorer: a.restorer,
+                    mask: a.mask,
+                });
+            }
+        }
+        image.sigactions.sort_by_key(|s| s.signo);
+    }
+
+    fn release(&mut self, proc: &Proc, _armed: &[(u64, u64)]) {
+        match Stopped::stop(proc) {
+            Ok(mut st) => {
+                if let Err(e) = self.agent.disarm_all(&mut st) {
+                    tracing::warn!(error = %e, "removing write protection");
+                }
+                let _ = st.resume();
+            }
+            Err(e) => tracing::debug!(error = %e, "process gone before tracking was removed"),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "mprotect"
+    }
+}
+
+/// Sorted, merged union of ranges.
+fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    v.retain(|r| r.0 < r.1);
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+    for (s, e) in v {
+        match out.last_mut() {
+            Some(l) if s <= l.1 => l.1 = l.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// `a` minus `b` (`b` sorted and merged).
+fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for &(s, e) in a {
+        let mut at = s;
+        for &(bs, be) in b {
+            if be <= at || bs >= e {
+                continue;
+            }
+            if bs > at {
+                out.push((at, bs));
+            }
+            at = at.max(be);
+            if at >= e {
+                break;
+            }
+        }
+        if at < e {
+            out.push((at, e));
+        }
+    }
+    out
+}
+
+/// `a` ∩ `b` (`b` sorted and merged).
+fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for &(s, e) in a {
+        for &(bs, be) in b {
+            let (x, y) = (s.max(bs), e.min(be));
+            if x < y {
+                out.push((x, y));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_sets() {
+        assert_eq!(
+            merge(vec![(5, 9), (1, 3), (2, 4), (9, 10)]),
+            vec![(1, 4), (5, 10)]
+        );
+        assert_eq!(
+            subtract(&[(0, 10)], &[(2, 3), (5, 12)]),
+            vec![(0, 2), (3, 5)]
+        );
+        assert_eq!(
+            intersect(&[(0, 10)], &[(2, 3), (5, 12)]),
+            vec![(2, 3), (5, 10)]
+        );
+    }
+}

@@ -35,15 +35,6 @@ fn chain(pid: i32, cfg: EpochConfig, epochs: u64, check_every: u64) -> Image {
             .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
         if held {
             let diffs = compare_live(pid, &image, 20).unwrap();
-            if !diffs.is_empty() && std::env::var_os("TARDI_DEBUG_NORM").is_some() {
-                for v in &image.meta.vmas {
-                    eprintln!("img {:x}-{:x} {}", v.start, v.end, v.prot);
-                }
-                eprintln!(
-                    "{}",
-                    std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap()
-                );
-            }
             assert!(
                 diffs.is_empty(),
                 "epoch {i}: the image differs from the live process:\n{}",

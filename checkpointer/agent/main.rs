@@ -194,6 +194,7 @@ mod nr {
     pub const IO_URING_SETUP: u64 = 425;
     pub const EPOLL_PWAIT2: u64 = 441;
     pub const GETTID: u64 = 186;
+    pub const SCHED_YIELD: u64 = 24;
     pub const TGKILL: u64 = 234;
 }
 
@@ -541,6 +542,16 @@ unsafe extern "C" fn segv_handler(sig: i32, info: *mut u8, uc: *mut u8) {
             if hit {
                 return;
             }
+            // Another thread may be between disarming the entry that covered this page and
+            // the app's call it did that for: wait until it is done, then let the write run
+            // again (it then succeeds, faults on an entry we find, or faults for the app).
+            let lock = AtomicU32::from_ptr(&raw mut (*c).lock);
+            if lock.load(Ordering::Acquire) != 0 {
+                while lock.load(Ordering::Acquire) != 0 {
+                    sc(nr::SCHED_YIELD, 0, 0, 0);
+                }
+                return;
+            }
         }
         chain(sig as u64, info, uc, &raw mut (*c).app_segv);
     }
@@ -711,7 +722,7 @@ unsafe fn emulate(c: *mut Control, n: u64, a: [u64; 6]) -> i64 {
             nr::MPROTECT | nr::PKEY_MPROTECT | nr::MUNMAP => {
                 let (s, e) = (a[0], a[0].saturating_add(a[1]));
                 layout(c, || {
-                    disarm(c, s, e, false);
+                    disarm(c, s, e);
                     log(c, s, e, LOG_CHANGED);
                     call(a)
                 })
@@ -726,13 +737,13 @@ unsafe fn emulate(c: *mut Control, n: u64, a: [u64; 6]) -> i64 {
             nr::MMAP => layout(c, || {
                 let fixed = a[3] & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0;
                 if fixed {
-                    disarm(c, a[0], a[0].saturating_add(a[1]), false);
+                    disarm(c, a[0], a[0].saturating_add(a[1]));
                 }
                 let r = call(a);
                 if r >= 0 {
                     let (s, e) = (r as u64, (r as u64).saturating_add(a[1]));
                     if !fixed {
-                        disarm(c, s, e, false);
+                        disarm(c, s, e);
                     }
                     log(c, s, e, LOG_CHANGED);
                     if a[3] & MAP_STACK != 0 {
@@ -742,17 +753,17 @@ unsafe fn emulate(c: *mut Control, n: u64, a: [u64; 6]) -> i64 {
                 r
             }),
             nr::MREMAP => layout(c, || {
-                // Moved pages keep their protection: give armed ones the app's back first.
+                // Moved pages keep their protection: `disarm` gives armed ones the app's back.
                 let (s, e) = (a[0], a[0].saturating_add(a[1]));
-                disarm(c, s, e, true);
+                disarm(c, s, e);
                 log(c, s, e, LOG_CHANGED);
                 if a[3] & MREMAP_FIXED != 0 {
-                    disarm(c, a[4], a[4].saturating_add(a[2]), false);
+                    disarm(c, a[4], a[4].saturating_add(a[2]));
                 }
                 let r = call(a);
                 if r >= 0 {
                     let (ns, ne) = (r as u64, (r as u64).saturating_add(a[2]));
-                    disarm(c, ns, ne, false);
+                    disarm(c, ns, ne);
                     log(c, ns, ne, LOG_CHANGED);
                 }
                 r
@@ -764,7 +775,7 @@ unsafe fn emulate(c: *mut Control, n: u64, a: [u64; 6]) -> i64 {
                 if now != cur {
                     let s = cur.min(now) & !(PAGE - 1);
                     let e = (cur.max(now) + PAGE - 1) & !(PAGE - 1);
-                    disarm(c, s, e, false);
+                    disarm(c, s, e);
                     log(c, s, e, LOG_CHANGED);
                 }
                 r
@@ -846,10 +857,15 @@ unsafe fn log(c: *mut Control, s: u64, e: u64, kind: u64) {
     }
 }
 
-/// Stops tracking `[s, e)`: armed entries overlapping it are disarmed, the parts of them
-/// outside it stay armed as new `extra` entries (or, with no room, are opened and logged).
-/// With `open`, the overlapped part gets the app's protection back. Caller holds the lock.
-unsafe fn disarm(c: *mut Control, s: u64, e: u64, open: bool) {
+/// Stops tracking `[s, e)`: armed entries overlapping it are disarmed and the overlapped part
+/// gets the app's protection back (so whatever the app's call does, or if it fails, no page
+/// is left read-only without an entry), the parts outside it stay armed as new `extra`
+/// entries (or, with no room, are opened and logged). Caller holds the lock.
+///
+/// The kept parts are added before the old entries are disarmed, so a concurrent fault always
+/// finds an entry for them (a fault inside `[s, e)` meanwhile waits for the lock: see
+/// `segv_handler`).
+unsafe fn disarm(c: *mut Control, s: u64, e: u64) {
     // SAFETY: the lock serialises writers of the entries; readers see whole u64s.
     unsafe {
         const KEEP: usize = 64;
@@ -857,39 +873,37 @@ unsafe fn disarm(c: *mut Control, s: u64, e: u64, open: bool) {
         let mut keep = core::mem::MaybeUninit::<[(u64, u64, u64); KEEP]>::uninit();
         let kp = keep.as_mut_ptr() as *mut (u64, u64, u64);
         let mut nk = 0;
-        let mut spill = false;
         overlapping(c, s, e, |r, prot| {
-            AtomicU64::from_ptr(&raw mut r.prot).store(DISARMED, Ordering::Release);
             for (ks, ke) in [(r.start, s.min(r.end)), (e.max(r.start), r.end)] {
-                if ks < ke {
-                    if nk < KEEP {
-                        *kp.add(nk) = (ks, ke, prot);
-                        nk += 1;
-                    } else {
-                        spill = true;
-                        sc(nr::MPROTECT, ks, ke - ks, prot);
-                        log(c, ks, ke, LOG_CHANGED);
-                    }
+                if ks >= ke {
+                    continue;
+                }
+                let n = (*c).n_extra as usize;
+                if n < EXTRA_CAP {
+                    *((&raw mut (*c).extra) as *mut Range).add(n) = Range { start: ks, end: ke, prot };
+                    AtomicU64::from_ptr(&raw mut (*c).n_extra).store(n as u64 + 1, Ordering::Release);
+                } else if nk < KEEP {
+                    *kp.add(nk) = (ks, ke, prot);
+                    nk += 1;
+                } else {
+                    // Out of every kind of room: open it now, captured whole.
+                    sc(nr::MPROTECT, ks, ke - ks, prot);
+                    log(c, ks, ke, LOG_CHANGED);
                 }
             }
-            if open {
-                let (os, oe) = (s.max(r.start), e.min(r.end));
-                sc(nr::MPROTECT, os, oe - os, prot);
-            }
         });
-        let _ = spill;
+        // No room to keep these armed: give them the app's protection; captured whole.
         for k in 0..nk {
             let (ks, ke, prot) = *kp.add(k);
-            let n = (*c).n_extra as usize;
-            if n < EXTRA_CAP {
-                *((&raw mut (*c).extra) as *mut Range).add(n) = Range { start: ks, end: ke, prot };
-                (*c).n_extra = n as u64 + 1;
-            } else {
-                // No room to keep it armed: give it the app's protection; captured whole.
-                sc(nr::MPROTECT, ks, ke - ks, prot);
-                log(c, ks, ke, LOG_CHANGED);
-            }
+            sc(nr::MPROTECT, ks, ke - ks, prot);
+            log(c, ks, ke, LOG_CHANGED);
         }
+        // The new extra entries lie outside [s, e): this pass sees only the old ones.
+        overlapping(c, s, e, |r, prot| {
+            let (os, oe) = (s.max(r.start), e.min(r.end));
+            sc(nr::MPROTECT, os, oe - os, prot);
+            AtomicU64::from_ptr(&raw mut r.prot).store(DISARMED, Ordering::Release);
+        });
     }
 }
 

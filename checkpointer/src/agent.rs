@@ -98,15 +98,25 @@ impl Agent {
     }
 
     /// Finds an agent already loaded in the process (by a previous epoch loop, or carried over
-    /// by a restore): an anonymous mapping that starts with the agent's own first bytes.
+    /// by a restore): its text is an anonymous executable mapping, and the agent's first bytes
+    /// sit where the text says the image starts. (Its read-only first page is no landmark: the
+    /// kernel merges it with a neighbour that our protection made read-only too.)
     pub fn find(pid: Pid, maps: &[MapEntry]) -> Option<Agent> {
         let head = &IMAGE[..64];
+        let (text_off, text_end) = layout::SEGMENTS
+            .iter()
+            .find(|seg| seg.2 & 4 != 0)
+            .map(|seg| (seg.0, seg.1))?;
         let mut buf = [0u8; 64];
         maps.iter()
-            .filter(|m| m.inode == 0 && !m.shared && m.read && !m.write && !m.exec)
-            .filter(|m| m.name.is_empty() && m.end - m.start >= 4096)
-            .find(|m| sys::read_remote(pid, m.start, &mut buf).is_ok() && buf == head)
-            .map(|m| Agent { pid, base: m.start })
+            .filter(|m| m.inode == 0 && !m.shared && m.exec && m.name.is_empty())
+            .flat_map(|m| {
+                // The text may have merged with a neighbour on either side.
+                [m.start, m.end.wrapping_sub(text_end - text_off)]
+            })
+            .filter_map(|t| t.checked_sub(text_off))
+            .find(|&base| sys::read_remote(pid, base, &mut buf).is_ok() && buf == head)
+            .map(|base| Agent { pid, base })
     }
 
     /// Maps the agent into the stopped process (wherever the kernel puts it) and protects its
@@ -446,9 +456,10 @@ pub fn filter(text: (u64, u64)) -> Vec<u64> {
 
 /// The layout the app asked for, from the layout the kernel shows: a piece of a mapping inside
 /// an armed entry, read-only because we made it so (or writable again since), gets the
-/// entry's protection. Pieces are merged back when they are parts of one kernel mapping or of
-/// one armed entry and agree in everything, so the result does not depend on which pages
-/// happen to be protected: the same process gives the same layout at every pause.
+/// entry's protection. Pieces are merged back when they are parts of one armed entry (or
+/// untouched parts of one kernel mapping) and agree in everything, so the result does not
+/// depend on which pages happen to be protected: the same process gives the same layout at
+/// every pause.
 pub fn normalize(raw: &[MapEntry], entries: &[Range]) -> Vec<MapEntry> {
     // (piece, index of its kernel mapping, armed entry it was normalized by)
     let mut out: Vec<(MapEntry, usize, Option<usize>)> = Vec::with_capacity(raw.len());
@@ -489,8 +500,15 @@ pub fn normalize(raw: &[MapEntry], entries: &[Range]) -> Vec<MapEntry> {
                 }
             }
             match out.last_mut() {
+                // Parts of one armed entry, or untouched parts of one kernel mapping — never
+                // across an entry boundary: where the kernel merges mappings depends on which
+                // pages are protected, entry boundaries do not.
                 Some((last, lri, lo))
-                    if (*lri == ri || (owner.is_some() && *lo == owner)) && same_kind(last, &p) =>
+                    if (if owner.is_some() {
+                        *lo == owner
+                    } else {
+                        lo.is_none() && *lri == ri
+                    }) && same_kind(last, &p) =>
                 {
                     last.end = p.end;
                     *lri = ri;
@@ -587,6 +605,34 @@ mod tests {
             .map(|e| (e.start / k, e.end / k, e.prot()))
             .collect();
         assert_eq!(shape, vec![(1, 2, 0), (2, 3, 3)]);
+    }
+
+    #[test]
+    fn normalize_keeps_a_file_piece_the_kernel_merged_apart() {
+        let k = 0x1000;
+        let mut f = m(5 * k, 7 * k, 1);
+        (f.inode, f.offset, f.name) = (9, 5 * k, "/bin/x".into());
+        let raw = vec![m(2 * k, 5 * k, 5), f, m(7 * k, 17 * k, 1)];
+        let entries = vec![
+            Range {
+                start: 6 * k,
+                end: 7 * k,
+                prot: 3,
+            },
+            Range {
+                start: 7 * k,
+                end: 17 * k,
+                prot: 3,
+            },
+        ];
+        let shape: Vec<_> = normalize(&raw, &entries)
+            .iter()
+            .map(|e| (e.start / k, e.end / k, e.prot(), e.offset / k))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![(2, 5, 5, 0), (5, 6, 1, 5), (6, 7, 3, 6), (7, 17, 3, 0)]
+        );
     }
 
     #[test]

@@ -188,9 +188,22 @@ pub(crate) struct PendingFile {
 impl PendingFile {
     /// Opens the file while the process is still stopped.
     pub(crate) fn open(&mut self, proc: &Proc) -> Result<()> {
-        let f = proc
-            .open_file(&self.map_file, libc::O_RDONLY)
-            .map_err(proc_err(proc.pid, format!("mapped file {}", self.path)))?;
+        let f = match proc.open_file(&self.map_file, libc::O_RDONLY) {
+            Ok(f) => f,
+            // The layout recorded is the one the app asked for; the kernel's may be split
+            // differently (the mprotect tracker's protection): any mapping of the file will do.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                let maps = proc.maps().map_err(proc_err(proc.pid, "maps"))?;
+                let m = maps
+                    .iter()
+                    .find(|m| m.inode == self.inode && m.name == self.path)
+                    .ok_or_else(|| proc_err(proc.pid, format!("mapped file {}", self.path))(e))?;
+                self.map_file = format!("map_files/{:x}-{:x}", m.start, m.end);
+                proc.open_file(&self.map_file, libc::O_RDONLY)
+                    .map_err(proc_err(proc.pid, format!("mapped file {}", self.path)))?
+            }
+            Err(e) => return Err(proc_err(proc.pid, format!("mapped file {}", self.path))(e)),
+        };
         self.opened = Some(f);
         Ok(())
     }

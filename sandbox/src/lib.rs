@@ -309,6 +309,7 @@ mod tests {
                     min_ms: 1.0,
                     cap_pages: 1000,
                     hot_epochs: 3,
+                    tracker: "uffd".into(),
                 },
                 network: Network {
                     subnet: Ipv4Addr::new(10, 99, 0, 0),

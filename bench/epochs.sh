@@ -23,7 +23,7 @@
 # Env:   WAIT_QUIET=N   before each case, wait up to N s for the CPUs to be <= 20% busy (the busy
 #                       % of the 1 s before each case, and the other processes' share of the CPUs
 #                       during it, are reported either way)
-#        SECS (6) PINGS (200) RATES ("0,10,50,200") MODES ("none,uffd,uffd-nocap") REPS (1)
+#        SECS (6) PINGS (200) RATES ("0,10,50,200") MODES ("none,uffd,uffd-nocap,mprotect") REPS (1)
 #                       slowdown: seconds per case, pings per case, MB/s, modes, repetitions
 #        POINTS ("10:10:500,100:10:500,700:10:500,1000:10:500,10000:100:200")
 #                       pause: target dirty pages:interval ms:epochs. The dirtier catches up
@@ -34,6 +34,7 @@
 #        MB (100)       dirtier region, MiB
 #        PORT (17100) REDIS_PORT (16390)
 #        RAW_EPOCHS (1) per-epoch JSON lines in the .jsonl
+#        TRACKER (uffd) the tracker for pause, bytes and hot (slowdown has its own modes)
 # Run as root (ptrace). Needs gcc, redis-server and redis-benchmark.
 set -euo pipefail
 
@@ -85,7 +86,7 @@ for part in "${PARTS[@]}"; do
     case "$part" in
         slowdown)
             "$BENCH" slowdown "${COMMON[@]}" --secs "${SECS:-6}" --pings "${PINGS:-200}" \
-                --rates "${RATES:-0,10,50,200}" --modes "${MODES:-none,uffd,uffd-nocap}" --reps "${REPS:-1}" ;;
+                --rates "${RATES:-0,10,50,200}" --modes "${MODES:-none,uffd,uffd-nocap,mprotect}" --reps "${REPS:-1}" ;;
         pause)
             "$BENCH" pause "${COMMON[@]}" --points "${POINTS:-10:10:500,100:10:500,700:10:500,1000:10:500,10000:100:200}" ;;
         bytes)

@@ -286,3 +286,42 @@ fn churn_chain_mprotect_all_layout_changes() {
         "",
     );
 }
+
+/// An app with its own SIGSEGV handler and its own `mprotect` calls (a GC-style write barrier:
+/// protect a page, write, the handler opens it; its handler's mask blocks every signal) plus
+/// `read()` into heap memory, under the mprotect tracker, whose agent also owns SIGSEGV and
+/// serves `mprotect` and `read`. The app checks every round that its write faulted exactly once
+/// and landed, and that the kernel's write into the heap arrived; any deviation ends it with
+/// "FAIL". The chain is verified against the live process as for the other tests.
+#[test]
+fn app_segv_handler_and_mprotect_work_under_the_mprotect_tracker() {
+    let bin = programs::build("segv_barrier");
+    let scratch = Scratch::new("segvbar");
+    let name = format!("segvbar-{}", std::process::id() % 10000);
+    let manifest = manifest_for(&scratch.0, &name, &bin, &[]);
+    let run = Running::run(&manifest).expect("tardi run");
+    std::thread::sleep(Duration::from_millis(200));
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(5),
+        tracker: tardi_checkpointer::track::TrackerKind::Mprotect,
+        ..Default::default()
+    };
+    let log_rounds = |log: &str| {
+        log.lines()
+            .filter_map(|l| l.strip_prefix("ok "))
+            .filter_map(|n| n.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0)
+    };
+    let before = log_rounds(&std::fs::read_to_string(&run.log).unwrap());
+    let _image = chain(run.pid, cfg, 100, 25);
+    std::thread::sleep(Duration::from_millis(300));
+    let log = std::fs::read_to_string(&run.log).unwrap();
+    run.stop();
+    assert!(!log.contains("FAIL"), "the app saw a difference:\n{log}");
+    let after = log_rounds(&log);
+    assert!(
+        after > before + 2000,
+        "the app made too little progress under tracking ({before} -> {after} rounds):\n{log}"
+    );
+}

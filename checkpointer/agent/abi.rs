@@ -22,8 +22,10 @@ pub const LOG_CAP: usize = 4096;
 pub const RUNS_CAP: usize = 16384;
 /// BPF instructions of the seccomp filter.
 pub const FILTER_CAP: usize = 512;
-/// The stack the supervisor runs agent operations on.
-pub const OP_STACK: usize = 32 * 1024;
+/// System calls in flight whose output buffers the agent opened (one slot each).
+pub const INFLIGHT_CAP: usize = 64;
+/// Ranges one slot can name; more, and the slot says "everything" (`n` > this).
+pub const INFLIGHT_RANGES: usize = 8;
 
 /// `Range::prot` of an entry that no longer tracks anything.
 pub const DISARMED: u64 = u64::MAX;
@@ -73,6 +75,17 @@ pub struct KSigaction {
     pub mask: u64,
 }
 
+/// The output buffers of one system call in flight: the supervisor must not write-protect
+/// them again until the call is done, or the kernel's write fails with `EFAULT`. `owner` is
+/// zero when the slot is free.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Inflight {
+    pub owner: u64,
+    pub n: u64,
+    pub ranges: [[u64; 2]; INFLIGHT_RANGES],
+}
+
 #[repr(C)]
 pub struct Control {
     pub magic: u64,
@@ -105,6 +118,7 @@ pub struct Control {
     pub log: [LogEntry; LOG_CAP],
     pub runs: [Range; RUNS_CAP],
     pub filter: [u64; FILTER_CAP],
+    pub inflight: [Inflight; INFLIGHT_CAP],
 }
 
 /// The system calls the filter traps (unless made from the agent's own text): those the agent

@@ -64,6 +64,7 @@ const SYS_SECCOMP: i32 = 1;
 
 const EPERM: i64 = 1;
 const ENOMEM: i64 = 12;
+const EFAULT: i64 = 14;
 
 const MAP_FIXED: u64 = 0x10;
 const MAP_STACK: u64 = 0x20000;
@@ -274,6 +275,7 @@ static mut TARDI_AGENT_CONTROL: Control = Control {
     log: [LogEntry { start: 0, end: 0, kind: 0 }; LOG_CAP],
     runs: [Range { start: 0, end: 0, prot: 0 }; RUNS_CAP],
     filter: [0; FILTER_CAP],
+    inflight: [Inflight { owner: 0, n: 0, ranges: [[0; 2]; INFLIGHT_RANGES] }; INFLIGHT_CAP],
 };
 
 #[inline(always)]
@@ -391,6 +393,21 @@ unsafe fn init(c: *mut Control, install_filter: bool) -> i64 {
                 return rc;
             }
         }
+        // Handlers the app installed before us may block fault signals while they run: a
+        // write to an armed page there would kill the process.
+        for sig in 1..=64u64 {
+            if matches!(sig, 9 | 19) || sig == SIGSEGV || sig == SIGSYS {
+                continue;
+            }
+            let mut a = KSigaction::default();
+            if sc6(nr::RT_SIGACTION, sig, 0, &raw mut a as u64, 8, 0, 0) == 0
+                && a.handler > 1
+                && a.mask & FAULT_SIGS != 0
+            {
+                a.mask &= !FAULT_SIGS;
+                sc6(nr::RT_SIGACTION, sig, &raw const a as u64, 0, 8, 0, 0);
+            }
+        }
         if install_filter {
             #[repr(C)]
             struct Fprog {
@@ -491,15 +508,24 @@ unsafe fn overlapping(c: *mut Control, s: u64, e: u64, mut f: impl FnMut(&mut Ra
 }
 
 /// Makes the armed pages of `[ptr, ptr+len)` writable (with the app's protection): the kernel
-/// is about to write there.
-unsafe fn touch(c: *mut Control, ptr: u64, len: u64) {
-    // SAFETY: reads of the control block; mprotect on ranges the supervisor armed.
+/// is about to write there. The range is recorded in `slot` first (see [`Inflight`]).
+unsafe fn touch(c: *mut Control, slot: *mut Inflight, ptr: u64, len: u64) {
+    // SAFETY: reads of the control block; mprotect on ranges the supervisor armed; `slot` is
+    // ours (claimed) or null.
     unsafe {
         if ptr == 0 || len == 0 || (*c).active == 0 {
             return;
         }
         let s = ptr & !(PAGE - 1);
         let e = ptr.saturating_add(len).saturating_add(PAGE - 1) & !(PAGE - 1);
+        // Named in flight before it is opened: a pause in between must not protect it again.
+        if !slot.is_null() {
+            let n = (*slot).n as usize;
+            if n < INFLIGHT_RANGES {
+                *((&raw mut (*slot).ranges) as *mut [u64; 2]).add(n) = [s, e];
+            }
+            AtomicU64::from_ptr(&raw mut (*slot).n).store(n as u64 + 1, Ordering::Release);
+        }
         overlapping(c, s, e, |r, prot| {
             if prot & PROT_WRITE == 0 {
                 return;
@@ -625,8 +651,44 @@ unsafe extern "C" fn sys_handler(sig: i32, info: *mut u8, uc: *mut u8) {
             *g.add(REG_R9),
         ];
         AtomicU64::from_ptr(&raw mut (*c).trapped).fetch_add(1, Ordering::Relaxed);
-        *g.add(REG_RAX) = emulate(c, nr, a) as u64;
+        let token = (&raw const a) as u64; // this frame: unique while the call is in flight
+        let slot = claim(c, token);
+        let mut r = emulate(c, slot, nr, a);
+        // A pause between opening a buffer and the kernel's write into it (or while the call
+        // blocked) may have protected it again if no slot was free: open it and retry.
+        let mut tries = 0;
+        while r == -EFAULT && tries < 3 && !is_layout(nr) {
+            tries += 1;
+            r = emulate(c, slot, nr, a);
+        }
+        if !slot.is_null() {
+            AtomicU64::from_ptr(&raw mut (*slot).owner).store(0, Ordering::Release);
+        }
+        *g.add(REG_RAX) = r as u64;
     }
+}
+
+/// A free in-flight slot, or null when all are taken.
+unsafe fn claim(c: *mut Control, token: u64) -> *mut Inflight {
+    // SAFETY: indices below the capacity; the owner word is claimed atomically.
+    unsafe {
+        let slots = (&raw mut (*c).inflight) as *mut Inflight;
+        for i in 0..INFLIGHT_CAP {
+            let s = slots.add(i);
+            let owner = AtomicU64::from_ptr(&raw mut (*s).owner);
+            if owner.load(Ordering::Relaxed) == 0
+                && owner.compare_exchange(0, token, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+            {
+                AtomicU64::from_ptr(&raw mut (*s).n).store(0, Ordering::Release);
+                return s;
+            }
+        }
+        core::ptr::null_mut()
+    }
+}
+
+fn is_layout(n: u64) -> bool {
+    matches!(n, nr::MMAP | nr::MUNMAP | nr::MREMAP | nr::MPROTECT | nr::PKEY_MPROTECT | nr::MADVISE | nr::BRK)
 }
 
 fn rd<T: Copy>(addr: u64) -> T {
@@ -640,7 +702,7 @@ fn strip(mask: u64) -> u64 {
     mask & !FAULT_SIGS
 }
 
-unsafe fn emulate(c: *mut Control, n: u64, a: [u64; 6]) -> i64 {
+unsafe fn emulate(c: *mut Control, slot: *mut Inflight, n: u64, a: [u64; 6]) -> i64 {
     // SAFETY: each arm reads the app's arguments as the kernel would, then makes the call.
     unsafe {
         let call = |a: [u64; 6]| sc6(n, a[0], a[1], a[2], a[3], a[4], a[5]);
@@ -666,7 +728,7 @@ unsafe fn emulate(c: *mut Control, n: u64, a: [u64; 6]) -> i64 {
                     }
                     return 0;
                 }
-                touch(c, a[2], 32);
+                touch(c, slot, a[2], 32);
                 if a[1] != 0 {
                     let mut act: KSigaction = rd(a[1]);
                     act.mask = strip(act.mask);
@@ -675,7 +737,7 @@ unsafe fn emulate(c: *mut Control, n: u64, a: [u64; 6]) -> i64 {
                 call(a)
             }
             nr::RT_SIGPROCMASK => {
-                touch(c, a[2], 8);
+                touch(c, slot, a[2], 8);
                 if a[1] != 0 && a[0] != 1 {
                     let m = strip(rd::<u64>(a[1]));
                     return sc6(n, a[0], &raw const m as u64, a[2], a[3], 0, 0);
@@ -687,8 +749,8 @@ unsafe fn emulate(c: *mut Control, n: u64, a: [u64; 6]) -> i64 {
                 sc6(n, &raw const m as u64, a[1], 0, 0, 0, 0)
             }
             nr::PPOLL => {
-                touch(c, a[0], a[1] * 8);
-                touch(c, a[2], 16);
+                touch(c, slot, a[0], a[1] * 8);
+                touch(c, slot, a[2], 16);
                 if a[3] != 0 {
                     let m = strip(rd::<u64>(a[3]));
                     return sc6(n, a[0], a[1], a[2], &raw const m as u64, a[4], 0);
@@ -696,7 +758,7 @@ unsafe fn emulate(c: *mut Control, n: u64, a: [u64; 6]) -> i64 {
                 call(a)
             }
             nr::EPOLL_PWAIT | nr::EPOLL_PWAIT2 => {
-                touch(c, a[1], a[2] * 12);
+                touch(c, slot, a[1], a[2] * 12);
                 if a[4] != 0 {
                     let m = strip(rd::<u64>(a[4]));
                     return sc6(n, a[0], a[1], a[2], a[3], &raw const m as u64, a[5]);
@@ -705,10 +767,10 @@ unsafe fn emulate(c: *mut Control, n: u64, a: [u64; 6]) -> i64 {
             }
             nr::PSELECT6 => {
                 let set = a[0].div_ceil(64) * 8;
-                touch(c, a[1], set);
-                touch(c, a[2], set);
-                touch(c, a[3], set);
-                touch(c, a[4], 16);
+                touch(c, slot, a[1], set);
+                touch(c, slot, a[2], set);
+                touch(c, slot, a[3], set);
+                touch(c, slot, a[4], 16);
                 if a[5] != 0 {
                     let (p, len): (u64, u64) = (rd(a[5]), rd(a[5] + 8));
                     if p != 0 {
@@ -781,13 +843,13 @@ unsafe fn emulate(c: *mut Control, n: u64, a: [u64; 6]) -> i64 {
                 r
             }),
             nr::SIGALTSTACK => {
-                touch(c, a[1], 24);
+                touch(c, slot, a[1], 24);
                 if a[0] != 0 {
                     let (sp, flags, size): (u64, i32, u64) = (rd(a[0]), rd(a[0] + 8), rd(a[0] + 16));
                     if flags & 2 == 0 && size > 0 {
                         // SS_DISABLE not set: signal frames will be written there by the kernel.
                         layout(c, || {
-                            touch(c, sp, size);
+                            touch(c, slot, sp, size);
                             log(c, sp & !(PAGE - 1), (sp + size + PAGE - 1) & !(PAGE - 1), LOG_STACK);
                             0
                         });
@@ -798,7 +860,7 @@ unsafe fn emulate(c: *mut Control, n: u64, a: [u64; 6]) -> i64 {
             nr::RSEQ => {
                 if a[0] != 0 {
                     layout(c, || {
-                        touch(c, a[0], a[1] as u32 as u64);
+                        touch(c, slot, a[0], a[1] as u32 as u64);
                         log(c, a[0] & !(PAGE - 1), (a[0] + a[1] as u32 as u64 + PAGE - 1) & !(PAGE - 1), LOG_STACK);
                         0
                     });
@@ -807,7 +869,7 @@ unsafe fn emulate(c: *mut Control, n: u64, a: [u64; 6]) -> i64 {
             }
             nr::EXECVE | nr::EXECVEAT => -EPERM,
             _ => {
-                buffers(c, n, &a);
+                buffers(c, slot, n, &a);
                 call(a)
             }
         }
@@ -908,10 +970,10 @@ unsafe fn disarm(c: *mut Control, s: u64, e: u64) {
 }
 
 /// Output buffers of system calls the kernel writes into: opened before the call.
-unsafe fn buffers(c: *mut Control, n: u64, a: &[u64; 6]) {
+unsafe fn buffers(c: *mut Control, slot: *mut Inflight, n: u64, a: &[u64; 6]) {
     // SAFETY: reads of the app's argument structures, as the kernel would read them.
     unsafe {
-        let t = |p: u64, len: u64| touch(c, p, len);
+        let t = |p: u64, len: u64| touch(c, slot, p, len);
         let iovs = |p: u64, cnt: u64| {
             for i in 0..cnt.min(1024) {
                 let (base, len): (u64, u64) = (rd(p + 16 * i), rd(p + 16 * i + 8));

@@ -711,13 +711,22 @@ fn run_epochs(
     Ok((out, st0))
 }
 
+/// The default configuration; the tracker comes from `$TRACKER` (`uffd`, the default, or
+/// `mprotect`) so every part can be run under either.
 fn cfg_base() -> EpochConfig {
-    EpochConfig::default()
+    EpochConfig {
+        tracker: std::env::var("TRACKER")
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_default(),
+        ..EpochConfig::default()
+    }
 }
 
 fn cfg_desc(c: &EpochConfig) -> String {
     format!(
-        "interval {} ms, min {} ms, cap {}, hot_epochs {}, cold 1/{}, codec {}, twins {} MiB, refresh every {}",
+        "tracker {:?}, interval {} ms, min {} ms, cap {}, hot_epochs {}, cold 1/{}, codec {}, twins {} MiB, refresh every {}",
+        c.tracker,
         c.interval.as_millis(),
         c.min_interval.as_millis(),
         if c.cap_pages == 0 {
@@ -890,6 +899,10 @@ fn slowdown_case(
         "uffd" => Some(cfg_base()),
         "uffd-nocap" => Some(EpochConfig {
             cap_pages: 0,
+            ..cfg_base()
+        }),
+        "mprotect" => Some(EpochConfig {
+            tracker: tardi_checkpointer::track::TrackerKind::Mprotect,
             ..cfg_base()
         }),
         m => panic!("unknown mode {m}"),

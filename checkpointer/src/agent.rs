@@ -289,6 +289,34 @@ impl Agent {
         Ok(v)
     }
 
+    /// Output buffers of system calls in flight (see [`Inflight`]): not to be protected again
+    /// in this pause. `Ok(None)`: some call names more than a slot holds — protect nothing.
+    pub fn inflight(&self) -> io::Result<Option<Vec<(u64, u64)>>> {
+        let mut buf = vec![0u8; INFLIGHT_CAP * size_of::<Inflight>()];
+        sys::read_remote(
+            self.pid,
+            self.control() + offset_of!(Control, inflight) as u64,
+            &mut buf,
+        )?;
+        let w = |o: usize| u64::from_ne_bytes(buf[o..o + 8].try_into().unwrap());
+        let mut out = Vec::new();
+        for i in 0..INFLIGHT_CAP {
+            let o = i * size_of::<Inflight>();
+            if w(o) == 0 {
+                continue;
+            }
+            let n = w(o + 8) as usize;
+            if n > INFLIGHT_RANGES {
+                return Ok(None);
+            }
+            for k in 0..n {
+                let r = o + 16 + k * 16;
+                out.push((w(r), w(r + 8)));
+            }
+        }
+        Ok(Some(out))
+    }
+
     /// Log entries `[cursor, head)` (only meaningful while the lock is free). `None`: more
     /// were written than the log holds (see `log_overflow`).
     pub fn log(&self, h: &Header) -> io::Result<Vec<LogEntry>> {

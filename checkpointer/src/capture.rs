@@ -345,6 +345,11 @@ pub(crate) fn capture_meta(
         .read_string("status")
         .map_err(proc_err(pid, "status"))?;
     check_supported(proc, &status, &st.tids, cache.own_filter)?;
+    // Before anything runs in a thread: an injected call would take a signal pending now (say
+    // the SIGSEGV of a write the thread just made) off the queue, and raising it again would
+    // lose its details (fault address, seccomp data). Retried by the callers, like the check
+    // at the end for signals that arrive meanwhile.
+    check_pending_signals(proc, &st.tids)?;
 
     let mut threads = Vec::with_capacity(st.tids.len());
     let mut max_tid = 0;

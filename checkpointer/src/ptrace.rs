@@ -272,14 +272,23 @@ impl Stopped {
                 let rip = self.regs(tid).map(|r| r.rip).unwrap_or(0);
                 // SAFETY: reading the fault address of a fault signal's siginfo.
                 let addr = unsafe { si.si_addr() } as u64;
-                tracing::warn!(
-                    tid,
-                    sig,
-                    rip = format!("{rip:#x}"),
-                    addr = format!("{addr:#x}"),
-                    code = si.si_code,
-                    "fault signal while stopping"
-                );
+                // A write to a page the mprotect tracker protected is routine (debug level).
+                if sig == libc::SIGSEGV && si.si_code == 2 {
+                    tracing::debug!(
+                        tid,
+                        addr = format!("{addr:#x}"),
+                        "write fault while stopping"
+                    );
+                } else {
+                    tracing::warn!(
+                        tid,
+                        sig,
+                        rip = format!("{rip:#x}"),
+                        addr = format!("{addr:#x}"),
+                        code = si.si_code,
+                        "fault signal while stopping"
+                    );
+                }
             }
             // A signal-delivery stop: deliver it and keep waiting for our interrupt.
             // SAFETY: CONT takes the signal number as data, no pointers.

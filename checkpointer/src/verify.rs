@@ -2,7 +2,8 @@
 //! process must be stopped in exactly the state the image describes (see
 //! [`crate::epoch::Epochs::next_held`]).
 //!
-//! What is compared: the layout (every mapping's range, protection, sharing, name), then the
+//! What is compared: the layout (every mapping's range, protection, sharing, name; neighbours
+//! that agree in everything merged, as the process cannot tell them apart), then the
 //! contents of every private mapping page by page: the image's page if it has one, else what a
 //! restore would show there (zeros for anonymous memory, the file's bytes for a file mapping).
 
@@ -21,7 +22,10 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
     // With the mprotect tracker's agent, armed pages read as read-only: compare what the app
     // asked for.
     let raw = proc.maps()?;
-    let maps = crate::agent::app_layout(pid, raw.clone());
+    // Neighbours that agree in everything are one range as far as the process can tell, and
+    // where the kernel (or a tracker's bookkeeping) splits them varies: compare merged layouts.
+    let maps = merge_live(crate::agent::app_layout(pid, raw.clone()));
+    let vmas = merge_vmas(&image.meta.vmas);
     let mem = proc.open_file("mem", libc::O_RDONLY)?;
     let mut diffs = Vec::new();
 
@@ -39,9 +43,7 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
             )
         })
         .collect();
-    let img: Vec<_> = image
-        .meta
-        .vmas
+    let img: Vec<_> = vmas
         .iter()
         .map(|v| {
             let off = match v.backing {
@@ -58,11 +60,7 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
 
     let mut live_buf = vec![0u8; 1 << 20];
     let mut file_page = vec![0u8; PAGE];
-    for (m, v) in maps
-        .iter()
-        .filter(|m| m.name != "[vsyscall]")
-        .zip(&image.meta.vmas)
-    {
+    for (m, v) in maps.iter().filter(|m| m.name != "[vsyscall]").zip(&vmas) {
         if v.backing == Backing::Vdso || m.shared {
             continue;
         }
@@ -150,6 +148,60 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
         }
     }
     Ok(diffs)
+}
+
+/// Adjacent mappings with the same protection, sharing, name and backing (contiguous file
+/// offsets) as one.
+fn merge_live(maps: Vec<crate::procfs::MapEntry>) -> Vec<crate::procfs::MapEntry> {
+    let mut out: Vec<crate::procfs::MapEntry> = Vec::with_capacity(maps.len());
+    for m in maps {
+        if let Some(l) = out.last_mut()
+            && l.end == m.start
+            && l.prot() == m.prot()
+            && l.shared == m.shared
+            && l.inode == m.inode
+            && l.name == m.name
+            && (m.inode == 0 || l.offset + (l.end - l.start) == m.offset)
+            && !matches!(m.name.as_str(), "[vvar]" | "[vvar_vclock]" | "[vdso]")
+        {
+            l.end = m.end;
+            continue;
+        }
+        out.push(m);
+    }
+    out
+}
+
+/// [`merge_live`] for an image's mappings.
+fn merge_vmas(vmas: &[crate::image::Vma]) -> Vec<crate::image::Vma> {
+    let mut out: Vec<crate::image::Vma> = Vec::with_capacity(vmas.len());
+    for v in vmas {
+        if let Some(l) = out.last_mut()
+            && l.end == v.start
+            && l.prot == v.prot
+            && l.shared == v.shared
+            && l.name == v.name
+            && match (l.backing, v.backing) {
+                (Backing::Anon, Backing::Anon) => true,
+                (
+                    Backing::File {
+                        index: a,
+                        offset: o,
+                    },
+                    Backing::File {
+                        index: b,
+                        offset: p,
+                    },
+                ) => a == b && o + (l.end - l.start) == p,
+                _ => false,
+            }
+        {
+            l.end = v.end;
+            continue;
+        }
+        out.push(v.clone());
+    }
+    out
 }
 
 /// Describes the first difference between two layouts (`other` is `what`: "restored", ...).

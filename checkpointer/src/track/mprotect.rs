@@ -306,7 +306,14 @@ impl Tracker for MprotectTracker {
             .collect();
         open.extend(self.pending_arm.iter().copied());
         let open = merge(open);
-        let hot = merge(std::mem::take(&mut self.hot));
+        // Not protected again now: hot pages, and buffers a system call in flight will write.
+        let mut hot = std::mem::take(&mut self.hot);
+        let mut protect_nothing = false;
+        match self.agent.inflight().map_err(TrackError::Pagemap)? {
+            Some(v) => hot.extend(v),
+            None => protect_nothing = true,
+        }
+        let hot = merge(hot);
         let mut runs: Vec<Range> = Vec::new();
         for r in &table {
             for (s, e) in subtract(&intersect(&[(r.start, r.end)], &open), &hot) {
@@ -321,6 +328,9 @@ impl Tracker for MprotectTracker {
             }
         }
         self.pending_arm.clear();
+        if protect_nothing {
+            runs.clear(); // all stays writable: reported as written next pause
+        }
         if !self.agent.rearm(st, &table, &runs, self.hdr.log_head)? {
             return Err(TrackError::Busy);
         }

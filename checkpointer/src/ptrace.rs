@@ -26,6 +26,7 @@ const PTRACE_INTERRUPT: u32 = 0x4207;
 const PTRACE_GETREGSET: u32 = 0x4204;
 const PTRACE_SETREGSET: u32 = 0x4205;
 const PTRACE_GETSIGMASK: u32 = 0x420a;
+const PTRACE_SETSIGMASK: u32 = 0x420b;
 const PTRACE_GET_RSEQ_CONFIGURATION: u32 = 0x420f;
 const PTRACE_EVENT_STOP: i32 = 128;
 const PTRACE_O_TRACESYSGOOD: u64 = 1;
@@ -371,71 +372,106 @@ impl Stopped {
     ///
     /// `orig_rax` is set to -1 while the code runs, so a system call the thread was stopped in
     /// is not restarted into our code; the saved registers bring the restart back afterwards.
-    pub fn call(&self, tid: Pid, entry: u64, args: [u64; 2], stack_bytes: usize) -> Result<i64> {
-        let saved = self.regs(tid)?;
-        let xs = self.xstate(tid)?;
-        let top = saved.rsp - 128;
-        let sp = (top - stack_bytes as u64) & !15;
-        let mut orig = vec![0u8; (top - sp) as usize];
-        crate::sys::read_remote(self.pid, sp, &mut orig).map_err(op("read stack", tid))?;
-        let mut r = saved;
-        r.rip = entry;
-        r.rsp = sp;
-        r.rdi = args[0];
-        r.rsi = args[1];
-        r.rax = 0;
-        r.orig_rax = u64::MAX;
-        self.set_regs(tid, &r)?;
-        let mut deferred = Vec::new();
-        let ran = (|| {
-            for _ in 0..64 {
-                // SAFETY: CONT takes no pointers; no signal is delivered.
-                unsafe { ptrace(libc::PTRACE_CONT, tid, 0, 0) }.map_err(op("cont", tid))?;
-                let Some(status) =
-                    wait_tid(self.pid, tid, &self.proc_dir).map_err(op("wait", tid))?
-                else {
-                    return Err(PtraceError::ProcessDied { pid: self.pid });
-                };
-                if !libc::WIFSTOPPED(status) {
-                    return Err(PtraceError::ProcessDied { pid: self.pid });
-                }
-                let sig = libc::WSTOPSIG(status);
-                if (status >> 16) != 0 {
-                    continue; // an event stop (interrupt): step on
-                }
-                if sig == libc::SIGTRAP {
-                    return self.regs(tid).map(|r| r.rax as i64);
-                }
-                if matches!(
-                    sig,
-                    libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE
-                ) {
-                    let rip = self.regs(tid).map(|r| r.rip).unwrap_or(0);
-                    tracing::error!(tid, sig, rip = format!("{rip:#x}"), "fault in agent code");
-                    return Err(PtraceError::UnexpectedStop {
-                        tid,
-                        status,
-                        during: "an agent operation (fault)",
-                    });
-                }
-                deferred.push(sig);
+    pub fn call(
+        &mut self,
+        tid: Pid,
+        entry: u64,
+        args: [u64; 2],
+        stack_bytes: usize,
+    ) -> Result<i64> {
+        for _ in 0..16 {
+            let saved = self.regs(tid)?;
+            let xs = self.xstate(tid)?;
+            let top = saved.rsp - 128;
+            let sp = (top - stack_bytes as u64) & !15;
+            let mut orig = vec![0u8; (top - sp) as usize];
+            crate::sys::read_remote(self.pid, sp, &mut orig).map_err(op("read stack", tid))?;
+            let mut r = saved;
+            r.rip = entry;
+            r.rsp = sp;
+            r.rdi = args[0];
+            r.rsi = args[1];
+            r.rax = 0;
+            r.orig_rax = u64::MAX;
+            self.set_regs(tid, &r)?;
+            let mut deferred = Vec::new();
+            let ran = self.run_call(tid, entry, &mut deferred);
+            if matches!(ran, Err(PtraceError::ProcessDied { .. })) {
+                return ran.map(|_| 0);
             }
-            Err(PtraceError::UnexpectedStop {
-                tid,
-                status: 0,
-                during: "an agent operation (no progress)",
-            })
-        })();
-        if !matches!(ran, Err(PtraceError::ProcessDied { .. })) {
+            crate::sys::write_remote(self.pid, sp, &orig).map_err(op("restore stack", tid))?;
+            if let Ok(Ran::Pending(sig)) = ran {
+                self.deliver_pending(tid, sig, &saved, Some(&xs))?;
+                continue;
+            }
             self.set_regs(tid, &saved)?;
             self.set_xstate(tid, &xs)?;
-            crate::sys::write_remote(self.pid, sp, &orig).map_err(op("restore stack", tid))?;
+            for sig in deferred {
+                // SAFETY: tgkill on a thread of the process we trace.
+                unsafe { libc::syscall(libc::SYS_tgkill, self.pid, tid, sig) };
+            }
+            return match ran? {
+                Ran::Done(r, _) => Ok(r),
+                Ran::Pending(_) => unreachable!("handled above"),
+            };
         }
-        for sig in deferred {
-            // SAFETY: tgkill on a thread of the process we trace.
-            unsafe { libc::syscall(libc::SYS_tgkill, self.pid, tid, sig) };
+        Err(PtraceError::UnexpectedStop {
+            tid,
+            status: 0,
+            during: "an agent operation (signals kept arriving)",
+        })
+    }
+
+    /// Runs the thread until our code's `int3`. A signal that stops the thread before our
+    /// first instruction was pending before (see [`Stopped::deliver_pending`]).
+    fn run_call(&mut self, tid: Pid, entry: u64, deferred: &mut Vec<i32>) -> Result<Ran> {
+        for _ in 0..64 {
+            // SAFETY: CONT takes no pointers; no signal is delivered.
+            unsafe { ptrace(libc::PTRACE_CONT, tid, 0, 0) }.map_err(op("cont", tid))?;
+            let Some(status) = wait_tid(self.pid, tid, &self.proc_dir).map_err(op("wait", tid))?
+            else {
+                return Err(PtraceError::ProcessDied { pid: self.pid });
+            };
+            if !libc::WIFSTOPPED(status) {
+                return Err(PtraceError::ProcessDied { pid: self.pid });
+            }
+            let sig = libc::WSTOPSIG(status);
+            if (status >> 16) != 0 {
+                continue; // an event stop (interrupt): step on
+            }
+            let rip = self.regs(tid)?.rip;
+            if sig == libc::SIGTRAP && rip != entry {
+                return self.regs(tid).map(|r| Ran::Done(r.rax as i64, Vec::new()));
+            }
+            if rip == entry {
+                return Ok(Ran::Pending(sig));
+            }
+            if matches!(
+                sig,
+                libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE
+            ) {
+                tracing::error!(tid, sig, rip = format!("{rip:#x}"), "fault in agent code");
+                return Err(PtraceError::UnexpectedStop {
+                    tid,
+                    status,
+                    during: "an agent operation (fault)",
+                });
+            }
+            deferred.push(sig);
         }
-        ran
+        Err(PtraceError::UnexpectedStop {
+            tid,
+            status: 0,
+            during: "an agent operation (no progress)",
+        })
+    }
+
+    /// Sets the thread's blocked-signal mask.
+    pub fn set_sigmask(&self, tid: Pid, mask: u64) -> Result<()> {
+        // SAFETY: SETSIGMASK reads `addr` (= 8) bytes from `data`.
+        unsafe { ptrace(PTRACE_SETSIGMASK, tid, 8, (&raw const mask) as u64) }
+            .map_err(op("setsigmask", tid))?;
+        Ok(())
     }
 
     pub fn sigmask(&self, tid: Pid) -> Result<u64> {
@@ -525,39 +561,54 @@ impl Stopped {
         scratch_len: usize,
     ) -> Result<(i64, u64, Vec<u8>)> {
         let insn = self.syscall_insn(maps)?;
-        let saved = self.regs(tid)?;
-        let scratch = (saved.rsp - 128 - scratch_len as u64 - 64) & !63;
-        let mut orig = vec![0u8; scratch_len];
-        if scratch_len > 0 {
-            crate::sys::read_remote(self.pid, scratch, &mut orig).map_err(op("read stack", tid))?;
+        for _ in 0..16 {
+            let saved = self.regs(tid)?;
+            let scratch = (saved.rsp - 128 - scratch_len as u64 - 64) & !63;
+            let mut orig = vec![0u8; scratch_len];
+            if scratch_len > 0 {
+                crate::sys::read_remote(self.pid, scratch, &mut orig)
+                    .map_err(op("read stack", tid))?;
+            }
+            let mut r = saved;
+            r.rax = nr as u64;
+            r.orig_rax = u64::MAX;
+            r.rip = insn;
+            let a = args.map(|x| if x == SCRATCH { scratch } else { x });
+            (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) = (a[0], a[1], a[2], a[3], a[4], a[5]);
+            self.set_regs(tid, &r)?;
+            // Whatever happens while the call runs, the thread's registers and stack bytes are
+            // put back: a thread resumed with the injection's registers would crash.
+            let ran = self.run_injected(tid, nr, insn);
+            let mut out = vec![0u8; scratch_len];
+            let mut restored = Ok(());
+            if scratch_len > 0 && !matches!(ran, Err(PtraceError::ProcessDied { .. })) {
+                restored = crate::sys::read_remote(self.pid, scratch, &mut out)
+                    .and_then(|_| crate::sys::write_remote(self.pid, scratch, &orig))
+                    .map_err(op("restore stack", tid));
+            }
+            let (ret, deferred) = match ran? {
+                Ran::Done(ret, deferred) => (ret, deferred),
+                Ran::Pending(sig) => {
+                    restored?;
+                    self.deliver_pending(tid, sig, &saved, None)?;
+                    continue; // again, from where the delivery left the thread
+                }
+            };
+            self.set_regs(tid, &saved)?;
+            restored?;
+            for sig in deferred {
+                // Re-raise what arrived during the call: pending again, delivered after resume
+                // (and seen by the pending-signal check of the capture).
+                // SAFETY: tgkill on a thread of the process we trace.
+                unsafe { libc::syscall(libc::SYS_tgkill, self.pid, tid, sig) };
+            }
+            return Ok((ret, scratch, out));
         }
-        let mut r = saved;
-        r.rax = nr as u64;
-        r.orig_rax = u64::MAX;
-        r.rip = insn;
-        let a = args.map(|x| if x == SCRATCH { scratch } else { x });
-        (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) = (a[0], a[1], a[2], a[3], a[4], a[5]);
-        self.set_regs(tid, &r)?;
-        // Whatever happens while the call runs, the thread's registers and stack bytes are put
-        // back: a thread resumed with the injection's registers would crash.
-        let ran = self.run_injected(tid, nr, insn);
-        let mut out = vec![0u8; scratch_len];
-        let mut restored = Ok(());
-        if scratch_len > 0 && !matches!(ran, Err(PtraceError::ProcessDied { .. })) {
-            restored = crate::sys::read_remote(self.pid, scratch, &mut out)
-                .and_then(|_| crate::sys::write_remote(self.pid, scratch, &orig))
-                .map_err(op("restore stack", tid));
-        }
-        let (ret, deferred) = ran?;
-        self.set_regs(tid, &saved)?;
-        restored?;
-        for sig in deferred {
-            // Re-raise what arrived during the call: pending again, delivered after resume
-            // (and seen by the pending-signal check of the capture).
-            // SAFETY: tgkill on a thread of the process we trace.
-            unsafe { libc::syscall(libc::SYS_tgkill, self.pid, tid, sig) };
-        }
-        Ok((ret, scratch, out))
+        Err(PtraceError::UnexpectedStop {
+            tid,
+            status: 0,
+            during: "an injected system call (signals kept arriving)",
+        })
     }
 
     /// Steps a thread through the injected call. Which syscall stop is which is read with
@@ -566,7 +617,7 @@ impl Stopped {
     /// it for ours would resume the thread with the injection's registers. A signal that arrives
     /// meanwhile is held back (returned, to be raised again); a stray interrupt stop is stepped
     /// over.
-    fn run_injected(&mut self, tid: Pid, nr: i64, insn: u64) -> Result<(i64, Vec<i32>)> {
+    fn run_injected(&mut self, tid: Pid, nr: i64, insn: u64) -> Result<Ran> {
         let mut deferred = Vec::new();
         let mut entered = false;
         for _ in 0..64 {
@@ -589,10 +640,14 @@ impl Stopped {
                 match info.op {
                     // The entry of our call: our number, at our instruction.
                     1 if info.ip == insn + 2 && info.nr_or_rval == nr as u64 => entered = true,
-                    2 if entered => return Ok((info.nr_or_rval as i64, deferred)),
+                    2 if entered => return Ok(Ran::Done(info.nr_or_rval as i64, deferred)),
                     _ => {} // a stop of some other system call: step on
                 }
             } else if (status >> 16) == 0 && sig != libc::SIGTRAP {
+                if !entered && self.regs(tid)?.rip == insn {
+                    // Pending before we took the thread: the kernel's to deliver.
+                    return Ok(Ran::Pending(sig));
+                }
                 deferred.push(sig);
             }
         }
@@ -601,6 +656,28 @@ impl Stopped {
             status: 0,
             during: "an injected system call (no progress)",
         })
+    }
+
+    /// A signal that was already pending when we took thread `tid` over (for an injected call,
+    /// say the SIGSEGV of a write it had just made): the thread gets its own registers back
+    /// and the kernel delivers the signal as it would have (frame, handler entry), with its
+    /// full details; the thread stops again right after. Raising it again ourselves would lose
+    /// those details (fault address, seccomp data).
+    fn deliver_pending(
+        &mut self,
+        tid: Pid,
+        sig: i32,
+        saved: &Regs,
+        xs: Option<&[u8]>,
+    ) -> Result<()> {
+        self.set_regs(tid, saved)?;
+        if let Some(xs) = xs {
+            self.set_xstate(tid, xs)?;
+        }
+        // SAFETY: INTERRUPT and CONT take no pointers; CONT delivers `sig`.
+        unsafe { ptrace(PTRACE_INTERRUPT, tid, 0, 0) }.map_err(op("interrupt", tid))?;
+        unsafe { ptrace(libc::PTRACE_CONT, tid, 0, sig as u64) }.map_err(op("cont", tid))?;
+        self.wait_interrupt_stop(tid)
     }
 
     /// Detaches every thread; the kernel restarts interrupted system calls as after a signal.
@@ -655,6 +732,15 @@ impl Drop for Stopped {
     fn drop(&mut self) {
         let _ = detach_all(&std::mem::take(&mut self.tids));
     }
+}
+
+/// How a run of our code in a stopped thread ended.
+enum Ran {
+    /// It ran: the result (`rax`) and signals that arrived meanwhile, to raise again.
+    Done(i64, Vec<i32>),
+    /// A signal pending from before stopped the thread first (see
+    /// [`Stopped::deliver_pending`]); nothing of ours ran.
+    Pending(i32),
 }
 
 /// Placeholder argument for [`Stopped::inject`]: replaced by the scratch buffer's address.

@@ -36,6 +36,24 @@ use std::os::unix::fs::FileExt;
 const PAGE: u64 = 4096;
 const RSP: usize = 19; // index of rsp in user_regs_struct
 const SS_DISABLE: u32 = 2;
+/// SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV, SIGSYS: a synchronous fault with its signal
+/// blocked kills the process, so these are never blocked while the agent is in charge.
+const FAULT_SIGS: u64 = 1 << 3 | 1 << 4 | 1 << 6 | 1 << 7 | 1 << 10 | 1 << 30;
+
+/// Unblocks the fault signals in every thread. The agent keeps them out of every mask the app
+/// installs; this catches masks from before it was there (a thread stopped inside the app's
+/// own SIGSEGV handler, whose mask blocks SIGSEGV, would die at its next write to an armed
+/// page) and masks a signal frame put back.
+fn unblock_faults(st: &mut Stopped) -> Result<(), TrackError> {
+    for &tid in &st.tids.clone() {
+        let m = st.sigmask(tid).map_err(crate::agent::AgentError::from)?;
+        if m & FAULT_SIGS != 0 {
+            st.set_sigmask(tid, m & !FAULT_SIGS)
+                .map_err(crate::agent::AgentError::from)?;
+        }
+    }
+    Ok(())
+}
 
 pub struct MprotectTracker {
     agent: Agent,
@@ -73,6 +91,7 @@ impl MprotectTracker {
         let filtered =
             crate::procfs::status_value(&status, "Seccomp").is_some_and(|v| v.trim() != "0");
         agent.init(st, !filtered)?;
+        unblock_faults(st)?;
         // From now on, injected calls must come from the agent's text to pass the filter.
         st.set_syscall_insn(agent.syscall_insn());
         let hdr = agent.header().map_err(TrackError::Pagemap)?;
@@ -125,6 +144,7 @@ impl MprotectTracker {
 impl Tracker for MprotectTracker {
     fn begin(&mut self, st: &mut Stopped) -> Result<(), TrackError> {
         st.set_syscall_insn(self.agent.syscall_insn());
+        unblock_faults(st)?;
         let hdr = self.agent.header().map_err(TrackError::Pagemap)?;
         if hdr.lock != 0 {
             return Err(TrackError::Busy);

@@ -674,8 +674,9 @@ impl Stopped {
         if let Some(xs) = xs {
             self.set_xstate(tid, xs)?;
         }
-        // SAFETY: INTERRUPT and CONT take no pointers; CONT delivers `sig`.
+        // SAFETY: INTERRUPT takes no pointers.
         unsafe { ptrace(PTRACE_INTERRUPT, tid, 0, 0) }.map_err(op("interrupt", tid))?;
+        // SAFETY: CONT takes the signal to deliver as data, no pointers.
         unsafe { ptrace(libc::PTRACE_CONT, tid, 0, sig as u64) }.map_err(op("cont", tid))?;
         self.wait_interrupt_stop(tid)
     }

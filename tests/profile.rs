@@ -314,3 +314,38 @@ fn profile_bad_arguments_exit_2() {
         assert!(help.stdout.contains(want), "help lacks {want:?}");
     }
 }
+
+/// Redis from Debian, unmodified, under load, with the mprotect + SIGSEGV tracker (the agent
+/// serves every read, write wait and allocation call Redis makes): `--verify` rebuilds the
+/// chain's image and restores it, and both must equal the held live process byte for byte.
+/// Redis must survive (a crash ends the profile with an error) and the load must have written.
+#[test]
+fn profile_redis_under_the_mprotect_tracker_verifies() {
+    let scratch = Scratch::new("profile-redis-mp");
+    let manifest = common::programs::workspace_root().join("gramine-manifests/redis.manifest");
+    let done = scratch.0.join("load-done");
+    let load = format!(
+        "sh -c \"redis-benchmark -h {{address}} -t set,get,incr,lpush -r 100000 -n 100000 -q >/dev/null && touch {}\"",
+        done.display()
+    );
+    let (epochs, s) = profile_json(
+        &scratch.0,
+        &manifest,
+        &[
+            "--tracker",
+            "mprotect",
+            "--duration",
+            "4s",
+            "--verify",
+            "--load",
+            &load,
+        ],
+    );
+    assert_eq!(s["verified"], true, "verification failed: {s}");
+    let dirty: u64 = epochs.iter().map(|e| u(e, "dirty_pages")).sum();
+    assert!(dirty > 1000, "the load wrote only {dirty} pages: {s}");
+    assert!(
+        done.exists(),
+        "redis-benchmark did not complete against the tracked Redis"
+    );
+}

@@ -24,6 +24,8 @@ pub const RUNS_CAP: usize = 16384;
 pub const FILTER_CAP: usize = 512;
 /// System calls in flight whose output buffers the agent opened (one slot each).
 pub const INFLIGHT_CAP: usize = 64;
+/// Threads that can each have one unexplained write fault retried at a time.
+pub const RETRY_SLOTS: usize = 64;
 /// Ranges one slot can name; more, and the slot says "everything" (`n` > this).
 pub const INFLIGHT_RANGES: usize = 8;
 
@@ -119,6 +121,9 @@ pub struct Control {
     pub runs: [Range; RUNS_CAP],
     pub filter: [u64; FILTER_CAP],
     pub inflight: [Inflight; INFLIGHT_CAP],
+    /// (tid, address) of a write fault the agent let run again once without resolving it,
+    /// per `tid % RETRY_SLOTS` (see `segv_handler`).
+    pub retry: [[u64; 2]; RETRY_SLOTS],
 }
 
 /// The system calls the filter traps (unless made from the agent's own text): those the agent

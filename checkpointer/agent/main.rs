@@ -276,6 +276,7 @@ static mut TARDI_AGENT_CONTROL: Control = Control {
     runs: [Range { start: 0, end: 0, prot: 0 }; RUNS_CAP],
     filter: [0; FILTER_CAP],
     inflight: [Inflight { owner: 0, n: 0, ranges: [[0; 2]; INFLIGHT_RANGES] }; INFLIGHT_CAP],
+    retry: [[0; 2]; RETRY_SLOTS],
 };
 
 #[inline(always)]
@@ -576,6 +577,20 @@ unsafe extern "C" fn segv_handler(sig: i32, info: *mut u8, uc: *mut u8) {
                 while lock.load(Ordering::Acquire) != 0 {
                     sc(nr::SCHED_YIELD, 0, 0, 0);
                 }
+                return;
+            }
+        }
+        if code == SEGV_ACCERR && err & 2 != 0 {
+            // Not armed now, but the page may have been when the write faulted: the supervisor
+            // can rearm or disarm between the fault and this handler (it may take the thread
+            // over with the signal pending). Let the write run once more; a second fault at
+            // the same address from the same thread is the app's.
+            let tid = sc(nr::GETTID, 0, 0, 0) as u64;
+            let slot = ((&raw mut (*c).retry) as *mut [u64; 2]).add(tid as usize % RETRY_SLOTS);
+            if (*slot)[0] == tid && (*slot)[1] == addr {
+                *slot = [0, 0];
+            } else {
+                *slot = [tid, addr];
                 return;
             }
         }

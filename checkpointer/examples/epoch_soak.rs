@@ -1,5 +1,6 @@
 //! Soak tool: runs the epoch loop on PID for SECONDS (no checks), to see whether the
-//! target survives being tracked.
+//! target survives being tracked (and, with the tracker released, afterwards).
+//! Usage: epoch_soak PID [SECONDS] [HOT_EPOCHS] [CAP_PAGES]; `$TRACKER` = uffd | mprotect.
 use std::time::{Duration, Instant};
 use tardi_checkpointer::epoch::{EpochConfig, Epochs};
 fn main() {
@@ -12,6 +13,10 @@ fn main() {
         interval: Duration::from_millis(5),
         hot_epochs: hot,
         cap_pages: cap,
+        tracker: std::env::var("TRACKER")
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_default(),
         ..Default::default()
     };
     let (mut ep, _, _) = Epochs::start(pid, cfg).unwrap();
@@ -24,5 +29,6 @@ fn main() {
         }
         n += 1;
     }
-    println!("{n} epochs ok");
+    ep.stop();
+    println!("{n} epochs ok, tracking released");
 }

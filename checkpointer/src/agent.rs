@@ -343,6 +343,28 @@ impl Agent {
             .collect())
     }
 
+    /// The pages of the control block that [`Agent::rearm`] with `table` entries and `runs`
+    /// ranges writes (it, or the agent during the operation).
+    pub fn rearm_pages(&self, table: usize, runs: usize) -> Vec<u64> {
+        let c = self.control();
+        let span = |off: usize, len: usize| {
+            let (s, e) = (c + off as u64, c + (off + len) as u64);
+            (s & !4095..e.div_ceil(4096) * 4096).step_by(4096)
+        };
+        let mut v: Vec<u64> = span(0, offset_of!(Control, table)).collect();
+        v.extend(span(
+            offset_of!(Control, table),
+            table.min(TABLE_CAP) * size_of::<Range>(),
+        ));
+        v.extend(span(
+            offset_of!(Control, runs),
+            runs.min(RUNS_CAP) * size_of::<Range>(),
+        ));
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// Writes the new armed table and the ranges to protect, consumes the log up to `head`,
     /// and runs `OP_REARM`. `Ok(false)`: a thread was stopped inside a table update, nothing
     /// was changed (the caller's next pause retries).

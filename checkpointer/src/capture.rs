@@ -345,11 +345,10 @@ pub(crate) fn capture_meta(
         .read_string("status")
         .map_err(proc_err(pid, "status"))?;
     check_supported(proc, &status, &st.tids, cache.own_filter)?;
-    // Before anything runs in a thread: an injected call would take a signal pending now (say
-    // the SIGSEGV of a write the thread just made) off the queue, and raising it again would
-    // lose its details (fault address, seccomp data). Retried by the callers, like the check
-    // at the end for signals that arrive meanwhile.
-    check_pending_signals(proc, &st.tids)?;
+    // Signals pending now (say the SIGSEGV of a write a thread just made, or the SIGSYS of a
+    // trapped system call) are delivered first, so that the state captured below is the one
+    // after their delivery (see `deliver_pending`).
+    deliver_pending_signals(proc, st, maps)?;
 
     let mut threads = Vec::with_capacity(st.tids.len());
     let mut max_tid = 0;
@@ -572,6 +571,46 @@ pub(crate) fn regs_from_slice(v: &[u64]) -> Regs {
     // SAFETY: `Regs` is `repr(C)` of 27 u64 fields; `v` has 27 words (checked at decode).
     unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), (&raw mut r).cast::<u64>(), 27) };
     r
+}
+
+/// Lets the kernel deliver every signal pending in a thread that does not block it: an
+/// injected `getpid` in such a thread meets the signal first, and [`Stopped::inject`] has the
+/// kernel deliver it (the thread stops again at its handler's entry) before running the call.
+/// Cheaper than resuming the process and stopping it again, which the callers still do when a
+/// signal stays pending (blocked ones, or one that arrives meanwhile).
+fn deliver_pending_signals(proc: &Proc, st: &mut Stopped, maps: &[MapEntry]) -> Result<()> {
+    let pid = proc.pid;
+    let hex = |text: &str, key: &str| -> Result<u64> {
+        let v = procfs::status_value(text, key)
+            .ok_or_else(|| proc_err(pid, key.to_string())(io::Error::other("missing")))?;
+        u64::from_str_radix(v.trim(), 16)
+            .map_err(|e| CaptureError::Unsupported(format!("{key}: {e}")))
+    };
+    for _ in 0..3 {
+        let status = proc
+            .read_string("status")
+            .map_err(proc_err(pid, "status"))?;
+        let shared = hex(&status, "ShdPnd")?;
+        let mut any = false;
+        for &tid in &st.tids.clone() {
+            let text = proc
+                .read_string(&format!("task/{tid}/status"))
+                .map_err(proc_err(pid, "status"))?;
+            let pending = hex(&text, "SigPnd")? | shared;
+            if pending == 0 {
+                continue;
+            }
+            let blocked = st.sigmask(tid)?;
+            if pending & !blocked != 0 {
+                any = true;
+                st.inject(maps, tid, libc::SYS_getpid, [0; 6], 0)?;
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    check_pending_signals(proc, &st.tids)
 }
 
 /// Signals that are pending (queued but not yet delivered) would be lost: refuse them, naming

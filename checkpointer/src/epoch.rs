@@ -605,8 +605,13 @@ impl<'p> EpochLoop<'p> {
         let scan = ts.elapsed();
 
         // Protections for the next epoch (the mprotect tracker applies them only now, and its
-        // agent's memory changes with them: before the copy).
-        self.tracker.commit(st, &self.armed, &maps)?;
+        // agent's memory changes with them: before the copy, and those pages are copied too).
+        let touched = self.tracker.commit(st, &self.armed, &maps)?;
+        if !touched.is_empty() {
+            dirty.extend(touched.into_iter().filter(|&a| !in_fresh(a)));
+            dirty.sort_unstable();
+            dirty.dedup();
+        }
 
         // Copy every page to send.
         let tc = Instant::now();

@@ -113,14 +113,16 @@ pub trait Tracker {
     ) -> Result<Option<()>, TrackError>;
     /// Written pages so far in `ranges`, stopping at `limit` (runs while the process runs).
     fn count_written(&mut self, ranges: &[(u64, u64)], limit: u64) -> u64;
-    /// Last call of a pause: `armed` is the new armed set, `maps` the recorded layout.
+    /// Last call of a pause before the copy: `armed` is the new armed set, `maps` the recorded
+    /// layout. Returns the pages the tracker itself wrote in the process meanwhile (they must
+    /// be copied too, and `take_written` ran before they were written).
     fn commit(
         &mut self,
         _st: &mut Stopped,
         _armed: &[(u64, u64)],
         _maps: &[MapEntry],
-    ) -> Result<(), TrackError> {
-        Ok(())
+    ) -> Result<Vec<u64>, TrackError> {
+        Ok(Vec::new())
     }
     /// Whether `arm` changes the layout the kernel shows (the loop then reads it again).
     fn arm_changes_layout(&self) -> bool {

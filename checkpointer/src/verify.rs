@@ -132,8 +132,10 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
                         &mut diffs,
                         addr,
                         &format!(
-                            "{} [{source}, off {:#x}]",
+                            "{} {:#x}-{:#x} [{source}, off {:#x}]",
                             m.name,
+                            m.start,
+                            m.end,
                             m.offset + (addr - m.start)
                         ),
                         live_page,

@@ -90,8 +90,15 @@ impl MprotectTracker {
         let status = proc.read_string("status").map_err(TrackError::Pagemap)?;
         let filtered =
             crate::procfs::status_value(&status, "Seccomp").is_some_and(|v| v.trim() != "0");
+        let before = agent.header().map_err(TrackError::Pagemap)?;
         agent.init(st, !filtered)?;
         unblock_faults(st)?;
+        if filtered && before.active != 0 && before.magic == crate::agent::abi::AGENT_MAGIC {
+            // An earlier loop on this very process ended without removing its protection (a
+            // restored process has no filter, and the app's protections in its pages): give
+            // the app its protection back before the table is dropped.
+            agent.disarm_all(st)?;
+        }
         // From now on, injected calls must come from the agent's text to pass the filter.
         st.set_syscall_insn(agent.syscall_insn());
         let hdr = agent.header().map_err(TrackError::Pagemap)?;
@@ -296,7 +303,7 @@ impl Tracker for MprotectTracker {
         st: &mut Stopped,
         armed: &[(u64, u64)],
         maps: &[MapEntry],
-    ) -> Result<(), TrackError> {
+    ) -> Result<Vec<u64>, TrackError> {
         let excluded = self.excluded();
         let mut table: Vec<Range> = Vec::new();
         for &(s, e) in armed {
@@ -351,10 +358,27 @@ impl Tracker for MprotectTracker {
         if protect_nothing {
             runs.clear(); // all stays writable: reported as written next pause
         }
+        // Pages armed until now that the new table leaves out (a range found to be a stack,
+        // say: the kernel merges a thread's stack with an adjacent anonymous mapping) get the
+        // app's protection back; a write there would otherwise reach the app as a fault.
+        let kept = merge(table.iter().map(|r| (r.start, r.end)).collect());
+        for e in &self.entries {
+            for (s, end) in subtract(&[(e.start, e.end)], &kept) {
+                for m in self.raw.iter().filter(|m| m.start < end && s < m.end) {
+                    if !m.write && m.prot() as u64 == e.prot & !2 {
+                        runs.push(Range {
+                            start: s.max(m.start),
+                            end: end.min(m.end),
+                            prot: e.prot,
+                        });
+                    }
+                }
+            }
+        }
         if !self.agent.rearm(st, &table, &runs, self.hdr.log_head)? {
             return Err(TrackError::Busy);
         }
-        Ok(())
+        Ok(self.agent.rearm_pages(table.len(), runs.len()))
     }
 
     fn arm_changes_layout(&self) -> bool {

@@ -348,7 +348,7 @@ pub(crate) fn capture_meta(
     // Signals pending now (say the SIGSEGV of a write a thread just made, or the SIGSYS of a
     // trapped system call) are delivered first, so that the state captured below is the one
     // after their delivery (see `deliver_pending`).
-    deliver_pending_signals(proc, st, maps)?;
+    deliver_pending_signals(st, maps)?;
 
     let mut threads = Vec::with_capacity(st.tids.len());
     let mut max_tid = 0;
@@ -577,31 +577,20 @@ pub(crate) fn regs_from_slice(v: &[u64]) -> Regs {
 /// injected `getpid` in such a thread meets the signal first, and [`Stopped::inject`] has the
 /// kernel deliver it (the thread stops again at its handler's entry) before running the call.
 /// Cheaper than resuming the process and stopping it again, which the callers still do when a
-/// signal stays pending (blocked ones, or one that arrives meanwhile).
-fn deliver_pending_signals(proc: &Proc, st: &mut Stopped, maps: &[MapEntry]) -> Result<()> {
-    let pid = proc.pid;
-    let hex = |text: &str, key: &str| -> Result<u64> {
-        let v = procfs::status_value(text, key)
-            .ok_or_else(|| proc_err(pid, key.to_string())(io::Error::other("missing")))?;
-        u64::from_str_radix(v.trim(), 16)
-            .map_err(|e| CaptureError::Unsupported(format!("{key}: {e}")))
-    };
+/// signal stays pending (blocked ones, or one that arrives meanwhile: see
+/// [`check_pending_signals`], which also sees signals queued without details).
+fn deliver_pending_signals(st: &mut Stopped, maps: &[MapEntry]) -> Result<()> {
     for _ in 0..3 {
-        let status = proc
-            .read_string("status")
-            .map_err(proc_err(pid, "status"))?;
-        let shared = hex(&status, "ShdPnd")?;
         let mut any = false;
+        let shared = match st.tids.first() {
+            Some(&t) => st.peek_pending(t, true)?,
+            None => None,
+        };
         for &tid in &st.tids.clone() {
-            let text = proc
-                .read_string(&format!("task/{tid}/status"))
-                .map_err(proc_err(pid, "status"))?;
-            let pending = hex(&text, "SigPnd")? | shared;
-            if pending == 0 {
+            let Some(sig) = st.peek_pending(tid, false)?.or(shared) else {
                 continue;
-            }
-            let blocked = st.sigmask(tid)?;
-            if pending & !blocked != 0 {
+            };
+            if st.sigmask(tid)? & (1u64 << (sig - 1)) == 0 {
                 any = true;
                 st.inject(maps, tid, libc::SYS_getpid, [0; 6], 0)?;
             }
@@ -610,7 +599,7 @@ fn deliver_pending_signals(proc: &Proc, st: &mut Stopped, maps: &[MapEntry]) -> 
             break;
         }
     }
-    check_pending_signals(proc, &st.tids)
+    Ok(())
 }
 
 /// Signals that are pending (queued but not yet delivered) would be lost: refuse them, naming

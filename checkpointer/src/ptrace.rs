@@ -27,6 +27,7 @@ const PTRACE_GETREGSET: u32 = 0x4204;
 const PTRACE_SETREGSET: u32 = 0x4205;
 const PTRACE_GETSIGMASK: u32 = 0x420a;
 const PTRACE_SETSIGMASK: u32 = 0x420b;
+const PTRACE_PEEKSIGINFO: u32 = 0x4209;
 const PTRACE_GET_RSEQ_CONFIGURATION: u32 = 0x420f;
 const PTRACE_EVENT_STOP: i32 = 128;
 const PTRACE_O_TRACESYSGOOD: u64 = 1;
@@ -464,6 +465,35 @@ impl Stopped {
             status: 0,
             during: "an agent operation (no progress)",
         })
+    }
+
+    /// The number of the first signal queued for thread `tid` (`shared`: for the whole
+    /// process), without dequeuing it. Cheaper than reading `/proc/PID/task/TID/status`.
+    pub fn peek_pending(&self, tid: Pid, shared: bool) -> Result<Option<i32>> {
+        #[repr(C)]
+        struct PeekArgs {
+            off: u64,
+            flags: u32,
+            nr: i32,
+        }
+        let args = PeekArgs {
+            off: 0,
+            flags: shared as u32, // PTRACE_PEEKSIGINFO_SHARED
+            nr: 1,
+        };
+        // SAFETY: siginfo_t is plain data the kernel fills.
+        let mut si: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: PEEKSIGINFO reads `args` and writes at most `nr` (1) siginfo_t to `data`.
+        let n = unsafe {
+            ptrace(
+                PTRACE_PEEKSIGINFO,
+                tid,
+                (&raw const args) as u64,
+                (&raw mut si) as u64,
+            )
+        }
+        .map_err(op("peeksiginfo", tid))?;
+        Ok((n > 0).then_some(si.si_signo))
     }
 
     /// Sets the thread's blocked-signal mask.

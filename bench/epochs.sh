@@ -35,6 +35,7 @@
 #        PORT (17100) REDIS_PORT (16390)
 #        RAW_EPOCHS (1) per-epoch JSON lines in the .jsonl
 #        TRACKER (uffd) the tracker for pause, bytes and hot (slowdown has its own modes)
+#        PRECOPY (1)    0: no dirty-page pre-copy in pause, bytes and hot
 # Run as root (ptrace). Needs gcc, redis-server and redis-benchmark.
 set -euo pipefail
 

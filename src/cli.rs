@@ -192,6 +192,10 @@ pub struct ProfileArgs {
     /// `tardi.epoch.tracker`, else `uffd`.
     #[arg(long, value_name = "KIND")]
     pub tracker: Option<tardi_checkpointer::track::TrackerKind>,
+    /// Copy every page in the pause instead of pre-copying the written pages just before it
+    /// (the pre-copy shortens the pause; only the userfaultfd tracker does it).
+    #[arg(long)]
+    pub no_precopy: bool,
 }
 
 /// NOT IMPLEMENTED YET: arrives with replication and the orchestrator cluster.

@@ -542,6 +542,7 @@ fn epoch_config(a: &ProfileArgs, m: &Manifest) -> EpochConfig {
         tracker: a
             .tracker
             .unwrap_or_else(|| e.tracker.parse().unwrap_or_default()),
+        precopy: !a.no_precopy,
     }
 }
 

@@ -109,13 +109,14 @@ fn statemachine_chain_uffd_hot_pages_two_encoders() {
 }
 
 #[test]
-fn statemachine_chain_uffd_no_hot_pages_no_twins() {
+fn statemachine_chain_uffd_no_hot_pages_no_twins_no_precopy() {
     statemachine_chain(
         "cold",
         EpochConfig {
             interval: Duration::from_millis(5),
             hot_epochs: 0,
             twin_budget: 0,
+            precopy: false,
             ..Default::default()
         },
     );

@@ -719,14 +719,16 @@ fn cfg_base() -> EpochConfig {
             .ok()
             .and_then(|t| t.parse().ok())
             .unwrap_or_default(),
+        precopy: std::env::var("PRECOPY").map_or(true, |v| v != "0"),
         ..EpochConfig::default()
     }
 }
 
 fn cfg_desc(c: &EpochConfig) -> String {
     format!(
-        "tracker {:?}, interval {} ms, min {} ms, cap {}, hot_epochs {}, cold 1/{}, codec {}, twins {} MiB, refresh every {}",
+        "tracker {:?}, precopy {}, interval {} ms, min {} ms, cap {}, hot_epochs {}, cold 1/{}, codec {}, twins {} MiB, refresh every {}",
         c.tracker,
+        c.precopy,
         c.interval.as_millis(),
         c.min_interval.as_millis(),
         if c.cap_pages == 0 {
@@ -899,6 +901,10 @@ fn slowdown_case(
         "uffd" => Some(cfg_base()),
         "uffd-nocap" => Some(EpochConfig {
             cap_pages: 0,
+            ..cfg_base()
+        }),
+        "uffd-noprecopy" => Some(EpochConfig {
+            precopy: false,
             ..cfg_base()
         }),
         "mprotect" => Some(EpochConfig {

@@ -21,7 +21,8 @@ use crate::ptrace::Stopped;
 use crate::sys::Pid;
 use crate::track::mprotect::MprotectTracker;
 use crate::track::{
-    PAGE_IS_FILE, PAGE_IS_PRESENT, Query, TrackError, Tracker, TrackerKind, UffdTracker,
+    PAGE_IS_FILE, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, Query, TrackError, Tracker, TrackerKind,
+    UffdTracker,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc;
@@ -56,6 +57,10 @@ pub struct EpochConfig {
     pub private_dirs: Vec<String>,
     /// How written pages are found (see [`crate::track`]).
     pub tracker: TrackerKind,
+    /// Dirty-page pre-copy: just before each pause, take the written pages (protecting them
+    /// again) and copy them while the service still runs; the pause then copies only what was
+    /// written since. Needs a tracker that can scan without stopping (userfaultfd).
+    pub precopy: bool,
 }
 
 impl Default for EpochConfig {
@@ -72,6 +77,7 @@ impl Default for EpochConfig {
             encode_workers: 1,
             private_dirs: Vec::new(),
             tracker: TrackerKind::Uffd,
+            precopy: true,
         }
     }
 }
@@ -108,6 +114,10 @@ pub struct EpochStats {
     pub twin_bytes: u64,
     /// The epoch ended early at the dirty-page cap.
     pub capped: bool,
+    /// Pages copied by the pre-copy before the pause (counted in `dirty_pages` unless written
+    /// again before the pause), and how long that took (not part of the pause).
+    pub precopy_pages: u64,
+    pub precopy_us: u64,
 }
 
 /// Why the loop failed.
@@ -274,6 +284,20 @@ struct EpochLoop<'p> {
     rng: u64,
     buf: Vec<u8>,
     dirs: DirTracker,
+    /// Pages taken (and protected again) by the pre-copy and not yet part of a checkpoint.
+    pre: Option<Precopy>,
+    prebuf: Vec<u8>,
+}
+
+/// What a pre-copy took: written pages with the offset of their contents in `data` (`None`:
+/// the copy failed, the pause must copy the page).
+#[derive(Default)]
+struct Precopy {
+    pages: Vec<(u64, Option<usize>)>,
+    data: Vec<u8>,
+    /// Armed ranges whose scan failed part-way (see `capture`).
+    stale: Vec<(u64, u64)>,
+    took: Duration,
 }
 
 impl<'p> EpochLoop<'p> {
@@ -359,6 +383,8 @@ impl<'p> EpochLoop<'p> {
             rng: 0x9E37_79B9_7F4A_7C15 ^ pid as u64,
             buf: Vec::new(),
             dirs,
+            pre: None,
+            prebuf: Vec::new(),
         };
         Ok((lp, (ck, stats)))
     }
@@ -399,6 +425,84 @@ impl<'p> EpochLoop<'p> {
         }
     }
 
+    /// Dirty-page pre-copy (see [`EpochConfig::precopy`]): takes the written pages of every
+    /// armed range, which protects them again, and copies them while the service runs. A page
+    /// written after that is reported again by the pause's scan and copied there; the others
+    /// still hold what was copied here. Nothing taken here may be lost: pages whose copy failed
+    /// are kept for the pause to copy, and a capture that fails keeps them for the next one.
+    fn precopy(&mut self) {
+        let t = Instant::now();
+        let mut written = Vec::new();
+        let mut stale = Vec::new();
+        for (i, &(s, e)) in self.armed.iter().enumerate() {
+            // A range holding replaced memory fails part-way, after protecting the pages before
+            // the replaced part without reporting them: the pause captures it whole. A failure
+            // (the process is dying) leaves the rest to the pause, the same way.
+            match self.tracker.take_written(s, e, &mut written) {
+                Ok(Some(())) => {}
+                Ok(None) => stale.push((s, e)),
+                Err(_) => {
+                    stale.extend_from_slice(&self.armed[i..]);
+                    break;
+                }
+            }
+        }
+        // Hot pages stay unprotected (the scan protected them): the pause copies them.
+        let mut hot: Vec<u64> = self.hot.iter().copied().collect();
+        hot.sort_unstable();
+        for (s, e) in coalesce(&hot) {
+            let _ = self.tracker.unprotect(s, e);
+        }
+        let mut pages: Vec<u64> = written
+            .iter()
+            .flat_map(|&(s, e, _)| (s..e).step_by(PAGE as usize))
+            .filter(|a| !self.hot.contains(a))
+            .collect();
+        pages.sort_unstable();
+        pages.dedup();
+        let readable = |a: u64| {
+            self.prev_maps
+                .iter()
+                .find(|m| m.start <= a && a < m.end)
+                .is_some_and(|m| m.read)
+        };
+        let want: Vec<(u64, u64, bool)> = coalesce(&pages)
+            .into_iter()
+            .map(|(s, e)| (s, e - s, readable(s)))
+            .collect();
+        let buf = std::mem::take(&mut self.prebuf);
+        let mut fresh = Precopy::default();
+        match copy_ranges(self.proc, &want, buf) {
+            Ok((runs, data)) => {
+                for r in &runs {
+                    for p in 0..r.len / PAGE {
+                        fresh
+                            .pages
+                            .push((r.addr + p * PAGE, Some((r.data_off + p * PAGE) as usize)));
+                    }
+                }
+                fresh.data = data;
+            }
+            Err(_) => fresh.pages = pages.iter().map(|&a| (a, None)).collect(),
+        }
+        fresh.took = t.elapsed();
+        fresh.stale = stale;
+        // Pages left from a capture that failed: the newer copy wins.
+        if let Some(old) = self.pre.take() {
+            fresh.stale.extend(old.stale);
+            let newer: HashSet<u64> = fresh.pages.iter().map(|p| p.0).collect();
+            let base = fresh.data.len();
+            fresh.data.extend_from_slice(&old.data);
+            for (a, o) in old.pages {
+                if !newer.contains(&a) {
+                    fresh.pages.push((a, o.map(|o| o + base)));
+                }
+            }
+            fresh.pages.sort_unstable_by_key(|p| p.0);
+        }
+        self.pre = Some(fresh);
+    }
+
     /// One epoch. With `hold`, the process stays stopped after the capture until a `Release`
     /// arrives on `cmds` (the reply is sent from here first).
     fn next(
@@ -408,6 +512,11 @@ impl<'p> EpochLoop<'p> {
         cmds: &mpsc::Receiver<Cmd>,
     ) -> Option<Reply> {
         let capped = self.wait();
+        // With swap active, "present" cannot tell a zapped page from a swapped one (see
+        // `crate::track::has_contents`), which the pre-copy relies on: no pre-copy then.
+        if self.cfg.precopy && self.tracker.precopy_capable() && self.contents == PAGE_IS_PRESENT {
+            self.precopy();
+        }
         let interval = self.last_resume.elapsed();
         let mut attempt = 0u64;
         let (st, t0, quiesce, captured) = loop {
@@ -488,6 +597,11 @@ impl<'p> EpochLoop<'p> {
                 stale.push((s, e));
             }
         }
+        // Ranges the pre-copy could not scan to the end: the scan may have protected pages
+        // before the failing part without reporting them. Captured whole, as stale ones.
+        if let Some(pre) = &self.pre {
+            stale.extend(pre.stale.iter().copied());
+        }
         // Fresh: parts of trackable mappings not covered by a valid armed range.
         let valid: Vec<(u64, u64)> = subtract_all(&self.armed, &stale);
         let mut fresh: Vec<(u64, u64)> = Vec::new();
@@ -548,16 +662,77 @@ impl<'p> EpochLoop<'p> {
         }
         dirty.sort_unstable();
         dirty.dedup();
+        // Pages the pre-copy took: written this epoch too. Those copied then and not written
+        // since (not in `dirty`) keep that copy; those whose copy failed are copied now. Pages
+        // of fresh ranges are captured with their range.
+        let mut pre_copied: Vec<(u64, usize)> = Vec::new();
+        if let Some(pre) = &self.pre {
+            // Still mapped: a range unmapped since the pre-copy is gone from the layout.
+            let armed = &self.armed;
+            let mapped = |a: u64| {
+                let i = armed.partition_point(|r| r.1 <= a);
+                armed.get(i).is_some_and(|r| r.0 <= a)
+            };
+            for &(a, off) in &pre.pages {
+                if in_fresh(a) || !mapped(a) || dirty.binary_search(&a).is_ok() {
+                    continue;
+                }
+                match off {
+                    Some(o) => pre_copied.push((a, o)),
+                    None => dirty.push(a),
+                }
+            }
+            // A pre-copied page zapped since (MADV_DONTNEED) is empty now (or the zero page, if
+            // read since), yet the scan above does not report it: the zap left the
+            // write-protect marker the pre-copy set. So check that each is still there; one
+            // scan per armed range holding some.
+            pre_copied.sort_unstable_by_key(|p| p.0);
+            let mut present: Vec<(u64, u64, u64)> = Vec::new();
+            let mut i = 0;
+            while i < pre_copied.len() {
+                let a = pre_copied[i].0;
+                let r = armed[armed.partition_point(|r| r.1 <= a)];
+                let j = i + pre_copied[i..].partition_point(|p| p.0 < r.1);
+                // Present, and not the zero page (read back after the zap).
+                let q = Query {
+                    anyof: PAGE_IS_PRESENT,
+                    mask: PAGE_IS_PFNZERO,
+                    inverted: PAGE_IS_PFNZERO,
+                    ret: PAGE_IS_PRESENT,
+                    ..Default::default()
+                };
+                self.tracker
+                    .scan(a, pre_copied[j - 1].0 + PAGE, q, &mut present)?;
+                i = j;
+            }
+            let still = |a: u64| {
+                let k = present.partition_point(|r| r.1 <= a);
+                present.get(k).is_some_and(|r| r.0 <= a)
+            };
+            pre_copied.retain(|&(a, _)| {
+                let keep = still(a);
+                if !keep {
+                    dirty.push(a); // copied now: it reads as zeros (or the file)
+                }
+                keep
+            });
+            dirty.sort_unstable();
+            dirty.dedup();
+        }
+        // Every page written this epoch, in address order.
+        let mut written_all = dirty.clone();
+        written_all.extend(pre_copied.iter().map(|p| p.0));
+        written_all.sort_unstable();
         let mut hot_now = 0;
         if self.cfg.hot_epochs > 0 {
-            let mut streak = HashMap::with_capacity(dirty.len());
-            for &a in &dirty {
+            let mut streak = HashMap::with_capacity(written_all.len());
+            for &a in &written_all {
                 streak.insert(a, self.streak.get(&a).copied().unwrap_or(0) + 1);
             }
             self.streak = streak;
-            // In address order, as `dirty` is: ready to coalesce.
+            // In address order, as `written_all` is: ready to coalesce.
             let mut hot = Vec::new();
-            for &a in &dirty {
+            for &a in &written_all {
                 let was_hot = self.hot.contains(&a);
                 let cools = was_hot
                     && (self.cool.contains(&a)
@@ -611,6 +786,9 @@ impl<'p> EpochLoop<'p> {
             dirty.extend(touched.into_iter().filter(|&a| !in_fresh(a)));
             dirty.sort_unstable();
             dirty.dedup();
+            written_all.extend_from_slice(&dirty);
+            written_all.sort_unstable();
+            written_all.dedup();
         }
 
         // Copy every page to send.
@@ -629,7 +807,7 @@ impl<'p> EpochLoop<'p> {
             want.push((s, e - s, readable(s)));
         }
         let buf = std::mem::take(&mut self.buf);
-        let (runs, data) = copy_ranges(self.proc, &want, buf)?;
+        let (mut runs, mut data) = copy_ranges(self.proc, &want, buf)?;
         let copy = tc.elapsed();
 
         let (vmas, mut files) = describe_vmas(&maps)?;
@@ -642,6 +820,21 @@ impl<'p> EpochLoop<'p> {
         // Files last, still inside the pause: consistent with the memory just copied.
         meta.private_files = self.dirs.changes().map_err(EpochError::Files)?;
         self.prev_maps = maps;
+        // Nothing can fail any more: the pre-copied pages join the checkpoint.
+        let (mut precopy_pages, mut precopy_time) = (0, Duration::ZERO);
+        if let Some(pre) = self.pre.take() {
+            precopy_pages = pre.pages.len() as u64;
+            precopy_time = pre.took;
+            for (a, o) in pre_copied {
+                runs.push(PageRun {
+                    addr: a,
+                    len: PAGE,
+                    data_off: data.len() as u64,
+                });
+                data.extend_from_slice(&pre.data[o..o + PAGE as usize]);
+            }
+            self.prebuf = pre.data;
+        }
         Ok(Captured {
             meta,
             runs,
@@ -649,7 +842,9 @@ impl<'p> EpochLoop<'p> {
             files,
             fresh,
             cow,
-            dirty: dirty.len() as u64,
+            precopy_pages,
+            precopy_time,
+            dirty: written_all.len() as u64,
             fresh_pages: nfresh,
             hot: hot_now,
             scan,
@@ -669,6 +864,8 @@ impl<'p> EpochLoop<'p> {
         let te = Instant::now();
         let Captured {
             mut meta,
+            precopy_pages,
+            precopy_time,
             cow,
             runs,
             data,
@@ -803,6 +1000,8 @@ impl<'p> EpochLoop<'p> {
         st.encoded_bytes = out.len() as u64;
         st.twin_bytes = self.twins.bytes() as u64;
         st.capped = capped;
+        st.precopy_pages = precopy_pages;
+        st.precopy_us = precopy_time.as_micros() as u64;
         st.encode_us = te.elapsed().as_micros() as u64;
         let ck = Checkpoint {
             epoch: self.epoch,
@@ -845,6 +1044,8 @@ fn encode_part(
 
 struct Captured {
     meta: ProcessImage,
+    precopy_pages: u64,
+    precopy_time: Duration,
     cow: Vec<(u64, u64)>,
     runs: Vec<PageRun>,
     data: Vec<u8>,

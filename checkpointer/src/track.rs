@@ -48,6 +48,7 @@ pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
 pub const PAGE_IS_FILE: u64 = 1 << 2;
 pub const PAGE_IS_PRESENT: u64 = 1 << 3;
 pub const PAGE_IS_SWAPPED: u64 = 1 << 4;
+pub const PAGE_IS_PFNZERO: u64 = 1 << 5;
 
 #[repr(C)]
 #[derive(Default)]
@@ -123,6 +124,10 @@ pub trait Tracker {
         _maps: &[MapEntry],
     ) -> Result<Vec<u64>, TrackError> {
         Ok(Vec::new())
+    }
+    /// Whether `take_written` works while the process runs (for the pre-copy).
+    fn precopy_capable(&self) -> bool {
+        false
     }
     /// Whether `arm` changes the layout the kernel shows (the loop then reads it again).
     fn arm_changes_layout(&self) -> bool {
@@ -464,6 +469,9 @@ impl Tracker for UffdTracker {
         for &(s, e) in armed {
             self.disarm(s, e);
         }
+    }
+    fn precopy_capable(&self) -> bool {
+        true
     }
     fn name(&self) -> &'static str {
         "uffd"

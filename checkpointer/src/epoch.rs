@@ -807,7 +807,7 @@ impl<'p> EpochLoop<'p> {
             want.push((s, e - s, readable(s)));
         }
         let buf = std::mem::take(&mut self.buf);
-        let (mut runs, mut data) = copy_ranges(self.proc, &want, buf)?;
+        let (runs, data) = copy_ranges(self.proc, &want, buf)?;
         let copy = tc.elapsed();
 
         let (vmas, mut files) = describe_vmas(&maps)?;
@@ -820,21 +820,9 @@ impl<'p> EpochLoop<'p> {
         // Files last, still inside the pause: consistent with the memory just copied.
         meta.private_files = self.dirs.changes().map_err(EpochError::Files)?;
         self.prev_maps = maps;
-        // Nothing can fail any more: the pre-copied pages join the checkpoint.
-        let (mut precopy_pages, mut precopy_time) = (0, Duration::ZERO);
-        if let Some(pre) = self.pre.take() {
-            precopy_pages = pre.pages.len() as u64;
-            precopy_time = pre.took;
-            for (a, o) in pre_copied {
-                runs.push(PageRun {
-                    addr: a,
-                    len: PAGE,
-                    data_off: data.len() as u64,
-                });
-                data.extend_from_slice(&pre.data[o..o + PAGE as usize]);
-            }
-            self.prebuf = pre.data;
-        }
+        // Nothing can fail any more: the pre-copied pages join the checkpoint (their bytes
+        // are moved over after the resume, in `finish`).
+        let pre = self.pre.take().map(|p| (pre_copied, p));
         Ok(Captured {
             meta,
             runs,
@@ -842,8 +830,7 @@ impl<'p> EpochLoop<'p> {
             files,
             fresh,
             cow,
-            precopy_pages,
-            precopy_time,
+            pre,
             dirty: written_all.len() as u64,
             fresh_pages: nfresh,
             hot: hot_now,
@@ -864,11 +851,10 @@ impl<'p> EpochLoop<'p> {
         let te = Instant::now();
         let Captured {
             mut meta,
-            precopy_pages,
-            precopy_time,
+            pre,
             cow,
-            runs,
-            data,
+            mut runs,
+            mut data,
             files,
             fresh,
             dirty,
@@ -877,6 +863,21 @@ impl<'p> EpochLoop<'p> {
             scan,
             copy,
         } = c;
+        let (mut precopy_pages, mut precopy_time) = (0, Duration::ZERO);
+        if let Some((pages, pre)) = pre {
+            precopy_pages = pre.pages.len() as u64;
+            precopy_time = pre.took;
+            data.reserve(pages.len() * PAGE as usize);
+            for (a, o) in pages {
+                runs.push(PageRun {
+                    addr: a,
+                    len: PAGE,
+                    data_off: data.len() as u64,
+                });
+                data.extend_from_slice(&pre.data[o..o + PAGE as usize]);
+            }
+            self.prebuf = pre.data;
+        }
         let mut refs = Vec::with_capacity(files.len());
         for f in files {
             let key = (f.path.clone(), f.inode);
@@ -1044,8 +1045,8 @@ fn encode_part(
 
 struct Captured {
     meta: ProcessImage,
-    precopy_pages: u64,
-    precopy_time: Duration,
+    /// Pre-copied pages to add (address, offset in the pre-copy's bytes), and the pre-copy.
+    pre: Option<(Vec<(u64, usize)>, Precopy)>,
     cow: Vec<(u64, u64)>,
     runs: Vec<PageRun>,
     data: Vec<u8>,

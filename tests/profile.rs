@@ -352,3 +352,19 @@ fn profile_redis_under_the_mprotect_tracker_verifies() {
         "redis-benchmark against the tracked Redis:\n{text}"
     );
 }
+
+/// The shipped `gramine-manifests/dirtier.manifest` (the Tardigrade §5.1 dirtying service at
+/// 10 MB/s): the profile sees about that dirty rate.
+#[test]
+fn shipped_dirtier_manifest_profiles_at_its_rate() {
+    programs::build("dirtier");
+    let scratch = Scratch::new("profile-shipped-dirtier");
+    let manifest = programs::workspace_root().join("gramine-manifests/dirtier.manifest");
+    let (epochs, s) = profile_json(&scratch.0, &manifest, &["--duration", "2s"]);
+    assert!(epochs.len() >= 20, "only {} epochs in 2 s", epochs.len());
+    let rate = s["dirty_rate_bytes_per_s"].as_f64().unwrap();
+    assert!(
+        (10e6 / 3.0..30e6).contains(&rate),
+        "dirty rate {rate} B/s, expected about 10 MB/s: {s}"
+    );
+}

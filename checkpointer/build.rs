@@ -16,6 +16,7 @@ fn main() {
     println!("cargo:rerun-if-changed=restorer/abi.rs");
     println!("cargo:rerun-if-changed=agent/main.rs");
     println!("cargo:rerun-if-changed=agent/abi.rs");
+    println!("cargo:rerun-if-changed=freestanding/syscall.rs");
     build_blob("restorer/main.rs", &out_dir.join("tardi-restorer"));
     let agent = out_dir.join("tardi-agent");
     build_blob("agent/main.rs", &agent);

@@ -88,8 +88,10 @@ pub struct Inflight {
     pub ranges: [[u64; 2]; INFLIGHT_RANGES],
 }
 
+/// The control block's fixed part (the supervisor reads it whole, in one read).
 #[repr(C)]
-pub struct Control {
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Header {
     pub magic: u64,
     pub version: u32,
     /// Non-zero while tracking is on: the SIGSEGV handler resolves faults on armed ranges.
@@ -115,6 +117,11 @@ pub struct Control {
     pub log_cursor: u64,
     pub n_runs: u64,
     pub filter_len: u64,
+}
+
+#[repr(C)]
+pub struct Control {
+    pub h: Header,
     pub table: [Range; TABLE_CAP],
     pub extra: [Range; EXTRA_CAP],
     pub log: [LogEntry; LOG_CAP],

@@ -34,6 +34,9 @@
 #![allow(static_mut_refs)]
 
 mod abi;
+#[path = "../freestanding/syscall.rs"]
+mod syscall;
+use syscall::{sc, sc6};
 
 use abi::*;
 use core::arch::{asm, global_asm};
@@ -199,22 +202,6 @@ mod nr {
     pub const TGKILL: u64 = 234;
 }
 
-#[inline(always)]
-unsafe fn sc6(n: u64, a: u64, b: u64, c: u64, d: u64, e: u64, f: u64) -> i64 {
-    let r: i64;
-    // SAFETY: a raw system call; the caller guarantees the arguments are valid for `n`.
-    unsafe {
-        asm!("syscall", inlateout("rax") n as i64 => r, in("rdi") a, in("rsi") b, in("rdx") c,
-             in("r10") d, in("r8") e, in("r9") f, lateout("rcx") _, lateout("r11") _,
-             options(nostack));
-    }
-    r
-}
-#[inline(always)]
-unsafe fn sc(n: u64, a: u64, b: u64, c: u64) -> i64 {
-    // SAFETY: forwarded to the caller.
-    unsafe { sc6(n, a, b, c, 0, 0, 0) }
-}
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
@@ -253,23 +240,25 @@ pub unsafe extern "C" fn memset(d: *mut u8, c: i32, n: usize) -> *mut u8 {
 /// contain `TARDI_AGENT_CONTROL`) and returned by `OP_INIT` as a check.
 #[used]
 static mut TARDI_AGENT_CONTROL: Control = Control {
-    magic: 0,
-    version: 0,
-    active: 0,
-    lock: 0,
-    log_overflow: 0,
-    faults: 0,
-    trapped: 0,
-    app_segv: KSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 },
-    app_sys: KSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 },
-    text_start: 0,
-    text_end: 0,
-    n_table: 0,
-    n_extra: 0,
-    log_head: 0,
-    log_cursor: 0,
-    n_runs: 0,
-    filter_len: 0,
+    h: Header {
+        magic: 0,
+        version: 0,
+        active: 0,
+        lock: 0,
+        log_overflow: 0,
+        faults: 0,
+        trapped: 0,
+        app_segv: KSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 },
+        app_sys: KSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 },
+        text_start: 0,
+        text_end: 0,
+        n_table: 0,
+        n_extra: 0,
+        log_head: 0,
+        log_cursor: 0,
+        n_runs: 0,
+        filter_len: 0,
+    },
     table: [Range { start: 0, end: 0, prot: 0 }; TABLE_CAP],
     extra: [Range { start: 0, end: 0, prot: 0 }; EXTRA_CAP],
     log: [LogEntry { start: 0, end: 0, kind: 0 }; LOG_CAP],
@@ -332,24 +321,24 @@ extern "C" fn agent_op(op: u64, arg: u64) -> i64 {
         match op {
             OP_INIT => init(c, arg != 0),
             OP_REARM => {
-                if AtomicU32::from_ptr(&raw mut (*c).lock).load(Ordering::Acquire) != 0 {
+                if AtomicU32::from_ptr(&raw mut (*c).h.lock).load(Ordering::Acquire) != 0 {
                     return RET_BUSY;
                 }
-                let n = ((*c).n_runs as usize).min(RUNS_CAP);
+                let n = ((*c).h.n_runs as usize).min(RUNS_CAP);
                 for i in 0..n {
                     let r = *((&raw const (*c).runs) as *const Range).add(i);
                     let rc = sc(nr::MPROTECT, r.start, r.end - r.start, r.prot);
                     if rc < 0 {
-                        (*c).n_runs = i as u64; // where it stopped, for the error message
+                        (*c).h.n_runs = i as u64; // where it stopped, for the error message
                         return rc;
                     }
                 }
-                AtomicU64::from_ptr(&raw mut (*c).faults).store(0, Ordering::Relaxed);
-                (*c).active = 1;
+                AtomicU64::from_ptr(&raw mut (*c).h.faults).store(0, Ordering::Relaxed);
+                (*c).h.active = 1;
                 0
             }
             OP_DISARM_ALL => {
-                (*c).active = 0;
+                (*c).h.active = 0;
                 let mut first_err = 0;
                 for_each_entry(c, |e| {
                     if e.prot != DISARMED {
@@ -359,8 +348,8 @@ extern "C" fn agent_op(op: u64, arg: u64) -> i64 {
                         }
                     }
                 });
-                (*c).n_table = 0;
-                (*c).n_extra = 0;
+                (*c).h.n_table = 0;
+                (*c).h.n_extra = 0;
                 first_err
             }
             _ => -22,
@@ -373,13 +362,13 @@ extern "C" fn agent_op(op: u64, arg: u64) -> i64 {
 unsafe fn init(c: *mut Control, install_filter: bool) -> i64 {
     // SAFETY: the caller holds the process stopped; the pointers are to our own statics/stack.
     unsafe {
-        (*c).magic = AGENT_MAGIC;
-        (*c).version = AGENT_VERSION;
+        (*c).h.magic = AGENT_MAGIC;
+        (*c).h.version = AGENT_VERSION;
         let segv = segv_handler as *const () as usize as u64;
         let sys = sys_handler as *const () as usize as u64;
         for (sig, mine, slot) in [
-            (SIGSEGV, segv, &raw mut (*c).app_segv),
-            (SIGSYS, sys, &raw mut (*c).app_sys),
+            (SIGSEGV, segv, &raw mut (*c).h.app_segv),
+            (SIGSYS, sys, &raw mut (*c).h.app_sys),
         ] {
             let mut old = KSigaction::default();
             let rc = sc6(nr::RT_SIGACTION, sig, 0, &raw mut old as u64, 8, 0, 0);
@@ -416,7 +405,7 @@ unsafe fn init(c: *mut Control, install_filter: bool) -> i64 {
                 filter: u64,
             }
             let prog = Fprog {
-                len: (*c).filter_len as u16,
+                len: (*c).h.filter_len as u16,
                 filter: (&raw const (*c).filter) as u64,
             };
             // SECCOMP_SET_MODE_FILTER with SECCOMP_FILTER_FLAG_TSYNC: every thread at once.
@@ -451,11 +440,11 @@ unsafe fn for_each_entry(c: *mut Control, mut f: impl FnMut(&mut Range)) {
     // SAFETY: indices bounded by the counts, clamped to the capacities.
     unsafe {
         let table = (&raw mut (*c).table) as *mut Range;
-        for i in 0..((*c).n_table as usize).min(TABLE_CAP) {
+        for i in 0..((*c).h.n_table as usize).min(TABLE_CAP) {
             f(&mut *table.add(i));
         }
         let extra = (&raw mut (*c).extra) as *mut Range;
-        for i in 0..((*c).n_extra as usize).min(EXTRA_CAP) {
+        for i in 0..((*c).h.n_extra as usize).min(EXTRA_CAP) {
             f(&mut *extra.add(i));
         }
     }
@@ -474,7 +463,7 @@ unsafe fn overlapping(c: *mut Control, s: u64, e: u64, mut f: impl FnMut(&mut Ra
     // SAFETY: indices are below `n_table`/`n_extra`, clamped to the capacities.
     unsafe {
         let table = (&raw mut (*c).table) as *mut Range;
-        let nt = ((*c).n_table as usize).min(TABLE_CAP);
+        let nt = ((*c).h.n_table as usize).min(TABLE_CAP);
         // First entry ending after `s` (the table is sorted and disjoint).
         let (mut lo, mut hi) = (0usize, nt);
         while lo < hi {
@@ -495,7 +484,7 @@ unsafe fn overlapping(c: *mut Control, s: u64, e: u64, mut f: impl FnMut(&mut Ra
             i += 1;
         }
         let extra = (&raw mut (*c).extra) as *mut Range;
-        let ne = ((*c).n_extra as usize).min(EXTRA_CAP);
+        let ne = ((*c).h.n_extra as usize).min(EXTRA_CAP);
         for i in 0..ne {
             let r = &mut *extra.add(i);
             if r.start < e && s < r.end {
@@ -514,7 +503,7 @@ unsafe fn touch(c: *mut Control, slot: *mut Inflight, ptr: u64, len: u64) {
     // SAFETY: reads of the control block; mprotect on ranges the supervisor armed; `slot` is
     // ours (claimed) or null.
     unsafe {
-        if ptr == 0 || len == 0 || (*c).active == 0 {
+        if ptr == 0 || len == 0 || (*c).h.active == 0 {
             return;
         }
         let s = ptr & !(PAGE - 1);
@@ -538,7 +527,7 @@ unsafe fn touch(c: *mut Control, slot: *mut Inflight, ptr: u64, len: u64) {
                 rc = sc(nr::MPROTECT, r.start, r.end - r.start, prot);
             }
             let _ = rc;
-            AtomicU64::from_ptr(&raw mut (*c).faults).fetch_add((oe - os) / PAGE, Ordering::Relaxed);
+            AtomicU64::from_ptr(&raw mut (*c).h.faults).fetch_add((oe - os) / PAGE, Ordering::Relaxed);
         });
     }
 }
@@ -551,7 +540,7 @@ unsafe extern "C" fn segv_handler(sig: i32, info: *mut u8, uc: *mut u8) {
         let code = *(info.add(8) as *const i32);
         let addr = *(info.add(16) as *const u64);
         let err = *(uc.add(GREGS + 8 * REG_ERR) as *const u64);
-        if code == SEGV_ACCERR && err & 2 != 0 && (*c).active != 0 {
+        if code == SEGV_ACCERR && err & 2 != 0 && (*c).h.active != 0 {
             let page = addr & !(PAGE - 1);
             let mut hit = false;
             overlapping(c, page, page + PAGE, |r, prot| {
@@ -564,7 +553,7 @@ unsafe extern "C" fn segv_handler(sig: i32, info: *mut u8, uc: *mut u8) {
                     rc = sc(nr::MPROTECT, r.start, r.end - r.start, prot);
                 }
                 let _ = rc;
-                AtomicU64::from_ptr(&raw mut (*c).faults).fetch_add(1, Ordering::Relaxed);
+                AtomicU64::from_ptr(&raw mut (*c).h.faults).fetch_add(1, Ordering::Relaxed);
             });
             if hit {
                 return;
@@ -572,7 +561,7 @@ unsafe extern "C" fn segv_handler(sig: i32, info: *mut u8, uc: *mut u8) {
             // Another thread may be between disarming the entry that covered this page and
             // the app's call it did that for: wait until it is done, then let the write run
             // again (it then succeeds, faults on an entry we find, or faults for the app).
-            let lock = AtomicU32::from_ptr(&raw mut (*c).lock);
+            let lock = AtomicU32::from_ptr(&raw mut (*c).h.lock);
             if lock.load(Ordering::Acquire) != 0 {
                 while lock.load(Ordering::Acquire) != 0 {
                     sc(nr::SCHED_YIELD, 0, 0, 0);
@@ -594,7 +583,7 @@ unsafe extern "C" fn segv_handler(sig: i32, info: *mut u8, uc: *mut u8) {
                 return;
             }
         }
-        chain(sig as u64, info, uc, &raw mut (*c).app_segv);
+        chain(sig as u64, info, uc, &raw mut (*c).h.app_segv);
     }
 }
 
@@ -652,7 +641,7 @@ unsafe extern "C" fn sys_handler(sig: i32, info: *mut u8, uc: *mut u8) {
         let errno = *(info.add(4) as *const i32);
         let code = *(info.add(8) as *const i32);
         if code != SYS_SECCOMP || errno as u32 != TRAP_TAG {
-            chain(sig as u64, info, uc, &raw mut (*c).app_sys);
+            chain(sig as u64, info, uc, &raw mut (*c).h.app_sys);
             return;
         }
         let nr = *(info.add(24) as *const i32) as u64;
@@ -665,7 +654,7 @@ unsafe extern "C" fn sys_handler(sig: i32, info: *mut u8, uc: *mut u8) {
             *g.add(REG_R8),
             *g.add(REG_R9),
         ];
-        AtomicU64::from_ptr(&raw mut (*c).trapped).fetch_add(1, Ordering::Relaxed);
+        AtomicU64::from_ptr(&raw mut (*c).h.trapped).fetch_add(1, Ordering::Relaxed);
         let token = (&raw const a) as u64; // this frame: unique while the call is in flight
         let slot = claim(c, token);
         let mut r = emulate(c, slot, nr, a);
@@ -728,7 +717,7 @@ unsafe fn emulate(c: *mut Control, slot: *mut Inflight, n: u64, a: [u64; 6]) -> 
                     if a[3] != 8 {
                         return -22;
                     }
-                    let slot = if sig == SIGSEGV { &raw mut (*c).app_segv } else { &raw mut (*c).app_sys };
+                    let slot = if sig == SIGSEGV { &raw mut (*c).h.app_segv } else { &raw mut (*c).h.app_sys };
                     let old = *slot;
                     if a[1] != 0 {
                         let new: KSigaction = rd(a[1]);
@@ -900,7 +889,7 @@ unsafe fn layout(c: *mut Control, f: impl FnOnce() -> i64) -> i64 {
         let all: u64 = !FAULT_SIGS;
         let mut saved = 0u64;
         sc6(nr::RT_SIGPROCMASK, 2, &raw const all as u64, &raw mut saved as u64, 8, 0, 0);
-        let lock = AtomicU32::from_ptr(&raw mut (*c).lock);
+        let lock = AtomicU32::from_ptr(&raw mut (*c).h.lock);
         while lock
             .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
@@ -921,16 +910,16 @@ unsafe fn log(c: *mut Control, s: u64, e: u64, kind: u64) {
         if s >= e {
             return;
         }
-        let h = (*c).log_head;
-        if h - (*c).log_cursor >= LOG_CAP as u64 {
-            (*c).log_overflow = 1;
+        let h = (*c).h.log_head;
+        if h - (*c).h.log_cursor >= LOG_CAP as u64 {
+            (*c).h.log_overflow = 1;
             return;
         }
         let slot = &mut *((&raw mut (*c).log) as *mut LogEntry).add((h % LOG_CAP as u64) as usize);
         slot.end = e;
         slot.kind = kind;
         slot.start = s;
-        (*c).log_head = h + 1;
+        (*c).h.log_head = h + 1;
     }
 }
 
@@ -955,10 +944,10 @@ unsafe fn disarm(c: *mut Control, s: u64, e: u64) {
                 if ks >= ke {
                     continue;
                 }
-                let n = (*c).n_extra as usize;
+                let n = (*c).h.n_extra as usize;
                 if n < EXTRA_CAP {
                     *((&raw mut (*c).extra) as *mut Range).add(n) = Range { start: ks, end: ke, prot };
-                    AtomicU64::from_ptr(&raw mut (*c).n_extra).store(n as u64 + 1, Ordering::Release);
+                    AtomicU64::from_ptr(&raw mut (*c).h.n_extra).store(n as u64 + 1, Ordering::Release);
                 } else if nk < KEEP {
                     *kp.add(nk) = (ks, ke, prot);
                     nk += 1;

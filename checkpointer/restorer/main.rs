@@ -23,6 +23,9 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod abi;
+#[path = "../freestanding/syscall.rs"]
+mod syscall;
+use syscall::{sc, sc6};
 
 use abi::*;
 use core::arch::{asm, global_asm};
@@ -49,7 +52,6 @@ const E_THREAD: u64 = 12;
 const E_RSEQ: u64 = 13;
 
 mod nr {
-    pub const READ: u64 = 0;
     pub const WRITE: u64 = 1;
     pub const CLOSE: u64 = 3;
     pub const MMAP: u64 = 9;
@@ -57,10 +59,8 @@ mod nr {
     pub const MUNMAP: u64 = 11;
     pub const RT_SIGACTION: u64 = 13;
     pub const RT_SIGPROCMASK: u64 = 14;
-    pub const RT_SIGRETURN: u64 = 15;
     pub const PREAD64: u64 = 17;
     pub const MADVISE: u64 = 28;
-    pub const EXIT: u64 = 60;
     pub const FCNTL: u64 = 72;
     pub const UMASK: u64 = 95;
     pub const PRCTL: u64 = 157;
@@ -73,22 +73,6 @@ mod nr {
     pub const CLONE3: u64 = 435;
 }
 
-#[inline(always)]
-unsafe fn sc6(n: u64, a: u64, b: u64, c: u64, d: u64, e: u64, f: u64) -> i64 {
-    let r: i64;
-    // SAFETY: a raw system call; the caller guarantees the arguments are valid for `n`.
-    unsafe {
-        asm!("syscall", inlateout("rax") n as i64 => r, in("rdi") a, in("rsi") b, in("rdx") c,
-             in("r10") d, in("r8") e, in("r9") f, lateout("rcx") _, lateout("r11") _,
-             options(nostack));
-    }
-    r
-}
-#[inline(always)]
-unsafe fn sc(n: u64, a: u64, b: u64, c: u64) -> i64 {
-    // SAFETY: forwarded to the caller.
-    unsafe { sc6(n, a, b, c, 0, 0, 0) }
-}
 
 /// Reports a failure to the supervisor (a 24-byte record: u64::MAX, step, -errno) and exits.
 fn fail(notify_fd: i32, step: u64, err: i64) -> ! {

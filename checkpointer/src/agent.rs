@@ -48,24 +48,6 @@ pub enum AgentError {
 
 type Result<T> = std::result::Result<T, AgentError>;
 
-/// The control block fields before the big arrays.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Header {
-    pub magic: u64,
-    pub version: u32,
-    pub active: u32,
-    pub lock: u32,
-    pub log_overflow: u32,
-    pub faults: u64,
-    pub trapped: u64,
-    pub app_segv: KSigaction,
-    pub app_sys: KSigaction,
-    pub n_table: u64,
-    pub n_extra: u64,
-    pub log_head: u64,
-    pub log_cursor: u64,
-}
-
 /// An agent loaded at `base` in process `pid`.
 #[derive(Debug, Clone, Copy)]
 pub struct Agent {
@@ -187,7 +169,7 @@ impl Agent {
         fields.extend_from_slice(&(prog.len() as u64).to_ne_bytes());
         sys::write_remote(
             self.pid,
-            self.control() + offset_of!(Control, filter_len) as u64,
+            self.control() + offset_of!(Control, h.filter_len) as u64,
             &fields,
         )?;
         let bytes: Vec<u8> = prog.iter().flat_map(|i| i.to_ne_bytes()).collect();
@@ -201,7 +183,7 @@ impl Agent {
         text.extend_from_slice(&te.to_ne_bytes());
         sys::write_remote(
             self.pid,
-            self.control() + offset_of!(Control, text_start) as u64,
+            self.control() + offset_of!(Control, h.text_start) as u64,
             &text,
         )?;
         let r = self.op(st, OP_INIT, install_filter as u64)?;
@@ -222,32 +204,16 @@ impl Agent {
         Ok(st.call(tid, self.base + layout::ENTRY, [op, arg], 4096)?)
     }
 
+    /// The control block's fixed part, in one read.
     pub fn header(&self) -> io::Result<Header> {
-        let mut buf = vec![0u8; offset_of!(Control, table)];
-        sys::read_remote(self.pid, self.control(), &mut buf)?;
-        let u64_at = |o: usize| u64::from_ne_bytes(buf[o..o + 8].try_into().unwrap());
-        let u32_at = |o: usize| u32::from_ne_bytes(buf[o..o + 4].try_into().unwrap());
-        let sa = |o: usize| KSigaction {
-            handler: u64_at(o),
-            flags: u64_at(o + 8),
-            restorer: u64_at(o + 16),
-            mask: u64_at(o + 24),
-        };
-        Ok(Header {
-            magic: u64_at(offset_of!(Control, magic)),
-            version: u32_at(offset_of!(Control, version)),
-            active: u32_at(offset_of!(Control, active)),
-            lock: u32_at(offset_of!(Control, lock)),
-            log_overflow: u32_at(offset_of!(Control, log_overflow)),
-            faults: u64_at(offset_of!(Control, faults)),
-            trapped: u64_at(offset_of!(Control, trapped)),
-            app_segv: sa(offset_of!(Control, app_segv)),
-            app_sys: sa(offset_of!(Control, app_sys)),
-            n_table: u64_at(offset_of!(Control, n_table)),
-            n_extra: u64_at(offset_of!(Control, n_extra)),
-            log_head: u64_at(offset_of!(Control, log_head)),
-            log_cursor: u64_at(offset_of!(Control, log_cursor)),
-        })
+        let mut buf = [0u8; size_of::<Header>()];
+        sys::read_remote(
+            self.pid,
+            self.control() + offset_of!(Control, h) as u64,
+            &mut buf,
+        )?;
+        // SAFETY: `Header` is plain `repr(C)` integers; any bytes are a valid value.
+        Ok(unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<Header>()) })
     }
 
     /// Pages made writable since the last rearm (read while the process runs: one word).
@@ -255,7 +221,7 @@ impl Agent {
         let mut b = [0u8; 8];
         sys::read_remote(
             self.pid,
-            self.control() + offset_of!(Control, faults) as u64,
+            self.control() + offset_of!(Control, h.faults) as u64,
             &mut b,
         )?;
         Ok(u64::from_ne_bytes(b))
@@ -351,7 +317,7 @@ impl Agent {
             let (s, e) = (c + off as u64, c + (off + len) as u64);
             (s & !4095..e.div_ceil(4096) * 4096).step_by(4096)
         };
-        let mut v: Vec<u64> = span(0, offset_of!(Control, table)).collect();
+        let mut v: Vec<u64> = span(0, size_of::<Header>()).collect();
         v.extend(span(
             offset_of!(Control, table),
             table.min(TABLE_CAP) * size_of::<Range>(),
@@ -393,12 +359,12 @@ impl Agent {
         }
         sys::write_remote(
             self.pid,
-            base + offset_of!(Control, n_table) as u64,
+            base + offset_of!(Control, h.n_table) as u64,
             &counters,
         )?;
         sys::write_remote(
             self.pid,
-            base + offset_of!(Control, log_overflow) as u64,
+            base + offset_of!(Control, h.log_overflow) as u64,
             &0u32.to_ne_bytes(),
         )?;
         sys::write_remote(
@@ -411,7 +377,7 @@ impl Agent {
             // Nothing to protect; still reset the fault counter and mark tracking active.
             sys::write_remote(
                 self.pid,
-                base + offset_of!(Control, n_runs) as u64,
+                base + offset_of!(Control, h.n_runs) as u64,
                 &0u64.to_ne_bytes(),
             )?;
             return self.run_rearm(st);
@@ -424,7 +390,7 @@ impl Agent {
             )?;
             sys::write_remote(
                 self.pid,
-                base + offset_of!(Control, n_runs) as u64,
+                base + offset_of!(Control, h.n_runs) as u64,
                 &(chunk.len() as u64).to_ne_bytes(),
             )?;
             if !self.run_rearm(st)? {

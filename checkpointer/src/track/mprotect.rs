@@ -25,8 +25,9 @@
 use super::{
     PAGE_IS_FILE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED, PAGE_IS_WRITTEN, Query, TrackError, Tracker,
 };
+use crate::agent::abi::Header;
 use crate::agent::abi::{LOG_CHANGED, LOG_STACK, Range};
-use crate::agent::{Agent, Header, normalize};
+use crate::agent::{Agent, normalize};
 use crate::image::{ProcessImage, SigAction, ThreadImage};
 use crate::procfs::{MapEntry, Proc};
 use crate::ptrace::Stopped;

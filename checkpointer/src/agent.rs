@@ -651,6 +651,41 @@ mod tests {
         );
     }
 
+    /// The filter's list: sorted, no duplicates, and it holds every call the agent must see
+    /// for tracking to stay sound (dispositions, masks, layout) and `execve`.
+    #[test]
+    fn trapped_list_holds_the_calls_tracking_depends_on() {
+        assert!(
+            TRAPPED.windows(2).all(|w| w[0] < w[1]),
+            "unsorted or duplicated"
+        );
+        for nr in [
+            libc::SYS_rt_sigaction,
+            libc::SYS_rt_sigprocmask,
+            libc::SYS_rt_sigsuspend,
+            libc::SYS_mmap,
+            libc::SYS_munmap,
+            libc::SYS_mremap,
+            libc::SYS_mprotect,
+            libc::SYS_pkey_mprotect,
+            libc::SYS_madvise,
+            libc::SYS_brk,
+            libc::SYS_sigaltstack,
+            libc::SYS_rseq,
+            libc::SYS_execve,
+            libc::SYS_execveat,
+            libc::SYS_read,
+            libc::SYS_recvmsg,
+            libc::SYS_epoll_wait,
+            libc::SYS_epoll_pwait,
+        ] {
+            assert!(
+                TRAPPED.contains(&(nr as u16)),
+                "system call {nr} is not trapped"
+            );
+        }
+    }
+
     #[test]
     fn filter_jumps_land_on_the_trap() {
         let p = filter((0x7f00_0000_1000, 0x7f00_0000_5000));

@@ -696,3 +696,10 @@ fn parse_suggest(key: &str) -> Option<String> {
         e => panic!("{e}"),
     }
 }
+
+#[test]
+fn epoch_tracker_must_be_known() {
+    let e = err(&with_head("[tardi.epoch]\ntracker = \"softdirty\"\n"));
+    assert_key_err(&e, "tardi.epoch.tracker", 4);
+    assert!(e.to_string().contains("mprotect"), "{e}");
+}

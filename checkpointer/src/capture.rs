@@ -695,9 +695,17 @@ fn check_supported(proc: &Proc, status: &str, tids: &[Pid], own_filter: bool) ->
     }
     let filters = procfs::status_value(status, "Seccomp_filters").unwrap_or("0");
     if field("Seccomp")? != "0" && !(own_filter && filters.trim() == "1") {
-        return Err(CaptureError::Unsupported(
-            "the service installed a seccomp filter; restoring seccomp filters is not supported yet".into(),
-        ));
+        let ours = proc
+            .maps()
+            .ok()
+            .and_then(|m| crate::agent::Agent::find(pid, &m))
+            .is_some();
+        return Err(CaptureError::Unsupported(if ours {
+            "the service carries Tardi's write-tracking agent and its seccomp filter (an epoch loop with the mprotect tracker ran on it); checkpoint it from an epoch loop".into()
+        } else {
+            "the service installed a seccomp filter; restoring seccomp filters is not supported yet"
+                .into()
+        }));
     }
     for k in ["Uid", "Gid"] {
         let v = field(k)?;

@@ -368,3 +368,65 @@ fn shipped_dirtier_manifest_profiles_at_its_rate() {
         "dirty rate {rate} B/s, expected about 10 MB/s: {s}"
     );
 }
+
+/// The Python key-value service (threads per connection, `poll` with a timeout, many
+/// allocations) under the mprotect tracker with a client load that checks every reply:
+/// `--verify` must pass and the client must see every value it stored.
+#[test]
+fn profile_python_service_under_the_mprotect_tracker_verifies() {
+    let scratch = Scratch::new("profile-pykv-mp");
+    let name = format!("pykv-mp-{}", std::process::id() % 10000);
+    let manifest = common::tardi::kv_manifest(&scratch.0, &name);
+    let result = scratch.0.join("load.result");
+    let client = scratch.0.join("client.py");
+    std::fs::write(
+        &client,
+        r#"import socket, sys, time
+addr, out = sys.argv[1], sys.argv[2]
+def conn():
+    for _ in range(100):
+        try:
+            return socket.create_connection((addr, 8100), timeout=5)
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("no server")
+ok = 0
+try:
+    for k in range(20):
+        s = conn(); f = s.makefile("rw")
+        for i in range(50):
+            f.write(f"SET k{k}_{i} v-{k}-{i}\n"); f.flush()
+            assert f.readline().strip() == "OK"
+            f.write(f"GET k{k}_{i}\n"); f.flush()
+            r = f.readline().strip()
+            assert r == f"VAL v-{k}-{i}", r
+            ok += 1
+        s.close()
+    open(out, "w").write(f"ok {ok}\n")
+except Exception as e:
+    open(out, "w").write(f"error after {ok}: {e!r}\n")
+"#,
+    )
+    .unwrap();
+    let load = format!(
+        "python3 {} {{address}} {}",
+        client.display(),
+        result.display()
+    );
+    let (_, s) = profile_json(
+        &scratch.0,
+        &manifest,
+        &[
+            "--tracker",
+            "mprotect",
+            "--duration",
+            "8s",
+            "--verify",
+            "--load",
+            &load,
+        ],
+    );
+    assert_eq!(s["verified"], true, "verification failed: {s}");
+    let out = std::fs::read_to_string(&result).unwrap_or_else(|_| "no result".into());
+    assert_eq!(out.trim(), "ok 1000", "the client: {out}");
+}

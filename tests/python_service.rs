@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::tardi::{Running, Scratch, tardi};
+use common::tardi::{Running, Scratch, kv_manifest, tardi};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -175,30 +175,6 @@ const IDLE_THREADS: usize = 2;
 
 // ---------------------------------------------------------------------------------------------
 // The shipped manifest, pointed at this checkout.
-
-/// `gramine-manifests/python-kv.manifest` with the script's mount pointing at this checkout's
-/// `tests/programs` and a unique `tardi.name`, written into `dir`.
-fn kv_manifest(dir: &Path, name: &str) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let shipped = root.join("gramine-manifests/python-kv.manifest");
-    let text = std::fs::read_to_string(&shipped).unwrap();
-    let programs = root.join("tests/programs");
-    let (uri, name_line) = (r#"uri = "file:/srv/kv""#, r#"name = "python-kv""#);
-    assert!(
-        text.contains(uri) && text.contains(name_line),
-        "{} changed: update this test",
-        shipped.display()
-    );
-    let text = text
-        .replace(
-            uri,
-            &format!("uri = {:?}", format!("file:{}", programs.display())),
-        )
-        .replace(name_line, &format!("name = {name:?}"));
-    let p = dir.join(format!("{name}.manifest"));
-    std::fs::write(&p, text).unwrap();
-    p
-}
 
 // ---------------------------------------------------------------------------------------------
 // A line-protocol client.

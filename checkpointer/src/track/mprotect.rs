@@ -10,9 +10,10 @@
 //! ([`TrackError::Busy`]), so the log, the armed table and the layout always agree when read.
 //!
 //! Never write-protected (their present pages are read every pause): stacks (the mapping that
-//! holds a thread's stack pointer at some pause, `[stack]`, `MAP_STACK` mappings, signal
-//! stacks, rseq areas — the kernel writes there itself, and a fault while it pushes a signal
-//! frame would kill the thread) and the agent's own memory.
+//! holds a thread's stack pointer at some pause, `[stack]`, `MAP_STACK` mappings and what looks
+//! like a thread stack — writable anonymous memory flagged `nh` or with a guard page below —,
+//! signal stacks, rseq areas: the kernel writes there itself, and a fault while it pushes a
+//! signal frame would kill the thread) and the agent's own memory.
 //!
 //! Contents queries ([`Tracker::scan`]) use `/proc/PID/pagemap`, not `PAGEMAP_SCAN`, so the
 //! tracker needs nothing newer than seccomp filters.
@@ -40,6 +41,30 @@ const SS_DISABLE: u32 = 2;
 /// SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV, SIGSYS: a synchronous fault with its signal
 /// blocked kills the process, so these are never blocked while the agent is in charge.
 const FAULT_SIGS: u64 = 1 << 3 | 1 << 4 | 1 << 6 | 1 << 7 | 1 << 10 | 1 << 30;
+
+/// A thread stopped inside a system call it made before the agent was there (or before a
+/// restore) would finish it without the agent having opened its output buffers, which we are
+/// about to protect: a `poll` with a timeout would then fail with `EFAULT`. Calls that restart
+/// by re-executing their `syscall` instruction are trapped by the filter on the way and served
+/// properly; those that restart through `restart_syscall` (`poll`, `nanosleep` & co. with a
+/// timeout: `-ERESTART_RESTARTBLOCK`) are ended with `EINTR` instead, as a signal would, and the
+/// app calls again (through the agent).
+fn interrupt_unserved_calls(st: &mut Stopped, agent: &Agent) -> Result<(), TrackError> {
+    const ERESTART_RESTARTBLOCK: i64 = -516;
+    const EINTR: i64 = -4;
+    let (ts, te) = agent.text();
+    for &tid in &st.tids.clone() {
+        let mut r = st.regs(tid).map_err(crate::agent::AgentError::from)?;
+        let in_agent = (ts..te).contains(&r.rip.wrapping_sub(2));
+        if r.rax as i64 == ERESTART_RESTARTBLOCK && (r.orig_rax as i64) >= 0 && !in_agent {
+            r.rax = EINTR as u64;
+            r.orig_rax = u64::MAX;
+            st.set_regs(tid, &r)
+                .map_err(crate::agent::AgentError::from)?;
+        }
+    }
+    Ok(())
+}
 
 /// Unblocks the fault signals in every thread. The agent keeps them out of every mask the app
 /// installs; this catches masks from before it was there (a thread stopped inside the app's
@@ -94,6 +119,7 @@ impl MprotectTracker {
         let before = agent.header().map_err(TrackError::Pagemap)?;
         agent.init(st, !filtered)?;
         unblock_faults(st)?;
+        interrupt_unserved_calls(st, &agent)?;
         if filtered && before.active != 0 && before.magic == crate::agent::abi::AGENT_MAGIC {
             // An earlier loop on this very process ended without removing its protection (a
             // restored process has no filter, and the app's protections in its pages): give
@@ -199,6 +225,25 @@ impl Tracker for MprotectTracker {
         }
         for m in maps.iter().filter(|m| m.name == "[stack]") {
             add.push((m.start, m.end));
+        }
+        // Thread stacks no thread runs on right now: glibc keeps the stacks of exited threads
+        // for reuse, and a new thread's first push onto a protected stack cannot even be
+        // reported (the kernel cannot write the signal frame). They are anonymous writable
+        // mappings made with MAP_STACK (shown as `nh` since Linux 6.7) with a guard page right
+        // below.
+        for (i, m) in maps.iter().enumerate() {
+            let guard_below = i > 0 && {
+                let g = &maps[i - 1];
+                g.end == m.start && g.prot() == 0 && g.inode == 0 && !g.shared
+            };
+            if m.write
+                && !m.shared
+                && m.inode == 0
+                && m.name.is_empty()
+                && (m.has_flag("nh") || guard_below)
+            {
+                add.push((m.start, m.end));
+            }
         }
         self.stacks.extend(add);
         // Forget stack ranges nothing is mapped at any more.

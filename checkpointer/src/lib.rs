@@ -3,9 +3,11 @@
 //!
 //! Owns: quiescence (ptrace), reading memory, threads and descriptors from outside, the
 //! checkpoint format ([`image`]), the restore plan and the freestanding restorer
-//! (`restorer/`). Must not touch: namespaces, mounts, networking, manifests (that is
-//! `tardi-sandbox`), or anything about replication: a checkpoint is bytes with an epoch number,
-//! and restore takes bytes.
+//! (`restorer/`), write tracking ([`track`]: userfaultfd, or mprotect through the freestanding
+//! agent `agent/` that [`agent`] loads into the process) and the epoch loop ([`epoch`]).
+//! Must not touch: namespaces, mounts, networking, manifests (that is `tardi-sandbox`), or
+//! anything about replication: a checkpoint is bytes with an epoch number, and restore takes
+//! bytes.
 //!
 //! Entry points: [`capture::checkpoint`] and [`restore::prepare`] / [`restore::child_main`] /
 //! [`restore::finish`].

@@ -76,7 +76,7 @@ struct PageRegion {
 }
 
 /// What the epoch loop needs from a write tracker. Ranges are whole mappings of the layout the
-/// app asked for (see [`Tracker::observe`]); page lists are `(start, end, categories)` regions.
+/// app asked for (see [`Tracker::layout`]); page lists are `(start, end, categories)` regions.
 ///
 /// One pause calls, in order: `begin` (first), `layout`, `threads`, then `take_written` / `scan` /
 /// `arm` / `protect` as the loop decides, then `commit` (last, still inside the pause).

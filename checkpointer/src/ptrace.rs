@@ -328,41 +328,42 @@ impl Stopped {
     /// carry, so the caller can refuse one that does not fit instead of truncating it.
     pub fn xstate(&self, tid: Pid) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; 4 * crate::abi::XSTATE_MAX];
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: the iovec describes `buf`; the kernel shrinks iov_len to what it wrote.
-        unsafe {
-            ptrace(
-                PTRACE_GETREGSET,
-                tid,
-                NT_X86_XSTATE as u64,
-                (&raw mut iov) as u64,
-            )
-        }
-        .map_err(op("getregset(xstate)", tid))?;
-        buf.truncate(iov.iov_len);
+        let (p, len) = (buf.as_mut_ptr(), buf.len());
+        // SAFETY: `buf` is writable for `len` bytes.
+        let n = unsafe { self.xstate_regset(PTRACE_GETREGSET, tid, p, len) }
+            .map_err(op("getregset(xstate)", tid))?;
+        buf.truncate(n);
         Ok(buf)
     }
 
     /// Puts back an XSAVE area read with [`Stopped::xstate`].
     pub fn set_xstate(&self, tid: Pid, xs: &[u8]) -> Result<()> {
-        let mut iov = libc::iovec {
-            iov_base: xs.as_ptr() as *mut libc::c_void,
-            iov_len: xs.len(),
-        };
-        // SAFETY: the iovec describes `xs`, which the kernel only reads.
-        unsafe {
-            ptrace(
-                PTRACE_SETREGSET,
-                tid,
-                NT_X86_XSTATE as u64,
-                (&raw mut iov) as u64,
-            )
-        }
-        .map_err(op("setregset(xstate)", tid))?;
+        // SAFETY: SETREGSET only reads the `xs.len()` bytes at `xs`.
+        unsafe { self.xstate_regset(PTRACE_SETREGSET, tid, xs.as_ptr() as *mut u8, xs.len()) }
+            .map_err(op("setregset(xstate)", tid))?;
         Ok(())
+    }
+
+    /// `PTRACE_GETREGSET`/`SETREGSET` of `NT_X86_XSTATE` through an iovec over `len` bytes at
+    /// `p`; returns the length the kernel left in the iovec.
+    ///
+    /// # Safety
+    /// `p` must be valid for `len` bytes (writable for `GETREGSET`).
+    unsafe fn xstate_regset(
+        &self,
+        req: u32,
+        tid: Pid,
+        p: *mut u8,
+        len: usize,
+    ) -> io::Result<usize> {
+        let mut iov = libc::iovec {
+            iov_base: p.cast(),
+            iov_len: len,
+        };
+        // SAFETY: the iovec describes memory the caller vouches for; the kernel shrinks
+        // iov_len to what it wrote (GETREGSET).
+        unsafe { ptrace(req, tid, NT_X86_XSTATE as u64, (&raw mut iov) as u64) }?;
+        Ok(iov.iov_len)
     }
 
     /// Runs a function of code we placed in the process (the write-tracking agent) on stopped

@@ -100,8 +100,11 @@ pub struct Header {
     /// memory-layout call; a pause that finds it held leaves protections and the log alone.
     pub lock: u32,
     pub log_overflow: u32,
-    /// Pages made writable since the last `OP_REARM` (the capping signal).
+    /// Write faults resolved since the last `OP_REARM`.
     pub faults: u64,
+    /// Pages made writable for system calls to write into since the last `OP_REARM` (with
+    /// `faults`, the capping signal; a page already writable is counted too).
+    pub opened: u64,
     /// System calls the SIGSYS handler served (statistics).
     pub trapped: u64,
     /// The app's own dispositions of SIGSEGV and SIGSYS (the kernel holds the agent's).

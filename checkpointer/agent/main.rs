@@ -247,6 +247,7 @@ static mut TARDI_AGENT_CONTROL: Control = Control {
         lock: 0,
         log_overflow: 0,
         faults: 0,
+        opened: 0,
         trapped: 0,
         app_segv: KSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 },
         app_sys: KSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 },
@@ -334,6 +335,7 @@ extern "C" fn agent_op(op: u64, arg: u64) -> i64 {
                     }
                 }
                 AtomicU64::from_ptr(&raw mut (*c).h.faults).store(0, Ordering::Relaxed);
+                AtomicU64::from_ptr(&raw mut (*c).h.opened).store(0, Ordering::Relaxed);
                 (*c).h.active = 1;
                 0
             }
@@ -527,7 +529,7 @@ unsafe fn touch(c: *mut Control, slot: *mut Inflight, ptr: u64, len: u64) {
                 rc = sc(nr::MPROTECT, r.start, r.end - r.start, prot);
             }
             let _ = rc;
-            AtomicU64::from_ptr(&raw mut (*c).h.faults).fetch_add((oe - os) / PAGE, Ordering::Relaxed);
+            AtomicU64::from_ptr(&raw mut (*c).h.opened).fetch_add((oe - os) / PAGE, Ordering::Relaxed);
         });
     }
 }

@@ -1327,7 +1327,7 @@ fn hot(a: &Args, raw: &mut Raw) {
     say(&format!(
         "### Hot pages on (hot_epochs 3) / off (0)\n\nLoad average at start: {}. Config otherwise: {}. \
          {warmup} warm-up epochs discarded, then {n} epochs, {rounds} interleaved rounds. \
-         faults = the target's minor-fault count (/proc/PID/stat field 10) read after each epoch, \
+         faults = the target's minor-fault count (/proc/PID/stat field 10) read after each epoch (mprotect tracker: its agent's count of pages it made writable, system-call buffers included), \
          difference from the previous read; untracked = the same count over {base_secs} s before \
          the loop starts, scaled to one median epoch (interval + pause).\n",
         loadavg(),
@@ -1387,8 +1387,15 @@ fn hot(a: &Args, raw: &mut Raw) {
                         continue;
                     }
                 };
-                // faults[i] belongs to epoch i + 1 (the first read has no predecessor).
-                let fv: Vec<f64> = faults.iter().map(|&x| x as f64).collect();
+                // faults[i] belongs to epoch i + 1 (the first read has no predecessor). The
+                // mprotect tracker's faults are signals, not minor faults: its own count.
+                let fv: Vec<f64> = if st.iter().all(|s| s.write_faults.is_some()) {
+                    st.iter()
+                        .map(|s| s.write_faults.unwrap_or(0) as f64)
+                        .collect()
+                } else {
+                    faults.iter().map(|&x| x as f64).collect()
+                };
                 let d = col(&st, |s| s.dirty_pages);
                 let hp = col(&st, |s| s.hot_pages);
                 let cold: Vec<f64> = st

@@ -216,15 +216,17 @@ impl Agent {
         Ok(unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<Header>()) })
     }
 
-    /// Pages made writable since the last rearm (read while the process runs: one word).
+    /// Pages made writable since the last rearm, by faults and for system calls (read while
+    /// the process runs: two words).
     pub fn faults(&self) -> io::Result<u64> {
-        let mut b = [0u8; 8];
+        let mut b = [0u8; 16];
         sys::read_remote(
             self.pid,
             self.control() + offset_of!(Control, h.faults) as u64,
             &mut b,
         )?;
-        Ok(u64::from_ne_bytes(b))
+        let w = |i: usize| u64::from_ne_bytes(b[i..i + 8].try_into().unwrap());
+        Ok(w(0) + w(8))
     }
 
     fn read_ranges(&self, off: usize, n: usize) -> io::Result<Vec<Range>> {

@@ -118,6 +118,10 @@ pub struct EpochStats {
     /// again before the pause), and how long that took (not part of the pause).
     pub precopy_pages: u64,
     pub precopy_us: u64,
+    /// Write faults the tracker counted itself this epoch: for the mprotect tracker, the pages
+    /// its agent made writable (system-call buffers included). `None` for userfaultfd, whose
+    /// faults the kernel resolves alone (they show in the process's minor-fault count).
+    pub write_faults: Option<u64>,
 }
 
 /// Why the loop failed.
@@ -825,6 +829,7 @@ impl<'p> EpochLoop<'p> {
         let pre = self.pre.take().map(|p| (pre_copied, p));
         Ok(Captured {
             meta,
+            write_faults: self.tracker.write_faults(),
             runs,
             data,
             files,
@@ -851,6 +856,7 @@ impl<'p> EpochLoop<'p> {
         let te = Instant::now();
         let Captured {
             mut meta,
+            write_faults,
             pre,
             cow,
             mut runs,
@@ -1002,6 +1008,7 @@ impl<'p> EpochLoop<'p> {
         st.twin_bytes = self.twins.bytes() as u64;
         st.capped = capped;
         st.precopy_pages = precopy_pages;
+        st.write_faults = write_faults;
         st.precopy_us = precopy_time.as_micros() as u64;
         st.encode_us = te.elapsed().as_micros() as u64;
         let ck = Checkpoint {
@@ -1045,6 +1052,7 @@ fn encode_part(
 
 struct Captured {
     meta: ProcessImage,
+    write_faults: Option<u64>,
     /// Pre-copied pages to add (address, offset in the pre-copy's bytes), and the pre-copy.
     pre: Option<(Vec<(u64, usize)>, Precopy)>,
     cow: Vec<(u64, u64)>,

@@ -129,6 +129,10 @@ pub trait Tracker {
     fn precopy_capable(&self) -> bool {
         false
     }
+    /// Write faults since the previous pause, if the tracker counts them (read in `begin`).
+    fn write_faults(&self) -> Option<u64> {
+        None
+    }
     /// Whether `arm` changes the layout the kernel shows (the loop then reads it again).
     fn arm_changes_layout(&self) -> bool {
         true

@@ -431,6 +431,10 @@ impl Tracker for MprotectTracker {
         false
     }
 
+    fn write_faults(&self) -> Option<u64> {
+        Some(self.hdr.faults)
+    }
+
     fn patch_image(&self, image: &mut ProcessImage) {
         // The kernel holds the agent's handlers; the image gets the app's own.
         for (signo, a) in [(11u32, self.hdr.app_segv), (31, self.hdr.app_sys)] {

@@ -223,6 +223,11 @@ impl Stopped {
                 match r {
                     Ok(_) => st.tids.push(tid),
                     Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue, // just exited
+                    // A thread that has exited but is not reaped yet (a zombie) refuses to be
+                    // traced with EPERM: it is gone as far as the process's state goes.
+                    Err(e) if e.raw_os_error() == Some(libc::EPERM) && exited(proc, tid) => {
+                        continue;
+                    }
                     Err(e) => {
                         return Err(PtraceError::Op {
                             op: "seize",
@@ -716,6 +721,18 @@ impl Stopped {
     pub fn resume(mut self) -> Result<()> {
         let tids = std::mem::take(&mut self.tids);
         detach_all(&tids)
+    }
+}
+
+/// Whether thread `tid` of `proc` has exited (zombie, dead, or gone from `/proc`).
+fn exited(proc: &crate::procfs::Proc, tid: Pid) -> bool {
+    match proc.read_string(&format!("task/{tid}/stat")) {
+        // The state follows the parenthesised name, which may itself contain ") ".
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .is_none_or(|c| matches!(c, 'Z' | 'X' | 'x')),
+        Err(_) => true,
     }
 }
 

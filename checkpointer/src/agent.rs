@@ -334,8 +334,8 @@ impl Agent {
     }
 
     /// Writes the new armed table and the ranges to protect, consumes the log up to `head`,
-    /// and runs `OP_REARM`. `Ok(false)`: a thread was stopped inside a table update, nothing
-    /// was changed (the caller's next pause retries).
+    /// and runs `OP_REARM`. The caller has checked, in this same pause, that no thread holds
+    /// the lock (the header it read); `Ok(false)`: the agent found it held all the same.
     pub fn rearm(
         &self,
         st: &mut Stopped,
@@ -349,9 +349,6 @@ impl Agent {
                 .flat_map(u64::to_ne_bytes)
                 .collect()
         };
-        if self.header()?.lock != 0 {
-            return Ok(false);
-        }
         let base = self.control();
         let table = &table[..table.len().min(TABLE_CAP)];
         // Counters first, in one write: n_table, n_extra, log_head (unchanged), log_cursor.

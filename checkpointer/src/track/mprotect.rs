@@ -95,6 +95,10 @@ pub struct MprotectTracker {
     everything: bool,
     /// Never write-protected (sorted, merged).
     stacks: Vec<(u64, u64)>,
+    /// This pause: `stacks` and the agent's own memory (sorted, merged).
+    excluded: Vec<(u64, u64)>,
+    /// This pause: the writable parts of the layout as the kernel shows it (sorted, merged).
+    writable: Vec<(u64, u64)>,
     pending_arm: Vec<(u64, u64)>,
     hot: Vec<(u64, u64)>,
 }
@@ -143,6 +147,8 @@ impl MprotectTracker {
             changed: Vec::new(),
             everything: false,
             stacks: Vec::new(),
+            excluded: Vec::new(),
+            writable: Vec::new(),
             pending_arm: Vec::new(),
             hot: Vec::new(),
         })
@@ -150,13 +156,6 @@ impl MprotectTracker {
 
     pub fn agent(&self) -> Agent {
         self.agent
-    }
-
-    /// Ranges never write-protected, this pause.
-    fn excluded(&self) -> Vec<(u64, u64)> {
-        let mut v = self.stacks.clone();
-        v.push(self.agent.range());
-        merge(v)
     }
 
     /// Present pages of `[s, e)` (with a fault address's categories), appended to `out`.
@@ -200,6 +199,12 @@ impl Tracker for MprotectTracker {
 
     fn layout(&mut self, raw: Vec<MapEntry>) -> Vec<MapEntry> {
         let n = normalize(&raw, &self.entries);
+        self.writable = merge(
+            raw.iter()
+                .filter(|m| m.write)
+                .map(|m| (m.start, m.end))
+                .collect(),
+        );
         self.raw = raw;
         n
     }
@@ -250,6 +255,9 @@ impl Tracker for MprotectTracker {
         let mut stacks = merge(std::mem::take(&mut self.stacks));
         stacks.retain(|&(s, e)| maps.iter().any(|m| m.start < e && s < m.end));
         self.stacks = stacks;
+        let mut excluded = self.stacks.clone();
+        excluded.push(self.agent.range());
+        self.excluded = merge(excluded);
     }
 
     fn arm(&mut self, start: u64, end: u64) -> Result<(), TrackError> {
@@ -320,21 +328,15 @@ impl Tracker for MprotectTracker {
         if self.everything || self.changed.iter().any(|&(s, e)| s < end && start < e) {
             return Ok(None);
         }
-        let excluded = self.excluded();
         // Writable now = written since the last pause (or opened for a system call, or hot).
-        let mut writable: Vec<(u64, u64)> = Vec::new();
-        for m in self
-            .raw
-            .iter()
-            .filter(|m| m.write && m.start < end && start < m.end)
-        {
-            writable.push((m.start.max(start), m.end.min(end)));
-        }
-        for (s, e) in subtract(&writable, &excluded) {
+        let from = self.writable.partition_point(|r| r.1 <= start);
+        let to = self.writable.partition_point(|r| r.0 < end);
+        let writable = intersect(&[(start, end)], &self.writable[from..to]);
+        for (s, e) in subtract(&writable, &self.excluded) {
             out.push((s, e, PAGE_IS_WRITTEN));
         }
         // Never protected: whatever is there.
-        for (s, e) in intersect(&writable, &excluded) {
+        for (s, e) in intersect(&writable, &self.excluded) {
             self.present(s, e, out)?;
         }
         Ok(Some(()))
@@ -350,7 +352,6 @@ impl Tracker for MprotectTracker {
         armed: &[(u64, u64)],
         maps: &[MapEntry],
     ) -> Result<Vec<u64>, TrackError> {
-        let excluded = self.excluded();
         let mut table: Vec<Range> = Vec::new();
         for &(s, e) in armed {
             let Some(m) = maps.iter().find(|m| m.start <= s && s < m.end) else {
@@ -360,7 +361,7 @@ impl Tracker for MprotectTracker {
             if prot & 2 == 0 || m.shared {
                 continue;
             }
-            for (ps, pe) in subtract(&[(s, e)], &excluded) {
+            for (ps, pe) in subtract(&[(s, e)], &self.excluded) {
                 table.push(Range {
                     start: ps,
                     end: pe,
@@ -371,12 +372,7 @@ impl Tracker for MprotectTracker {
         table.sort_by_key(|r| r.start);
         // What to protect: the writable pieces (written this epoch) and the newly armed ranges
         // of every entry, but not the hot pages.
-        let mut open: Vec<(u64, u64)> = self
-            .raw
-            .iter()
-            .filter(|m| m.write)
-            .map(|m| (m.start, m.end))
-            .collect();
+        let mut open = self.writable.clone();
         open.extend(self.pending_arm.iter().copied());
         let open = merge(open);
         // Not protected again now: hot pages, and buffers a system call in flight will write.

@@ -588,6 +588,7 @@ mod tests {
             inode: 0,
             name: String::new(),
             vmflags: Vec::new(),
+            kernel: (start, end),
         }
     }
 

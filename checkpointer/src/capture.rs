@@ -188,22 +188,9 @@ pub(crate) struct PendingFile {
 impl PendingFile {
     /// Opens the file while the process is still stopped.
     pub(crate) fn open(&mut self, proc: &Proc) -> Result<()> {
-        let f = match proc.open_file(&self.map_file, libc::O_RDONLY) {
-            Ok(f) => f,
-            // The layout recorded is the one the app asked for; the kernel's may be split
-            // differently (the mprotect tracker's protection): any mapping of the file will do.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                let maps = proc.maps().map_err(proc_err(proc.pid, "maps"))?;
-                let m = maps
-                    .iter()
-                    .find(|m| m.inode == self.inode && m.name == self.path)
-                    .ok_or_else(|| proc_err(proc.pid, format!("mapped file {}", self.path))(e))?;
-                self.map_file = format!("map_files/{:x}-{:x}", m.start, m.end);
-                proc.open_file(&self.map_file, libc::O_RDONLY)
-                    .map_err(proc_err(proc.pid, format!("mapped file {}", self.path)))?
-            }
-            Err(e) => return Err(proc_err(proc.pid, format!("mapped file {}", self.path))(e)),
-        };
+        let f = proc
+            .open_file(&self.map_file, libc::O_RDONLY)
+            .map_err(proc_err(proc.pid, format!("mapped file {}", self.path)))?;
         self.opened = Some(f);
         Ok(())
     }
@@ -875,7 +862,7 @@ pub(crate) fn describe_vmas(maps: &[MapEntry]) -> Result<(Vec<Vma>, Vec<PendingF
             let index = *file_index.entry(name.to_string()).or_insert_with(|| {
                 files.push(PendingFile {
                     path: name.to_string(),
-                    map_file: format!("map_files/{:x}-{:x}", m.start, m.end),
+                    map_file: format!("map_files/{:x}-{:x}", m.kernel.0, m.kernel.1),
                     inode: m.inode,
                     opened: None,
                 });

@@ -20,6 +20,9 @@ pub struct MapEntry {
     pub inode: u64,
     pub name: String,
     pub vmflags: Vec<String>,
+    /// The kernel's mapping this entry lies in, as `map_files/` names it: the entry itself,
+    /// unless a tracker rewrote the layout (see `crate::agent::normalize`).
+    pub kernel: (u64, u64),
 }
 
 impl MapEntry {
@@ -40,9 +43,13 @@ fn parse_map_line(line: &str) -> Option<MapEntry> {
     let inode = it.next()?.parse().ok()?;
     let name = it.next().unwrap_or("").trim_start().to_string();
     let (s, e) = range.split_once('-')?;
+    let (start, end) = (
+        u64::from_str_radix(s, 16).ok()?,
+        u64::from_str_radix(e, 16).ok()?,
+    );
     Some(MapEntry {
-        start: u64::from_str_radix(s, 16).ok()?,
-        end: u64::from_str_radix(e, 16).ok()?,
+        start,
+        end,
         read: perms.first() == Some(&b'r'),
         write: perms.get(1) == Some(&b'w'),
         exec: perms.get(2) == Some(&b'x'),
@@ -51,6 +58,7 @@ fn parse_map_line(line: &str) -> Option<MapEntry> {
         inode,
         name,
         vmflags: Vec::new(),
+        kernel: (start, end),
     })
 }
 

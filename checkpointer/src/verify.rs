@@ -21,10 +21,9 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
     let proc = Proc::open(pid)?;
     // With the mprotect tracker's agent, armed pages read as read-only: compare what the app
     // asked for.
-    let raw = proc.maps()?;
     // Neighbours that agree in everything are one range as far as the process can tell, and
     // where the kernel (or a tracker's bookkeeping) splits them varies: compare merged layouts.
-    let maps = merge_live(crate::agent::app_layout(pid, raw.clone()));
+    let maps = merge_live(crate::agent::app_layout(pid, proc.maps()?));
     let vmas = merge_vmas(&image.meta.vmas);
     let mem = proc.open_file("mem", libc::O_RDONLY)?;
     let mut diffs = Vec::new();
@@ -65,13 +64,9 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
             continue;
         }
         // map_files names the kernel's mapping, which the agent's protection may have split.
-        let kernel = raw
-            .iter()
-            .find(|r| r.start <= m.start && m.start < r.end)
-            .unwrap_or(m);
         let file = match v.backing {
             Backing::File { .. } => Some(proc.open_file(
-                &format!("map_files/{:x}-{:x}", kernel.start, kernel.end),
+                &format!("map_files/{:x}-{:x}", m.kernel.0, m.kernel.1),
                 libc::O_RDONLY,
             )?),
             _ => None,

@@ -336,15 +336,17 @@ impl<'p> EpochLoop<'p> {
             let mut meta = capture::capture_meta(proc, &mut st, &maps, &mut cache, true)?;
             tracker.threads(&meta.threads, &maps);
             tracker.patch_image(&mut meta);
+            // The memory first: arming may split the kernel's mappings the capture names files
+            // by. (The agent pages the commit writes are in the first incremental checkpoint.)
+            let (mut ck, files) = capture::full_memory(proc, &maps, meta, buf)?;
+            let mut dirs = DirTracker::new(cfg.private_dirs.clone());
+            ck.0.private_files = dirs.changes().map_err(EpochError::Files)?;
             let mut armed = Vec::new();
             for m in maps.iter().filter(|m| trackable(m)) {
                 tracker.arm(m.start, m.end)?;
                 armed.push((m.start, m.end));
             }
             tracker.commit(&mut st, &armed, &maps)?;
-            let (mut ck, files) = capture::full_memory(proc, &maps, meta, buf)?;
-            let mut dirs = DirTracker::new(cfg.private_dirs.clone());
-            ck.0.private_files = dirs.changes().map_err(EpochError::Files)?;
             Ok((tracker, cache, maps, armed, ck, files, dirs))
         })();
         let resumed = st.resume();
@@ -578,7 +580,13 @@ impl<'p> EpochLoop<'p> {
             .layout(self.proc.maps().map_err(proc_err(pid, "maps"))?);
         // VmFlags come from smaps, which is costly: only when the layout changed.
         let maps = if same_layout(&maps, &self.prev_maps) {
-            std::mem::take(&mut self.prev_maps)
+            // The flags are the previous pause's; the rest (the kernel mappings behind each
+            // entry, which a tracker's protection may have split differently) is this one's.
+            let mut maps = maps;
+            for (m, p) in maps.iter_mut().zip(std::mem::take(&mut self.prev_maps)) {
+                m.vmflags = p.vmflags;
+            }
+            maps
         } else {
             self.tracker
                 .layout(self.proc.smaps().map_err(proc_err(pid, "smaps"))?)
@@ -783,6 +791,13 @@ impl<'p> EpochLoop<'p> {
         let cow = coalesce(&cow_list);
         let scan = ts.elapsed();
 
+        let (vmas, mut files) = describe_vmas(&maps)?;
+        for f in &mut files {
+            if !self.file_refs.contains_key(&(f.path.clone(), f.inode)) {
+                f.open(self.proc)?; // while stopped: after the resume the mapping may be gone
+            }
+        }
+        // (Before the commit: it may split or merge the kernel's mappings `map_files` names.)
         // Protections for the next epoch (the mprotect tracker applies them only now, and its
         // agent's memory changes with them: before the copy, and those pages are copied too).
         let touched = self.tracker.commit(st, &self.armed, &maps)?;
@@ -814,12 +829,6 @@ impl<'p> EpochLoop<'p> {
         let (runs, data) = copy_ranges(self.proc, &want, buf)?;
         let copy = tc.elapsed();
 
-        let (vmas, mut files) = describe_vmas(&maps)?;
-        for f in &mut files {
-            if !self.file_refs.contains_key(&(f.path.clone(), f.inode)) {
-                f.open(self.proc)?; // while stopped: after the resume the mapping may be gone
-            }
-        }
         meta.vmas = vmas;
         // Files last, still inside the pause: consistent with the memory just copied.
         meta.private_files = self.dirs.changes().map_err(EpochError::Files)?;

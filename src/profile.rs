@@ -3,7 +3,7 @@
 //! cost (sizes, pauses, rates, a verdict) and can draw plots and verify the checkpoints.
 
 use crate::cli::ProfileArgs;
-use crate::supervise::{block_signals, term_signals, wait_signal};
+use crate::signals::{block_signals, term_signals, wait_signal};
 use anyhow::{Context, anyhow, bail};
 use serde::Serialize;
 use std::io::{IsTerminal, Write};
@@ -16,7 +16,7 @@ use tardi_checkpointer::delta::Codec;
 use tardi_checkpointer::epoch::{EpochConfig, EpochStats, Epochs};
 use tardi_checkpointer::store::Image;
 use tardi_manifest::{Manifest, Proto};
-use tardi_sandbox::{Sandbox, SandboxConfig};
+use tardi_service::{SandboxConfig, Service};
 
 /// Above this share of the link, a service is a poor candidate (Tardigrade §6.1).
 const LINK_SHARE: f64 = 0.4;
@@ -548,7 +548,7 @@ fn epoch_config(a: &ProfileArgs, m: &Manifest) -> EpochConfig {
 
 pub fn profile(a: ProfileArgs) -> anyhow::Result<()> {
     let signals = block_signals();
-    let m = crate::run::load_manifest(&a.manifest)?;
+    let m = crate::output::load_manifest(&a.manifest)?;
     let mut cfg = epoch_config(&a, &m);
     // Fail on what can be checked before the service runs.
     if let Some(dir) = &a.out {
@@ -556,11 +556,11 @@ pub fn profile(a: ProfileArgs) -> anyhow::Result<()> {
             .with_context(|| format!("creating the output directory {}", dir.display()))?;
         load_font()?;
     }
-    let (config, mut sandbox) = crate::run::start_service(&m)?;
+    let mut svc = Service::start(&m, &tardi_service::config_for(&m))?;
     // The same private directories a snapshot of this sandbox would walk.
-    cfg.private_dirs = crate::supervise::private_dirs(&config);
-    let result = profile_in(&a, &m, &cfg, &config, &mut sandbox, &signals);
-    let torn = sandbox.teardown();
+    cfg.private_dirs = svc.private_dirs();
+    let result = profile_in(&a, &m, &cfg, &mut svc, &signals);
+    let torn = svc.teardown();
     let outcome = result?;
     torn.context("tearing the sandbox down")?;
     outcome
@@ -572,14 +572,11 @@ fn profile_in(
     a: &ProfileArgs,
     m: &Manifest,
     cfg: &EpochConfig,
-    config: &SandboxConfig,
-    sandbox: &mut Sandbox,
+    sandbox: &mut Service,
     signals: &libc::sigset_t,
 ) -> anyhow::Result<anyhow::Result<()>> {
     let name = m.tardi.name.clone();
-    let pid = sandbox
-        .service_pid()
-        .context("the service has no process")?;
+    let pid = sandbox.pid();
     let address = sandbox.address();
 
     if let Some(stop) = wait_ready(sandbox, m, signals)? {
@@ -679,7 +676,7 @@ fn profile_in(
                 Err(e) => {
                     verify_result = Some(Err(format!(
                         "the last (held) epoch failed: {}",
-                        crate::describe(&anyhow::Error::new(e))
+                        crate::output::describe(&anyhow::Error::new(e))
                     )))
                 }
             }
@@ -690,7 +687,8 @@ fn profile_in(
         }
         if held {
             let img = image.as_ref().expect("kept with --verify");
-            verify_result = Some(verify(pid, img, config).map_err(|e| crate::describe(&e)));
+            verify_result =
+                Some(verify(pid, img, sandbox.config()).map_err(|e| crate::output::describe(&e)));
         } else if verify_result.is_none() {
             verify_result = Some(Err(format!(
                 "the service ended before the final epoch ({})",
@@ -762,7 +760,7 @@ fn profile_in(
 }
 
 /// After a failed epoch: how the service ended, if it did within 500 ms.
-fn exited_soon(sandbox: &mut Sandbox) -> Option<String> {
+fn exited_soon(sandbox: &mut Service) -> Option<String> {
     for _ in 0..25 {
         if let Ok(Some(exit)) = sandbox.try_wait() {
             return Some(exit.to_string());
@@ -775,7 +773,7 @@ fn exited_soon(sandbox: &mut Sandbox) -> Option<String> {
 /// Waits until the service is up: a TCP port of the manifest accepts a connection, or 300 ms
 /// passed (UDP ports only, or none). Returns how it ended if it ended first, or a signal.
 fn wait_ready(
-    sandbox: &mut Sandbox,
+    sandbox: &mut Service,
     m: &Manifest,
     signals: &libc::sigset_t,
 ) -> anyhow::Result<Option<Stop>> {
@@ -1004,36 +1002,18 @@ fn verify(pid: i32, image: &Image, config: &SandboxConfig) -> anyhow::Result<Vec
         link_index: None,
         ..config.clone()
     };
-    let prep = tardi_checkpointer::restore::prepare_with(&full, &|p| cfg2.host_path(p), true)
-        .context("preparing the restore of the image")?;
+    let (sb2, skip) = Service::restore_held(&full, cfg2.clone())
+        .context("restoring the image into a second sandbox")?;
     drop(full);
-    let mut sb2 = Sandbox::start(&cfg2, crate::restore_cmd::restore_start(&prep))
-        .with_context(|| format!("starting the verification sandbox {:?}", cfg2.name))?;
-    let r = (|| -> anyhow::Result<Vec<String>> {
-        let restored = sb2
-            .service_pid()
-            .context("the restored service has no process")?;
-        let skip =
-            tardi_checkpointer::restore::finish_held(prep, restored, Duration::from_secs(30))
-                .with_context(|| {
-                    format!(
-                        "restoring the image (sandbox log: {})",
-                        sb2.log_path().display()
-                    )
-                })?;
-        let volatile = tardi_checkpointer::verify::rseq_areas(image);
-        let diffs = tardi_checkpointer::verify::compare_processes(
-            pid, restored, skip, &volatile, DIFF_LIMIT,
-        )
-        .context("comparing the restored process with the live one")?;
-        Ok(diffs
-            .into_iter()
-            .map(|d| format!("restored vs live process: {d}"))
-            .collect())
-    })();
-    let _ = sb2.kill();
+    let volatile = tardi_checkpointer::verify::rseq_areas(image);
+    let r =
+        tardi_checkpointer::verify::compare_processes(pid, sb2.pid(), skip, &volatile, DIFF_LIMIT)
+            .context("comparing the restored process with the live one");
     let torn = sb2.teardown();
-    let diffs = r?;
+    let diffs: Vec<String> = r?
+        .into_iter()
+        .map(|d| format!("restored vs live process: {d}"))
+        .collect();
     torn.context("tearing the verification sandbox down")?;
     // Nothing to keep from this internal sandbox (its log is only useful when it failed).
     let _ = std::fs::remove_dir_all(&cfg2.run_dir);

@@ -5,6 +5,7 @@
 mod cli;
 mod control;
 mod output;
+mod parse;
 mod profile;
 mod restore_cmd;
 mod run;

@@ -145,14 +145,14 @@ pub struct ProfileArgs {
     /// --interval, --cap-pages and --hot-epochs.
     pub manifest: PathBuf,
     /// How long to profile: 500ms, 10s, 2m.
-    #[arg(long, default_value = "10s", value_parser = crate::profile::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::parse::parse_duration)]
     pub duration: std::time::Duration,
     /// A command generating load, run with `sh -c` once the service is up; `{address}` is replaced
     /// by the sandbox's IPv4 address. Its output goes to OUT/load.log (or /dev/null).
     #[arg(long, value_name = "CMD")]
     pub load: Option<String>,
     /// The replication link the verdict assumes: 1Gbit/s, 100Mbit/s, 10Gbit/s, or bits/s.
-    #[arg(long, default_value = "1Gbit/s", value_name = "RATE", value_parser = crate::profile::parse_bandwidth)]
+    #[arg(long, default_value = "1Gbit/s", value_name = "RATE", value_parser = crate::parse::parse_bandwidth)]
     pub link_bandwidth: u64,
     /// Print JSON: one object per epoch, then a summary object ("summary": true).
     #[arg(long)]
@@ -167,7 +167,7 @@ pub struct ProfileArgs {
     #[arg(long)]
     pub verify: bool,
     /// Epoch length in ms [default: tardi.epoch.interval_ms].
-    #[arg(long, value_name = "MS", value_parser = crate::profile::parse_ms)]
+    #[arg(long, value_name = "MS", value_parser = crate::parse::parse_ms)]
     pub interval: Option<f64>,
     /// End an epoch early once this many pages are dirty; 0: never [default: tardi.epoch.cap_pages].
     #[arg(long, value_name = "N")]
@@ -177,7 +177,7 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "N")]
     pub hot_epochs: Option<u32>,
     /// How pages are encoded: xor-zstd, zstd, xdelta3 or raw.
-    #[arg(long, default_value = "xor-zstd", value_parser = crate::profile::parse_codec)]
+    #[arg(long, default_value = "xor-zstd", value_parser = crate::parse::parse_codec)]
     pub codec: tardi_checkpointer::delta::Codec,
     /// Memory for twins (last sent copies of written pages) that deltas are taken against, MiB.
     #[arg(long, default_value_t = 64, value_name = "MB")]

@@ -129,8 +129,7 @@ fn statemachine_chain_uffd_no_hot_pages_no_twins_no_precopy() {
 /// memory byte for byte at every check; at the end the image is restored (held before running)
 /// into a second sandbox, and the two processes are compared byte for byte.
 fn churn_chain(tag: &str, cfg: EpochConfig, env: &str) {
-    use tardi_checkpointer::restore;
-    use tardi_sandbox::{Sandbox, SandboxConfig, Start};
+    use tardi_sandbox::SandboxConfig;
     let bin = programs::build("churn");
     let scratch = Scratch::new(tag);
     let name = format!("churn-{tag}-{}", std::process::id() % 10000);
@@ -199,20 +198,12 @@ fn churn_chain(tag: &str, cfg: EpochConfig, env: &str) {
     config.link_index = None;
     config.init_exe = Some(common::tardi::tardi().into());
     let ck = image.to_full();
-    let prep = restore::prepare_with(&ck, &|p| config.host_path(p), true)
-        .expect("prepare the held restore");
-    let start = Start::Restore {
-        pid: prep.pid,
-        payload: prep.payload.clone(),
-        fds: prep.inherit.clone(),
-    };
-    let mut sb = Sandbox::start(&config, start).expect("second sandbox");
-    let restored = sb.service_pid().unwrap();
-    let skip = restore::finish_held(prep, restored, Duration::from_secs(30)).expect("held restore");
+    let (sb, skip) =
+        tardi_service::Service::restore_held(&ck, config.clone()).expect("held restore");
+    let restored = sb.pid();
     let volatile = tardi_checkpointer::verify::rseq_areas(&image);
     let diffs =
         tardi_checkpointer::verify::compare_processes(pid, restored, skip, &volatile, 20).unwrap();
-    let _ = sb.kill();
     let _ = sb.teardown();
     ep.release();
     ep.stop();

@@ -1,4 +1,4 @@
-//! The checkpoint format: the only serialized types of the checkpointer live here.
+//! The checkpoint format.
 //!
 //! On the wire a checkpoint is
 //! ```text
@@ -15,6 +15,9 @@ pub const MAGIC: &[u8; 8] = b"TARDICKP";
 /// Version of the encoding; bumped on every incompatible change.
 pub const FORMAT_VERSION: u32 = 1;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
+/// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
+/// checkpointer checks equals this).
+pub const XSTATE_MAX: usize = 4096;
 
 /// Errors reading a checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -524,7 +527,7 @@ impl ProcessImage {
             }
         }
         for t in &self.threads {
-            if t.regs.len() != 27 || t.xstate.len() > crate::abi::XSTATE_MAX {
+            if t.regs.len() != 27 || t.xstate.len() > XSTATE_MAX {
                 return bad(format!("thread {} has a malformed register set", t.tid));
             }
         }

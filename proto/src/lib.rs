@@ -8,3 +8,4 @@
 #![allow(clippy::all, missing_docs)] // generated code
 
 tonic::include_proto!("tardi.v1");
+pub use bytes::Bytes;

@@ -342,14 +342,9 @@ pub(crate) fn capture_meta(
     let mut seen = HashMap::new();
     for &tid in &st.tids.clone() {
         let regs = st.regs(tid)?;
-        let xstate = st.xstate(tid)?;
-        if xstate.len() > abi::XSTATE_MAX {
-            return Err(CaptureError::Unsupported(format!(
-                "thread {tid} has a {}-byte XSAVE area (AMX?); at most {} bytes are supported",
-                xstate.len(),
-                abi::XSTATE_MAX
-            )));
-        }
+        let xstate = fit_xstate(st.xstate(tid)?).map_err(|why| {
+            CaptureError::Unsupported(format!("thread {tid}'s extended CPU state: {why}"))
+        })?;
         let (robust_list, robust_len) = st.robust_list(tid)?;
         let rseq = st
             .rseq(tid)?
@@ -546,6 +541,55 @@ fn signal_masks(status: &str) -> (u64, u64) {
             .unwrap_or(0)
     };
     (field("SigIgn"), field("SigCgt"))
+}
+
+/// Fits a thread's XSAVE area (standard format, as `PTRACE_GETREGSET(NT_X86_XSTATE)` returns
+/// it) into what the restore plan carries and what `rt_sigreturn` accepts.
+///
+/// The kernel reports the area at the size of *every* feature it manages, AMX included (11,008
+/// bytes on CPUs with AMX), but a process that never asked for AMX (`ARCH_REQ_XCOMP_PERM`) has
+/// a smaller signal-frame size (2,696 bytes with AVX-512 and PKRU), and a frame whose
+/// `xstate_size` exceeds it is silently restored as legacy FP/SSE only. So the area is cut at
+/// the end of the last component that fits under [`abi::XSTATE_MAX`], provided no component
+/// beyond the cut is in use (its `XSTATE_BV` bit set), and the software-reserved bytes
+/// (`struct _fpx_sw_bytes` at offset 464) are rewritten to describe the cut area. Component
+/// offsets come from CPUID leaf 0xD, as the kernel's own.
+fn fit_xstate(mut xs: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
+    const HEADER_END: usize = 512 + 64; // legacy area + XSAVE header
+    if xs.len() <= abi::XSTATE_MAX {
+        return Ok(xs);
+    }
+    let word = |xs: &[u8], off: usize| u64::from_le_bytes(xs[off..off + 8].try_into().unwrap());
+    let in_use = word(&xs, 512); // XSTATE_BV
+    let mut cut = HEADER_END;
+    let mut kept: u64 = 0b11; // x87 and SSE live in the legacy area
+    for i in 2..63u32 {
+        let r = std::arch::x86_64::__cpuid_count(0xD, i);
+        let (size, offset) = (r.eax as usize, r.ebx as usize);
+        if size == 0 || offset == 0 {
+            continue; // not supported, or a supervisor component (not in user areas)
+        }
+        let end = offset + size;
+        if end <= abi::XSTATE_MAX && end <= xs.len() {
+            cut = cut.max(end);
+            kept |= 1 << i;
+        } else if in_use & (1 << i) != 0 {
+            return Err(format!(
+                "it uses XSAVE component {i} ({size} bytes at offset {offset}; AMX tiles are \
+                 components 17-18), which does not fit the {} bytes a checkpoint carries",
+                abi::XSTATE_MAX
+            ));
+        }
+    }
+    xs.truncate(cut);
+    // _fpx_sw_bytes: magic1 (u32), extended_size (u32), xfeatures (u64), xstate_size (u32).
+    if u32::from_le_bytes(xs[464..468].try_into().unwrap()) == 0x4650_5853 {
+        let features = word(&xs, 472) & kept;
+        xs[468..472].copy_from_slice(&(cut as u32 + 4).to_le_bytes());
+        xs[472..480].copy_from_slice(&features.to_le_bytes());
+        xs[480..484].copy_from_slice(&(cut as u32).to_le_bytes());
+    }
+    Ok(xs)
 }
 
 fn regs_to_vec(r: &Regs) -> Vec<u64> {
@@ -1046,4 +1090,34 @@ fn drop_zero_pages(image: &mut ProcessImage, data: &mut Vec<u8>) {
     }
     data.truncate(w);
     image.runs = out_runs;
+}
+
+#[cfg(test)]
+mod xstate_tests {
+    use super::*;
+
+    /// On a CPU whose XSAVE area exceeds what a checkpoint carries (AMX), an area whose AMX
+    /// components are unused is cut and described as cut; one that uses them is refused.
+    #[test]
+    fn large_xsave_areas_are_cut_or_refused() {
+        let tile = std::arch::x86_64::__cpuid_count(0xD, 18);
+        let full = (tile.ebx + tile.eax) as usize;
+        if tile.eax == 0 || full <= abi::XSTATE_MAX {
+            eprintln!("no AMX on this CPU: nothing to cut");
+            return;
+        }
+        let mut xs = vec![0u8; full];
+        xs[464..468].copy_from_slice(&0x4650_5853u32.to_le_bytes());
+        xs[472..480].copy_from_slice(&((1u64 << 19) - 1).to_le_bytes());
+        xs[512..520].copy_from_slice(&0b111u64.to_le_bytes()); // x87, SSE, AVX in use
+        let cut = fit_xstate(xs.clone()).expect("unused AMX state is cut");
+        assert!(cut.len() <= abi::XSTATE_MAX && cut.len() >= 832, "{}", cut.len());
+        let sw = |o: usize| u32::from_le_bytes(cut[o..o + 4].try_into().unwrap());
+        assert_eq!(sw(480) as usize, cut.len(), "xstate_size describes the cut area");
+        let features = u64::from_le_bytes(cut[472..480].try_into().unwrap());
+        assert_eq!(features & (0b11 << 17), 0, "AMX features dropped from xfeatures");
+        assert_eq!(features & 0b111, 0b111);
+        xs[512..520].copy_from_slice(&(0b111u64 | 1 << 18).to_le_bytes());
+        assert!(fit_xstate(xs).is_err(), "live AMX tiles are refused");
+    }
 }

@@ -550,8 +550,10 @@ fn signal_masks(status: &str) -> (u64, u64) {
 /// bytes on CPUs with AMX), but a process that never asked for AMX (`ARCH_REQ_XCOMP_PERM`) has
 /// a smaller signal-frame size (2,696 bytes with AVX-512 and PKRU), and a frame whose
 /// `xstate_size` exceeds it is silently restored as legacy FP/SSE only. So the area is cut at
-/// the end of the last component that fits under [`abi::XSTATE_MAX`], provided no component
-/// beyond the cut is in use (its `XSTATE_BV` bit set), and the software-reserved bytes
+/// the end of the last component that fits under [`abi::XSTATE_MAX`] and is not dynamic (on
+/// this project's machines: 2,816 bytes, AMX's tile configuration included, as the kernel's
+/// default size), provided no component beyond the cut is in use (its `XSTATE_BV` bit set);
+/// the software-reserved bytes
 /// (`struct _fpx_sw_bytes` at offset 464) are rewritten to describe the cut area. Component
 /// offsets come from CPUID leaf 0xD, as the kernel's own.
 fn fit_xstate(mut xs: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
@@ -570,7 +572,10 @@ fn fit_xstate(mut xs: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
             continue; // not supported, or a supervisor component (not in user areas)
         }
         let end = offset + size;
-        if end <= abi::XSTATE_MAX && end <= xs.len() {
+        // ECX bit 2: the component is XFD-enabled ("dynamic", AMX tile data): it is part of a
+        // process's signal frame only once the process asked for it.
+        let dynamic = r.ecx & 4 != 0;
+        if !dynamic && end <= abi::XSTATE_MAX && end <= xs.len() {
             cut = cut.max(end);
             kept |= 1 << i;
         } else if in_use & (1 << i) != 0 {
@@ -1115,7 +1120,7 @@ mod xstate_tests {
         let sw = |o: usize| u32::from_le_bytes(cut[o..o + 4].try_into().unwrap());
         assert_eq!(sw(480) as usize, cut.len(), "xstate_size describes the cut area");
         let features = u64::from_le_bytes(cut[472..480].try_into().unwrap());
-        assert_eq!(features & (0b11 << 17), 0, "AMX features dropped from xfeatures");
+        assert_eq!(features & (1 << 18), 0, "AMX tile data dropped from xfeatures");
         assert_eq!(features & 0b111, 0b111);
         xs[512..520].copy_from_slice(&(0b111u64 | 1 << 18).to_le_bytes());
         assert!(fit_xstate(xs).is_err(), "live AMX tiles are refused");

@@ -186,6 +186,17 @@ pub(crate) struct PendingFile {
 }
 
 impl PendingFile {
+    /// The process's executable (`/proc/PID/exe`, shown as `path`), to open during the pause
+    /// and identify after it, as a mapped file.
+    pub(crate) fn exe(path: &str) -> PendingFile {
+        PendingFile {
+            path: path.to_string(),
+            map_file: "exe".into(),
+            inode: 0,
+            opened: None,
+        }
+    }
+
     /// Opens the file while the process is still stopped.
     pub(crate) fn open(&mut self, proc: &Proc) -> Result<()> {
         let f = proc
@@ -326,6 +337,9 @@ pub(crate) fn capture_meta(
     refresh: bool,
 ) -> Result<ProcessImage> {
     let pid = st.pid;
+    if st.tids.is_empty() {
+        return Err(PtraceError::ProcessDied { pid }.into());
+    }
     // Read once: nothing below changes the fields used from it (the process stays stopped, and
     // the injected calls only read).
     let status = proc
@@ -814,11 +828,23 @@ type CapturedMemory = (Vec<Vma>, Vec<PageRun>, Vec<u8>, Vec<PendingFile>);
 
 /// Walks the mappings, decides what each needs, and copies the saved pages.
 fn capture_memory(proc: &Proc, maps: &[MapEntry], data: Vec<u8>) -> Result<CapturedMemory> {
-    let pid = proc.pid;
     let (vmas, mut files) = describe_vmas(maps)?;
     for f in &mut files {
         f.open(proc)?;
     }
+    let (runs, data) = copy_saved(proc, maps, &vmas, data)?;
+    Ok((vmas, runs, data, files))
+}
+
+/// Copies the pages a full checkpoint saves of `maps` (which [`describe_vmas`] described as
+/// `vmas`) into `data`; returns their runs.
+pub(crate) fn copy_saved(
+    proc: &Proc,
+    maps: &[MapEntry],
+    vmas: &[Vma],
+    data: Vec<u8>,
+) -> Result<(Vec<PageRun>, Vec<u8>)> {
+    let pid = proc.pid;
     // (addr, len, readable) of every range to save.
     let mut want: Vec<(u64, u64, bool)> = Vec::new();
     let pagemap = proc
@@ -826,15 +852,14 @@ fn capture_memory(proc: &Proc, maps: &[MapEntry], data: Vec<u8>) -> Result<Captu
         .map_err(proc_err(pid, "pagemap"))?;
     let mut pm_buf: Vec<u64> = Vec::new();
     let swap = crate::track::swap_active();
-    for (m, v) in maps.iter().filter(|m| m.name != "[vsyscall]").zip(&vmas) {
+    for (m, v) in maps.iter().filter(|m| m.name != "[vsyscall]").zip(vmas) {
         if v.backing == Backing::Vdso || m.shared {
             continue; // recreated by the kernel, or the file holds the data
         }
         saved_ranges(&pagemap, swap, m, &mut pm_buf, &mut want)
             .map_err(proc_err(pid, "pagemap"))?;
     }
-    let (runs, data) = copy_ranges(proc, &want, data)?;
-    Ok((vmas, runs, data, files))
+    copy_ranges(proc, &want, data)
 }
 
 /// Is this mapping private memory that write tracking covers (not the vDSO, not shared)?
@@ -1054,7 +1079,7 @@ fn read_mem(f: &std::fs::File, addr: u64, out: &mut [u8]) -> io::Result<()> {
 
 /// Removes all-zero pages of anonymous mappings from the saved data: a fresh anonymous mapping
 /// reads as zero already. (File-backed private pages keep their zeroes: the file differs.)
-fn drop_zero_pages(image: &mut ProcessImage, data: &mut Vec<u8>) {
+pub(crate) fn drop_zero_pages(image: &mut ProcessImage, data: &mut Vec<u8>) {
     let anon = |addr: u64| {
         image
             .vmas
@@ -1116,11 +1141,23 @@ mod xstate_tests {
         xs[472..480].copy_from_slice(&((1u64 << 19) - 1).to_le_bytes());
         xs[512..520].copy_from_slice(&0b111u64.to_le_bytes()); // x87, SSE, AVX in use
         let cut = fit_xstate(xs.clone()).expect("unused AMX state is cut");
-        assert!(cut.len() <= abi::XSTATE_MAX && cut.len() >= 832, "{}", cut.len());
+        assert!(
+            cut.len() <= abi::XSTATE_MAX && cut.len() >= 832,
+            "{}",
+            cut.len()
+        );
         let sw = |o: usize| u32::from_le_bytes(cut[o..o + 4].try_into().unwrap());
-        assert_eq!(sw(480) as usize, cut.len(), "xstate_size describes the cut area");
+        assert_eq!(
+            sw(480) as usize,
+            cut.len(),
+            "xstate_size describes the cut area"
+        );
         let features = u64::from_le_bytes(cut[472..480].try_into().unwrap());
-        assert_eq!(features & (1 << 18), 0, "AMX tile data dropped from xfeatures");
+        assert_eq!(
+            features & (1 << 18),
+            0,
+            "AMX tile data dropped from xfeatures"
+        );
         assert_eq!(features & 0b111, 0b111);
         xs[512..520].copy_from_slice(&(0b111u64 | 1 << 18).to_le_bytes());
         assert!(fit_xstate(xs).is_err(), "live AMX tiles are refused");

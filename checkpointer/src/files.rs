@@ -37,6 +37,8 @@ struct Stamp {
 pub struct DirTracker {
     dirs: Vec<String>,
     seen: BTreeMap<String, Stamp>,
+    /// `seen` before the last walk, for [`DirTracker::undo`].
+    prev: Option<BTreeMap<String, Stamp>>,
 }
 
 fn walk(dir: &Path, out: &mut BTreeMap<String, Stamp>) -> io::Result<()> {
@@ -88,6 +90,7 @@ impl DirTracker {
         DirTracker {
             dirs,
             seen: BTreeMap::new(),
+            prev: None,
         }
     }
 
@@ -114,8 +117,16 @@ impl DirTracker {
                 ch.remove.push(path.clone());
             }
         }
-        self.seen = now;
+        self.prev = Some(std::mem::replace(&mut self.seen, now));
         Ok(ch)
+    }
+
+    /// Forgets the last walk (its changes were not delivered): the next
+    /// [`DirTracker::changes`] reports what changed since the walk before it. Once only.
+    pub fn undo(&mut self) {
+        if let Some(p) = self.prev.take() {
+            self.seen = p;
+        }
     }
 }
 
@@ -216,7 +227,13 @@ mod tests {
         f.set_len(1).unwrap();
         tree.apply(&t.changes().unwrap());
         std::fs::remove_dir_all(live.join("sub")).unwrap();
-        tree.apply(&t.changes().unwrap());
+        // A walk whose changes are lost: undone, the next walk reports them again.
+        let lost = t.changes().unwrap();
+        assert!(!lost.remove.is_empty(), "the removal is seen: {lost:?}");
+        t.undo();
+        let again = t.changes().unwrap();
+        assert_eq!(again, lost, "after undo, the same changes");
+        tree.apply(&again);
         // Rebuild the tree elsewhere (paths mapped) and compare both walks.
         let mapped = FileChanges {
             dirs: vec![copy.to_string_lossy().into_owned()],

@@ -4,7 +4,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=tardi.proto");
     tonic_prost_build::configure()
         // Checkpoints are shared by every backup's stream: `Bytes`, not copied `Vec`s.
-        .bytes(["."])
+        .bytes(".")
         .compile_protos(&["tardi.proto"], &["."])?;
     Ok(())
 }

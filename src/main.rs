@@ -3,6 +3,7 @@
 //! `tardi-sandbox`, `tardi-manifest`).
 
 mod cli;
+mod cluster;
 mod control;
 mod output;
 mod parse;
@@ -33,20 +34,16 @@ fn main() {
         cli::Command::Snapshot(a) => snapshot::snapshot(a),
         cli::Command::Restore(a) => restore_cmd::restore(a),
         cli::Command::Status(a) => status::status(a),
-        cli::Command::Deploy(_) => not_yet("deploy", "replication (instance + orchestrator)"),
-        cli::Command::Orchestrator(_) => not_yet("orchestrator", "the orchestrator cluster"),
-        cli::Command::Instance(_) => not_yet("instance", "replication (instance)"),
+        cli::Command::Deploy(a) => cluster::deploy(a),
+        cli::Command::Orchestrator(a) => cluster::orchestrator(a),
+        cli::Command::Instance(a) => cluster::instance(a),
+        cli::Command::Lab(a) => std::env::current_exe()
+            .map_err(anyhow::Error::from)
+            .and_then(|exe| tardi_lab::run(a.command, &exe)),
         cli::Command::Profile(a) => profile::profile(a),
     };
     if let Err(e) = result {
         eprintln!("tardi: error: {}", output::describe(&e));
         std::process::exit(1);
     }
-}
-
-fn not_yet(cmd: &str, with: &str) -> anyhow::Result<()> {
-    eprintln!(
-        "tardi {cmd}: not implemented yet; it arrives with {with}. See `tardi {cmd} --help`."
-    );
-    std::process::exit(2);
 }

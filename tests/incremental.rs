@@ -595,7 +595,9 @@ fn pause_hook_runs_inside_the_pause_with_the_checkpoint_number() {
     // view reads `/proc` for it, while it waits.
     let (ask, asked) = mpsc::channel::<u64>();
     let (answer, answered) = mpsc::channel::<()>();
-    let seen: Arc<Mutex<Vec<(u64, Vec<Option<(u64, u64)>>)>>> = Arc::default();
+    // Per hook call: the epoch, and each thread's (state, stop count) as `/proc` showed it.
+    type Seen = Vec<(u64, Vec<Option<(u64, u64)>>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let log = seen.clone();
     let reader = std::thread::spawn(move || {
         while let Ok(n) = asked.recv() {

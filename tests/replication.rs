@@ -229,3 +229,131 @@ fn two_backups_survive_a_primary_power_cut() {
         .unwrap();
     assert_eq!(n, 100);
 }
+
+/// A backup refuses a malformed checkpoint, one of a view it has left, and one that does not
+/// continue its chain, with nothing applied: afterwards it still follows the primary, and it
+/// takes over with every acknowledged write.
+#[test]
+fn malformed_and_out_of_view_checkpoints_are_refused_with_nothing_applied() {
+    use tardi_proto as pb;
+    let mut c = Cluster::up(2, &[]);
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let (primary, backup) = (
+        svc["primary"].as_str().unwrap().to_string(),
+        svc["backups"][0].as_str().unwrap().to_string(),
+    );
+    let view = svc["view"].as_u64().unwrap();
+    let to = addr(&svc, 6379);
+    let api = c.lab.api(&backup).unwrap().to_string();
+    c.lab
+        .in_node("client", || {
+            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
+            for i in 0..100 {
+                assert_eq!(
+                    cn.cmd(&["SET", &format!("r:{i}"), &i.to_string()]).unwrap(),
+                    Reply::Status("OK".into())
+                );
+            }
+        })
+        .unwrap();
+    // Sent straight to the backup's Replica service, as a rogue or deposed primary would.
+    let errors = c
+        .lab
+        .in_node("client", || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let mut client =
+                    pb::replica_client::ReplicaClient::connect(format!("http://{api}"))
+                        .await
+                        .expect("connect to the backup");
+                let mut errors = Vec::new();
+                let cases: Vec<(&str, pb::CheckpointMsg)> = vec![
+                    (
+                        "garbage",
+                        pb::CheckpointMsg {
+                            service: "redis".into(),
+                            view,
+                            primary: primary.clone(),
+                            epoch: 1_000_000,
+                            run: view,
+                            data: vec![0x5a; 4096].into(),
+                        },
+                    ),
+                    (
+                        "old view",
+                        pb::CheckpointMsg {
+                            service: "redis".into(),
+                            view: view - 1,
+                            primary: primary.clone(),
+                            epoch: 1_000_000,
+                            run: view - 1,
+                            data: vec![1, 2, 3].into(),
+                        },
+                    ),
+                    (
+                        "truncated header",
+                        pb::CheckpointMsg {
+                            service: "redis".into(),
+                            view,
+                            primary: primary.clone(),
+                            epoch: 7,
+                            run: view,
+                            data: b"TARDICKP".to_vec().into(),
+                        },
+                    ),
+                ];
+                for (what, msg) in cases {
+                    let mut acks = client
+                        .replicate(tokio_stream::iter(vec![msg]))
+                        .await
+                        .expect("stream opens")
+                        .into_inner();
+                    let ack = acks.message().await.expect("an ack").expect("an ack");
+                    errors.push((what, ack.error));
+                }
+                errors
+            })
+        })
+        .unwrap();
+    for (what, e) in &errors {
+        assert!(!e.is_empty(), "{what}: accepted");
+    }
+    assert!(errors[1].1.contains("older"), "{errors:?}");
+    // The backup still follows the primary.
+    let before = c.service("redis")["backup_reports"][0]["epoch"]
+        .as_u64()
+        .unwrap();
+    c.wait(
+        "the backup to keep acknowledging",
+        Duration::from_secs(10),
+        |s| {
+            s["services"][0]["backup_reports"][0]["epoch"]
+                .as_u64()
+                .is_some_and(|e| e > before + 5)
+        },
+    );
+    c.lab.kill(&primary).unwrap();
+    c.wait_active("redis", Duration::from_secs(20), |s| {
+        s["primary"] == backup.as_str()
+    });
+    let n = c
+        .lab
+        .in_node("client", || {
+            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
+            (0..100)
+                .filter(|i| {
+                    cn.cmd(&["GET", &format!("r:{i}")]).ok()
+                        == Some(Reply::Bulk(Some(i.to_string().into_bytes())))
+                })
+                .count()
+        })
+        .unwrap();
+    assert_eq!(
+        n, 100,
+        "the backup's image survived the refused checkpoints"
+    );
+}

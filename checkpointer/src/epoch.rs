@@ -1081,6 +1081,10 @@ impl<'p> EpochLoop<'p> {
             }
         }
         j.pages.extend(written.iter().map(|r| (r.0, r.1)));
+        // A range that failed the check may have had pages before its replaced part protected
+        // without being reported; should the layout change again before the next pause, its
+        // next scan could pass: captured whole next time in any case.
+        j.ranges.extend_from_slice(&stale);
         self.fail_at(FailPoint::AfterScan)?;
         // Ranges the pre-copy could not scan to the end: the scan may have protected pages
         // before the failing part without reporting them. Captured whole, as stale ones. So
@@ -1178,15 +1182,18 @@ impl<'p> EpochLoop<'p> {
                 let i = armed.partition_point(|r| r.1 <= a);
                 armed.get(i).is_some_and(|r| r.0 <= a)
             };
+            // (`dirty` stays sorted for the searches: the pages to copy now join it after.)
+            let mut copy_now = Vec::new();
             for &(a, off) in &pre.pages {
                 if in_fresh(a) || !mapped(a) || dirty.binary_search(&a).is_ok() {
                     continue;
                 }
                 match off {
                     Some(o) => pre_copied.push((a, o)),
-                    None => dirty.push(a),
+                    None => copy_now.push(a),
                 }
             }
+            dirty.extend(copy_now);
             // A pre-copied page zapped since (MADV_DONTNEED) is empty now (or the zero page, if
             // read since), yet the scan above does not report it: the zap left the
             // write-protect marker the pre-copy set. So check that each is still there; one
@@ -1303,6 +1310,8 @@ impl<'p> EpochLoop<'p> {
             written_all.sort_unstable();
             written_all.dedup();
         }
+        // A page is sent once: as copied now if it is (the pre-copy's copy is older).
+        pre_copied.retain(|p| dirty.binary_search(&p.0).is_err());
 
         // Copy every page to send.
         let tc = Instant::now();

@@ -293,7 +293,7 @@ impl Gate {
         if c.mode == mode {
             return Ok(());
         }
-        c.rules.set_mode(mode)?;
+        c.rules.set_mode(c.mode, mode)?;
         let old = std::mem::replace(&mut c.mode, mode);
         tracing::info!(from = ?old, to = ?mode, "gate mode");
         match mode {

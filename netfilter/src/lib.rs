@@ -10,11 +10,13 @@
 //! mark + 1); a release accepts every packet tagged `<= d` with one batch verdict.
 //!
 //! # What the crate owns, and must not touch
-//! Per gate: the nftables table `inet tardi_<host_if>`, the iptables-nft chains
-//! `TARDI-OUT-<host_if>` / `TARDI-IN-<host_if>` of table `ip security` with the jumps to them,
-//! and two NFQUEUE numbers (per namespace). Dropping the gate removes exactly these (and the
-//! `ip security` table if it created it and it is empty). No other rule, table or chain of the
-//! system is read or changed. [`announce::ServiceAddress`] owns one proxy ARP entry and the
+//! The nftables table `inet tardi` (shared by the gates of a namespace; it goes with the last
+//! one). Per gate: the chains `out_<host_if>` / `in_<host_if>`, the counter
+//! `dropped_<host_if>` and the jumps to them in `inet tardi`; the iptables-nft chains
+//! `TARDI-OUT-<host_if>` / `TARDI-IN-<host_if>` of table `ip security` with the jumps to them;
+//! two NFQUEUE numbers (per namespace). Dropping the gate removes exactly these (and what
+//! iptables-nft created in `ip security` for the gates, once empty). No other rule, table or
+//! chain of the system is changed. [`announce::ServiceAddress`] owns one proxy ARP entry and the
 //! interface's `proxy_delay` while it lives.
 //!
 //! # Kernel facts relied on (measured on the development machine, Linux 6.18)
@@ -29,6 +31,10 @@
 //!   leave the sandbox's namespace (FORWARD, `iifname <host_if>`, in the host-side namespace)
 //!   does not (66 MB/s TCP, 116–130k UDP packets/s). Packets from the sandbox to the machine
 //!   itself are held on INPUT.
+//! - Unregistering any netfilter hook (deleting any base chain) in a namespace drops every
+//!   packet queued in any NFQUEUE of that namespace (`nf_queue_nf_hook_drop`, Linux >= 4.13).
+//!   So the gates of a namespace share their base chains, and a gate's removal touches rules and
+//!   regular chains only; someone else's rule reload can still lose (never leak) held output.
 //! - Without `NFQA_CFG_F_FAIL_OPEN` and without `bypass`, a packet that cannot be queued (queue
 //!   full, socket buffer full, no socket bound) is dropped, never accepted; closing the socket
 //!   drops what is held. Held output can be lost, never leaked. See `nfq.rs`.

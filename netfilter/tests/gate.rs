@@ -32,6 +32,7 @@ fn hold_until_released_then_all_in_order() {
     let (tx, rx) = (t.sandbox_udp(), t.client_udp(9000));
     send_seq(&tx, (CLIENT_ADDR, 9000), 0..300);
     wait_held(&g, 300);
+    assert_eq!(g.stats().kernel_queued, 300);
     assert!(g.output_waiting());
     assert_eq!(recv_seq(&rx, QUIET), Vec::<u32>::new(), "output leaked");
     // Not released without a mark: epoch 1 is still in progress.

@@ -38,7 +38,7 @@
 //! (sandboxes are IPv4-only; never leaking is what matters), and so does `in_<if>` while input
 //! is held.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::Mode;
 use crate::cmd::Netns;
@@ -509,15 +509,21 @@ fn chains_of(listing: &str) -> Vec<String> {
 }
 
 /// Native when `nft` accepts a `queue` statement (checked with `nft -c`: the kernel validates
-/// the transaction, nothing is committed), else Xtables.
+/// the transaction, nothing is committed), else Xtables. The kernel's answer does not change,
+/// so it is asked once per process.
 fn probe(ns: &Netns, queue: u16) -> Result<Backend> {
+    static PROBED: OnceLock<Backend> = OnceLock::new();
+    if let Some(b) = PROBED.get() {
+        return Ok(*b);
+    }
     let script = format!("table inet tardi_probe {{\nchain c {{\nqueue num {queue}\n}}\n}}\n");
-    match ns.run("nft", &["-c", "-f", "-"], &script) {
-        Ok(_) => Ok(Backend::Native),
+    let backend = match ns.run("nft", &["-c", "-f", "-"], &script) {
+        Ok(_) => Backend::Native,
         Err(NetfilterError::Command { stderr, .. }) => {
             tracing::debug!(stderr = %stderr.trim(), "no native nft queue; using iptables-nft");
-            Ok(Backend::Xtables)
+            Backend::Xtables
         }
-        Err(e) => Err(e),
-    }
+        Err(e) => return Err(e),
+    };
+    Ok(*PROBED.get_or_init(|| backend))
 }

@@ -29,6 +29,17 @@ impl Netns {
         Ok(Netns(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
+    /// Identifies the namespace: device and inode of its nsfs file.
+    pub(crate) fn id(&self) -> Result<(u64, u64)> {
+        // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: the descriptor is open and `st` is a valid, writable `stat`.
+        if unsafe { libc::fstat(self.0.as_raw_fd(), &mut st) } != 0 {
+            return Err(NetfilterError::last_os("fstat(network namespace)"));
+        }
+        Ok((st.st_dev, st.st_ino))
+    }
+
     /// Runs `program args..` in this namespace, feeding it `stdin`, and returns its standard
     /// output. A non-zero exit is an error carrying its standard error.
     pub(crate) fn run(&self, program: &'static str, args: &[&str], stdin: &str) -> Result<String> {

@@ -81,6 +81,10 @@ pub struct GateStats {
     /// (both queues; `queue_dropped + queue_user_dropped` of
     /// `/proc/net/netfilter/nfnetlink_queue`).
     pub kernel_dropped: u64,
+    /// Output packets the kernel holds in the queue now (read by us or not). Below
+    /// `held_packets` when the kernel dropped held packets itself (an interface went away, or
+    /// someone deleted a base chain in the namespace: see the crate documentation).
+    pub kernel_queued: u64,
     /// Times the socket reported an overflow (`ENOBUFS`).
     pub socket_overflows: u64,
     /// Verdicts the kernel refused (see the log).
@@ -94,7 +98,8 @@ pub struct GateStats {
 
 /// One sandbox's output gate, on the host side of its veth. Created by the instance in the
 /// network namespace where the sandbox's host-side interface lives. Drop removes every rule and
-/// table it created and nothing else; output still held is dropped, never sent.
+/// table it created and nothing else; output still held is dropped, never sent. (After that,
+/// the sandbox's traffic is not filtered any more: drop the gate once the sandbox is stopped.)
 pub struct Gate {
     shared: Arc<Shared>,
     control: Mutex<Control>,
@@ -293,7 +298,7 @@ impl Gate {
         if c.mode == mode {
             return Ok(());
         }
-        c.rules.set_mode(mode)?;
+        c.rules.set_mode(c.mode, mode)?;
         let old = std::mem::replace(&mut c.mode, mode);
         tracing::info!(from = ?old, to = ?mode, "gate mode");
         match mode {
@@ -448,15 +453,19 @@ impl Gate {
                 h.input.entries.len() as u64,
             )
         };
-        let kernel_dropped = match s.proc_state() {
-            Ok(qs) => qs
-                .iter()
-                .filter(|q| q.num == s.out_queue || q.num == s.in_queue)
-                .map(|q| q.dropped + q.user_dropped)
-                .sum(),
+        let (kernel_dropped, kernel_queued) = match s.proc_state() {
+            Ok(qs) => (
+                qs.iter()
+                    .filter(|q| q.num == s.out_queue || q.num == s.in_queue)
+                    .map(|q| q.dropped + q.user_dropped)
+                    .sum(),
+                qs.iter()
+                    .find(|q| q.num == s.out_queue)
+                    .map_or(0, |q| q.total),
+            ),
             Err(e) => {
                 tracing::warn!(error = %e, "reading NFQUEUE statistics");
-                0
+                (0, 0)
             }
         };
         let discarded = s.discarded.load(SeqCst);
@@ -472,6 +481,7 @@ impl Gate {
             input_released_packets: s.input_released.load(SeqCst),
             discarded_packets: discarded,
             kernel_dropped,
+            kernel_queued,
             socket_overflows: s.overflows.load(SeqCst),
             verdict_errors: s.verdict_errors.load(SeqCst),
             dropped_total: discarded + kernel_dropped,

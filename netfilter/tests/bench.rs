@@ -219,3 +219,99 @@ fn tcp_throughput_held_every_10ms() {
     tcp_rate(Mode::Hold, Duration::from_millis(10), dur);
     tcp_rate(Mode::Hold, Duration::from_millis(2), dur);
 }
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+#[test]
+#[ignore]
+fn control_operations() {
+    let t = Topo::new("bctl");
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let g = gate(&t, Mode::Hold);
+        let new = t0.elapsed();
+        let t0 = Instant::now();
+        g.set_mode(Mode::Drop).unwrap();
+        let to_drop = t0.elapsed();
+        let t0 = Instant::now();
+        g.set_mode(Mode::Hold).unwrap();
+        let to_hold = t0.elapsed();
+        let t0 = Instant::now();
+        g.hold_input(true).unwrap();
+        let hold_in = t0.elapsed();
+        let t0 = Instant::now();
+        g.hold_input(false).unwrap();
+        let unhold_in = t0.elapsed();
+        let t0 = Instant::now();
+        for e in 1..=100_000 {
+            g.mark(e);
+        }
+        let mark = t0.elapsed() / 100_000;
+        let t0 = Instant::now();
+        for _ in 0..10_000 {
+            g.release(100_000).unwrap();
+        }
+        let empty_release = t0.elapsed() / 10_000;
+        let t0 = Instant::now();
+        for _ in 0..10_000 {
+            let _ = g.stats();
+        }
+        let stats = t0.elapsed() / 10_000;
+        let t0 = Instant::now();
+        drop(g);
+        let close = t0.elapsed();
+        println!(
+            "new {} | set_mode Drop {} Hold {} | hold_input on {} off {} | mark {:?} | \
+             release (nothing held) {:?} | stats {:?} | drop {}",
+            ms(new),
+            ms(to_drop),
+            ms(to_hold),
+            ms(hold_in),
+            ms(unhold_in),
+            mark,
+            empty_release,
+            stats,
+            ms(close)
+        );
+    }
+}
+
+/// From a datagram's send in the sandbox to `wait_output` returning.
+#[test]
+#[ignore]
+fn wait_output_latency() {
+    let t = Topo::new("bwait");
+    let g = gate(&t, Mode::Hold);
+    let tx = t.sandbox_udp();
+    let _rx = t.client_udp(9000);
+    let mut lat = Vec::new();
+    for e in 1..=200u32 {
+        let sent = std::sync::Mutex::new(None);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(2));
+                *sent.lock().unwrap() = Some(Instant::now());
+                send_seq(&tx, (CLIENT_ADDR, 9000), [e]);
+            });
+            assert!(g.wait_output(Duration::from_secs(2)));
+            let woke = Instant::now();
+            s.spawn(|| ()).join().unwrap();
+            let _ = woke;
+        });
+        let woke = Instant::now();
+        if let Some(at) = *sent.lock().unwrap() {
+            lat.push(woke.saturating_duration_since(at));
+        }
+        g.mark(u64::from(e));
+        g.release(u64::from(e)).unwrap();
+    }
+    lat.sort();
+    println!(
+        "wait_output: send -> wake median {:?}, p90 {:?}, max {:?}",
+        lat[lat.len() / 2],
+        lat[lat.len() * 9 / 10],
+        lat[lat.len() - 1]
+    );
+}

@@ -32,6 +32,7 @@ fn hold_until_released_then_all_in_order() {
     let (tx, rx) = (t.sandbox_udp(), t.client_udp(9000));
     send_seq(&tx, (CLIENT_ADDR, 9000), 0..300);
     wait_held(&g, 300);
+    assert_eq!(g.stats().kernel_queued, 300);
     assert!(g.output_waiting());
     assert_eq!(recv_seq(&rx, QUIET), Vec::<u32>::new(), "output leaked");
     // Not released without a mark: epoch 1 is still in progress.
@@ -188,7 +189,8 @@ fn drop_removes_exactly_what_the_gate_created() {
     let g = gate(&t, Mode::Hold);
     g.hold_input(true).unwrap();
     let during = m.rulesets();
-    assert!(during.contains("tardi_tdh"), "{during}");
+    assert!(during.contains("table inet tardi"), "{during}");
+    assert!(during.contains("jump out_tdh"), "{during}");
     assert!(during.contains("TARDI-OUT-tdh"), "{during}");
     drop(g);
     assert_eq!(m.rulesets(), before);
@@ -227,9 +229,16 @@ fn others_rules_survive_and_leftovers_are_replaced() {
             "TARDI-OUT-tdh",
         ],
     );
-    m.exec("nft", &["add", "table", "inet", "tardi_tdh"]);
+    m.exec(
+        "nft",
+        &["add table inet tardi; add chain inet tardi out_tdh; \
+             add chain inet tardi forward { type filter hook forward priority 10; }; \
+             add rule inet tardi forward iifname tdh jump out_tdh"],
+    );
 
     let g = gate(&t, Mode::Hold);
+    let during = m.exec("nft", &["list", "table", "inet", "tardi"]);
+    assert_eq!(during.matches("jump out_tdh").count(), 2, "{during}");
     let during = m.exec("iptables-nft-save", &["-t", "security"]);
     assert_eq!(
         during.matches("-j TARDI-OUT-tdh").count(),
@@ -270,4 +279,140 @@ fn bad_configuration_is_an_error() {
         .expect("second gate on queue 10");
     assert!(err.to_string().contains("another socket"), "{err}");
     drop(g);
+}
+
+#[test]
+fn a_full_queue_drops_never_accepts() {
+    let t = Topo::new("full");
+    let mut cfg = GateConfig::new(HOST_IF, 10);
+    cfg.queue_maxlen = 16;
+    let g = t.machine.run(|| Gate::new(cfg).expect("Gate::new"));
+    let (tx, rx) = (t.sandbox_udp(), t.client_udp(9000));
+    send_seq(&tx, (CLIENT_ADDR, 9000), 0..50);
+    wait_held(&g, 16);
+    assert!(
+        wait_until(SETTLE, || g.stats().kernel_dropped >= 34),
+        "{:?}",
+        g.stats()
+    );
+    assert_eq!(recv_seq(&rx, QUIET), Vec::<u32>::new(), "overflow leaked");
+    g.mark(1);
+    g.release(1).unwrap();
+    assert_eq!(recv_seq(&rx, QUIET), (0..16).collect::<Vec<_>>());
+    let s = g.stats();
+    assert_eq!((s.kernel_dropped, s.dropped_total), (34, 34), "{s:?}");
+}
+
+#[test]
+fn closing_the_gate_drops_what_is_held() {
+    let t = Topo::new("close");
+    let g = gate(&t, Mode::Hold);
+    let (tx, rx) = (t.sandbox_udp(), t.client_udp(9000));
+    send_seq(&tx, (CLIENT_ADDR, 9000), 0..20);
+    wait_held(&g, 20);
+    g.mark(1);
+    g.close().unwrap();
+    assert_eq!(
+        recv_seq(&rx, QUIET),
+        Vec::<u32>::new(),
+        "held output leaked"
+    );
+    // Without the gate, output flows.
+    send_seq(&tx, (CLIENT_ADDR, 9000), 20..25);
+    assert_eq!(recv_seq(&rx, QUIET), (20..25).collect::<Vec<_>>());
+}
+
+#[test]
+fn gates_are_shareable_between_threads() {
+    fn check<T: Send + Sync>() {}
+    check::<Gate>();
+    check::<tardi_netfilter::announce::ServiceAddress>();
+}
+
+#[test]
+fn two_gates_in_one_namespace_are_independent() {
+    let t = Topo::new("two");
+    let m = &t.machine;
+    let before = m.rulesets();
+    // A second sandbox, on an interface whose name needs care in nft and iptables syntax.
+    let s2 = Ns::new("two-s2");
+    m.ip(&[
+        "link", "add", "td-2.x", "type", "veth", "peer", "name", "eth0", "netns", &s2.name,
+    ]);
+    m.ip(&["addr", "add", "10.77.0.5/30", "dev", "td-2.x"]);
+    m.ip(&["link", "set", "td-2.x", "up"]);
+    s2.ip(&["addr", "add", "10.77.0.6/30", "dev", "eth0"]);
+    s2.ip(&["link", "set", "eth0", "up"]);
+    s2.ip(&["route", "add", "default", "via", "10.77.0.5"]);
+
+    let (a, b) = std::thread::scope(|s| {
+        // Created at the same time.
+        let a = s.spawn(|| gate(&t, Mode::Hold));
+        let b = s.spawn(|| m.run(|| Gate::new(GateConfig::new("td-2.x", 20)).unwrap()));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let tx1 = t.sandbox_udp();
+    let tx2 = s2.run(|| std::net::UdpSocket::bind(("10.77.0.6", 0)).unwrap());
+    let rx1 = t.client_udp(9000);
+    let rx2 = t.client_udp(9001);
+    send_seq(&tx1, (CLIENT_ADDR, 9000), 0..10);
+    send_seq(&tx2, (CLIENT_ADDR, 9001), 100..110);
+    wait_held(&a, 10);
+    wait_held(&b, 10);
+    a.mark(1);
+    a.release(1).unwrap();
+    assert_eq!(recv_seq(&rx1, QUIET), (0..10).collect::<Vec<_>>());
+    assert_eq!(recv_seq(&rx2, QUIET), Vec::<u32>::new());
+    drop(a);
+    // B still holds, and its rules are intact.
+    send_seq(&tx2, (CLIENT_ADDR, 9001), 110..115);
+    wait_held(&b, 15);
+    assert_eq!(recv_seq(&rx2, QUIET), Vec::<u32>::new());
+    b.mark(1);
+    b.release(1).unwrap();
+    assert_eq!(recv_seq(&rx2, QUIET), (100..115).collect::<Vec<_>>());
+    drop(b);
+    assert_eq!(m.rulesets(), before);
+}
+
+#[test]
+fn ipv6_output_is_never_leaked() {
+    let t = Topo::new("v6");
+    let (s, m, c) = (&t.sandbox, &t.machine, &t.client);
+    s.ip(&["addr", "add", "fd77::2/64", "dev", "eth0", "nodad"]);
+    s.ip(&["-6", "route", "add", "default", "via", "fd77::1"]);
+    m.ip(&["addr", "add", "fd77::1/64", "dev", HOST_IF, "nodad"]);
+    m.ip(&["addr", "add", "fd78::1/64", "dev", "lan", "nodad"]);
+    c.ip(&["addr", "add", "fd78::2/64", "dev", "eth0", "nodad"]);
+    c.ip(&["-6", "route", "add", "default", "via", "fd78::1"]);
+    m.exec("sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"]);
+    let tx = s.run(|| std::net::UdpSocket::bind("[fd77::2]:0").unwrap());
+    let rx = c.run(|| std::net::UdpSocket::bind("[fd78::2]:9000").unwrap());
+    let to = ("fd78::2", 9000);
+
+    let g = gate(&t, Mode::Pass);
+    // Pass: IPv6 flows (also resolves the neighbours).
+    assert!(wait_until(SETTLE, || {
+        send_seq(&tx, to, [0]);
+        !recv_seq(&rx, Duration::from_millis(20)).is_empty()
+    }));
+    g.set_mode(Mode::Hold).unwrap();
+    let dropped = g.dropped_by_rules().unwrap();
+    send_seq(&tx, to, 1..21);
+    assert_eq!(
+        recv_seq(&rx, QUIET),
+        Vec::<u32>::new(),
+        "IPv6 leaked in Hold mode"
+    );
+    g.mark(1);
+    g.release(1).unwrap();
+    assert_eq!(
+        recv_seq(&rx, QUIET),
+        Vec::<u32>::new(),
+        "IPv6 leaked on release"
+    );
+    if g.backend() == tardi_netfilter::Backend::Xtables {
+        // The xtables queue takes IPv4 only; IPv6 is dropped, and counted.
+        assert_eq!(g.dropped_by_rules().unwrap() - dropped, 20);
+    }
 }

@@ -158,3 +158,95 @@ fn canonical(p: &str) -> Result<(), &'static str> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(c: &str) -> Entry {
+        Entry::File {
+            mode: 0o644,
+            content: c.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn tree_replaces_and_removes_whole_subtrees_only() {
+        let mut t = Tree::default();
+        t.apply(&FileChanges {
+            dirs: vec!["/d".into()],
+            upsert: vec![
+                ("/d/a".into(), Entry::Dir { mode: 0o755 }),
+                ("/d/a/x".into(), file("x")),
+                ("/d/a/y".into(), Entry::Dir { mode: 0o755 }),
+                ("/d/a/y/z".into(), file("z")),
+                (
+                    "/d/a-b".into(),
+                    file("sibling, sorts between /d/a and /d/a/"),
+                ),
+                ("/d/ab".into(), file("sibling")),
+            ],
+            remove: vec![],
+        });
+        // A file in place of a directory drops what was below it, not its siblings.
+        t.apply(&FileChanges {
+            dirs: vec![],
+            upsert: vec![("/d/a".into(), file("now a file"))],
+            remove: vec![],
+        });
+        let keys: Vec<&str> = t.entries.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["/d/a", "/d/a-b", "/d/ab"]);
+        assert_eq!(t.dirs, ["/d"], "no dirs in the changes: kept");
+        t.apply(&FileChanges {
+            dirs: vec!["/d".into()],
+            upsert: vec![
+                ("/d/a".into(), Entry::Dir { mode: 0o700 }),
+                ("/d/a/n".into(), file("n")),
+            ],
+            remove: vec!["/d/a".into(), "/d/missing".into()],
+        });
+        let keys: Vec<&str> = t.entries.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["/d/a-b", "/d/ab"], "a removal takes the subtree");
+        assert_eq!(t.to_changes().upsert.len(), 2);
+    }
+
+    #[test]
+    fn validate_wants_canonical_paths_inside_the_dirs() {
+        let ch = |dirs: &[&str], path: &str| FileChanges {
+            dirs: dirs.iter().map(|d| d.to_string()).collect(),
+            upsert: vec![(path.into(), file(""))],
+            remove: vec![],
+        };
+        assert!(ch(&["/d"], "/d/x").validate(None).is_ok());
+        assert!(ch(&["/d/e"], "/d/e/x/y").validate(Some(&[])).is_ok());
+        // Without dirs of its own: the receiver's, or unchecked when unknown.
+        assert!(ch(&[], "/d/x").validate(Some(&["/d".into()])).is_ok());
+        assert!(ch(&[], "/x").validate(None).is_ok());
+        for (dirs, path, want) in [
+            (&["/d"][..], "/d", "not inside"),
+            (&["/d"], "/dx/y", "not inside"),
+            (&["/d"], "/e/x", "not inside"),
+            (&["/d"], "/d/../e", "not canonical"),
+            (&["/d"], "/d/./x", "not canonical"),
+            (&["/d"], "/d//x", "not canonical"),
+            (&["/d"], "/d/x/", "not canonical"),
+            (&["/d"], "d/x", "not absolute"),
+            (&["/d"], "/d/x\0", "NUL"),
+            (&["/"], "/x", "root"),
+            (&["/d/"], "/d/x", "not canonical"),
+            (&[], "/d/x", "not inside"),
+        ] {
+            let known: &[String] = &[];
+            let err = ch(dirs, path).validate(Some(known)).unwrap_err();
+            assert!(err.contains(want), "{dirs:?} {path:?}: {err}");
+        }
+        let mut bad = ch(&["/d"], "/d/l");
+        bad.upsert[0].1 = Entry::Symlink {
+            target: "a\0".into(),
+        };
+        assert!(bad.validate(None).unwrap_err().contains("NUL"));
+        let mut bad = ch(&["/d"], "/d/x");
+        bad.remove.push("/etc".into());
+        assert!(bad.validate(None).unwrap_err().contains("not inside"));
+    }
+}

@@ -842,4 +842,215 @@ mod tests {
             Err(FormatError::BadMagic)
         ));
     }
+
+    /// Every consistency rule refuses what breaks it, with a message naming it, through
+    /// `from_bytes` as through `validate`.
+    #[test]
+    fn refuses_inconsistent_metadata() {
+        use crate::delta::Codec;
+        use crate::files::Entry;
+        type Break = fn(&mut Checkpoint);
+        let cases: Vec<(&str, Break)> = vec![
+            ("no threads", |c| c.image.threads.clear()),
+            ("process id", |c| c.image.pid = 0),
+            ("not positive", |c| c.image.threads[0].tid = -1),
+            ("26 registers", |c| {
+                c.image.threads[0].regs.pop();
+            }),
+            ("XSAVE area of 4097", |c| {
+                c.image.threads[0].xstate = vec![0; 4097]
+            }),
+            ("appears twice", |c| {
+                let t = c.image.threads[0].clone();
+                c.image.threads.push(t);
+            }),
+            ("empty or not page-aligned", |c| {
+                c.image.vmas[0].end = 0x1000
+            }),
+            ("empty or not page-aligned", |c| {
+                c.image.vmas[0].start = 0x1001
+            }),
+            ("names file #0 of 0", |c| {
+                c.image.vmas[0].backing = Backing::File {
+                    index: 0,
+                    offset: 0,
+                }
+            }),
+            ("overlap", |c| {
+                let mut v = c.image.vmas[0].clone();
+                v.start = 0x2000;
+                v.end = 0x4000;
+                c.image.vmas.push(v);
+            }),
+            ("not page-aligned", |c| c.image.runs[0].len = 100),
+            ("outside the page data", |c| c.image.runs[0].data_off = 1),
+            ("outside the page data", |c| c.image.runs[0].len = !0xfff),
+            ("outside every mapping", |c| c.image.runs[0].addr = 0x5000),
+            ("outside every mapping", |c| {
+                c.image.runs[0].addr = 0x2000;
+                c.image.runs[0].len = 0x2000;
+                c.data = vec![0; 0x2000];
+            }),
+            ("outside every mapping", |c| {
+                // addr + len overflows.
+                c.image.vmas[0].start = u64::MAX - 0xfff - 0x1000;
+                c.image.vmas[0].end = u64::MAX - 0xfff;
+                c.image.runs[0].addr = u64::MAX - 0xfff - 0x1000;
+                c.image.runs[0].len = 0x2000;
+                c.data = vec![0; 0x2000];
+            }),
+            ("overlap in memory", |c| {
+                c.data = vec![0; 0x2000];
+                c.image.runs.push(PageRun {
+                    addr: 0x1000,
+                    len: 0x1000,
+                    data_off: 0x1000,
+                });
+            }),
+            ("overlap in the page data", |c| {
+                c.image.runs.push(PageRun {
+                    addr: 0x2000,
+                    len: 0x1000,
+                    data_off: 0,
+                });
+            }),
+            ("not page-aligned", |c| {
+                c.image.pages.push(EncodedPage {
+                    addr: 0x1008,
+                    enc: PageEncoding::Zero,
+                    data_off: 0,
+                })
+            }),
+            ("outside the page data", |c| {
+                c.image.pages.push(EncodedPage {
+                    addr: 0x1000,
+                    enc: PageEncoding::Raw,
+                    data_off: u64::MAX,
+                })
+            }),
+            ("not shorter than a raw page", |c| {
+                c.data = vec![0; 5000];
+                c.image.pages.push(EncodedPage {
+                    addr: 0x1000,
+                    enc: PageEncoding::Delta {
+                        codec: Codec::XorZstd,
+                        len: 4096,
+                    },
+                    data_off: 0,
+                })
+            }),
+            ("ends before it starts", |c| c.image.reset.push((2, 1))),
+            ("ends before it starts", |c| {
+                c.image.cow.push((0x3000, 0x2000))
+            }),
+            ("signal 65", |c| {
+                c.image.sigactions.push(SigAction {
+                    signo: 65,
+                    handler: 0,
+                    flags: 0,
+                    restorer: 0,
+                    mask: 0,
+                })
+            }),
+            ("descriptor -1", |c| {
+                c.image.fds.push(FdImage {
+                    fd: -1,
+                    cloexec: false,
+                    flags: 0,
+                    kind: FdKind::EventFd {
+                        count: 0,
+                        semaphore: false,
+                    },
+                })
+            }),
+            ("descriptor 3 appears twice", |c| {
+                let fd = FdImage {
+                    fd: 3,
+                    cloexec: false,
+                    flags: 0,
+                    kind: FdKind::SignalFd { mask: 0 },
+                };
+                c.image.fds.push(fd.clone());
+                c.image.fds.push(fd);
+            }),
+            ("working directory \"/a\\0b\" contains a NUL", |c| {
+                c.image.cwd = "/a\0b".into()
+            }),
+            ("executable", |c| c.image.exe.path.push('\0')),
+            ("mapped file", |c| {
+                c.image.files.push(FileRef {
+                    path: "/lib\0".into(),
+                    size: 0,
+                    hash: [0; 32],
+                })
+            }),
+            ("descriptor path", |c| {
+                c.image.fds.push(FdImage {
+                    fd: 0,
+                    cloexec: false,
+                    flags: 0,
+                    kind: FdKind::Path {
+                        path: "/dev/\0".into(),
+                        pos: 0,
+                        is_dir: false,
+                    },
+                })
+            }),
+            ("not inside a private directory", |c| {
+                c.image.private_files.dirs = vec!["/data".into()];
+                c.image.private_files.remove = vec!["/etc/passwd".into()];
+            }),
+            ("not canonical", |c| {
+                c.image.private_files.dirs = vec!["/data".into()];
+                c.image.private_files.upsert =
+                    vec![("/data/../etc".into(), Entry::Dir { mode: 0o755 })];
+            }),
+            ("base epoch", |c| c.image.base_epoch = Some(3)),
+        ];
+        let good = sample(Kind::Full);
+        good.validate().unwrap();
+        for (want, break_it) in cases {
+            let mut ck = good.clone();
+            break_it(&mut ck);
+            let err = ck.validate().expect_err(want).to_string();
+            assert!(err.contains(want), "expected {want:?}, got {err:?}");
+            // The same through the wire (the header's kind comes from `kind`).
+            let err = Checkpoint::from_bytes(ck.to_bytes())
+                .expect_err(want)
+                .to_string();
+            assert!(
+                err.contains(want) || want == "base epoch" && err.contains("full checkpoint"),
+                "from_bytes: expected {want:?}, got {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_trailing_metadata_and_mismatched_kinds() {
+        let ck = sample(Kind::Incremental { base: 6 });
+        let mut bytes = ck.to_bytes();
+        // Header says full, metadata has a base epoch.
+        bytes[12] = 0;
+        let n = bytes.len() - 4;
+        let crc = crc32fast::hash(&bytes[..n]);
+        bytes[n..].copy_from_slice(&crc.to_le_bytes());
+        let err = Checkpoint::from_bytes(bytes).unwrap_err().to_string();
+        assert!(err.contains("full checkpoint with a base epoch"), "{err}");
+        // One byte of junk after the metadata, lengths and checksum fixed up.
+        let meta = postcard::to_stdvec(&ck.image).unwrap();
+        let mut v = Vec::new();
+        v.extend_from_slice(MAGIC);
+        v.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        v.extend_from_slice(&1u32.to_le_bytes());
+        v.extend_from_slice(&7u64.to_le_bytes());
+        v.extend_from_slice(&(meta.len() as u64 + 1).to_le_bytes());
+        v.extend_from_slice(&(ck.data.len() as u64).to_le_bytes());
+        v.extend_from_slice(&meta);
+        v.push(0);
+        v.extend_from_slice(&ck.data);
+        let crc = crc32fast::hash(&v);
+        v.extend_from_slice(&crc.to_le_bytes());
+        let err = Checkpoint::from_bytes(v).unwrap_err().to_string();
+        assert!(err.contains("1 bytes after the encoded metadata"), "{err}");
+    }
 }

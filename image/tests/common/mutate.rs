@@ -42,7 +42,7 @@ pub fn split(bytes: &[u8]) -> (u32, u64, Vec<u8>, Vec<u8>) {
 
 /// A value worth trying where a length, offset, count or address goes.
 pub fn nasty(rng: &mut StdRng) -> u64 {
-    const V: [u64; 14] = [
+    const V: [u64; 20] = [
         0,
         1,
         4095,
@@ -52,15 +52,21 @@ pub fn nasty(rng: &mut StdRng) -> u64 {
         0x8000_0000,
         0xffff_ffff,
         0x1_0000_0000,
+        0x7fff_ffff_f000,
+        0x8000_0000_0000,
         i64::MAX as u64,
+        1 << 63,
         u64::MAX - 4095,
         u64::MAX - 4096,
+        u64::MAX - 8191,
+        u64::MAX - (1 << 20) + 1,
         u64::MAX - 1,
         u64::MAX,
+        u64::MAX / 4096,
     ];
-    match rng.random_range(0..3) {
-        0 => V[rng.random_range(0..V.len())],
-        1 => rng.random::<u64>() & !0xfff,
+    match rng.random_range(0..4) {
+        0 | 1 => V[rng.random_range(0..V.len())],
+        2 => rng.random::<u64>() & !0xfff,
         _ => rng.random(),
     }
 }

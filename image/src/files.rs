@@ -106,18 +106,14 @@ impl FileChanges {
         };
         for d in dirs.unwrap_or_default() {
             canonical(d).map_err(|why| format!("private directory {d:?} {why}"))?;
-            if d == "/" {
-                return Err("the root cannot be a private directory".into());
-            }
         }
-        let below_a_dir = |p: &str| {
-            dirs.is_none_or(|dirs| {
-                dirs.iter().any(|d| {
-                    p.strip_prefix(d.as_str())
-                        .is_some_and(|rest| rest.len() > 1 && rest.starts_with('/'))
-                })
-            })
+        // Both canonical: `p` is strictly below `d`.
+        let below = |d: &str, p: &str| match p.strip_prefix(d) {
+            Some(rest) if d == "/" => !rest.is_empty(),
+            Some(rest) => rest.len() > 1 && rest.starts_with('/'),
+            None => false,
         };
+        let below_a_dir = |p: &str| dirs.is_none_or(|dirs| dirs.iter().any(|d| below(d, p)));
         let paths = self.upsert.iter().map(|(p, _)| p).chain(self.remove.iter());
         for p in paths {
             canonical(p).map_err(|why| format!("private file {p:?} {why}"))?;
@@ -219,6 +215,7 @@ mod tests {
         };
         assert!(ch(&["/d"], "/d/x").validate(None).is_ok());
         assert!(ch(&["/d/e"], "/d/e/x/y").validate(Some(&[])).is_ok());
+        assert!(ch(&["/"], "/x").validate(None).is_ok());
         // Without dirs of its own: the receiver's, or unchecked when unknown.
         assert!(ch(&[], "/d/x").validate(Some(&["/d".into()])).is_ok());
         assert!(ch(&[], "/x").validate(None).is_ok());
@@ -232,7 +229,7 @@ mod tests {
             (&["/d"], "/d/x/", "not canonical"),
             (&["/d"], "d/x", "not absolute"),
             (&["/d"], "/d/x\0", "NUL"),
-            (&["/"], "/x", "root"),
+            (&["/"], "/", "not inside"),
             (&["/d/"], "/d/x", "not canonical"),
             (&[], "/d/x", "not inside"),
         ] {

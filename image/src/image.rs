@@ -329,7 +329,9 @@ impl CheckpointFile {
         let (body, meta_start, meta_end) =
             (found - 4, HEADER_LEN as u64, HEADER_LEN as u64 + h.meta_len);
         let mut crc = crc32fast::Hasher::new();
-        let mut meta = Vec::with_capacity(h.meta_len as usize);
+        // The header's length matched the file's, but a sparse file can claim anything: let
+        // the buffer grow with what is actually read.
+        let mut meta = Vec::with_capacity(h.meta_len.min(1 << 26) as usize);
         let mut buf = vec![0u8; 1 << 20];
         let mut at = 0u64;
         while at < body {

@@ -498,7 +498,8 @@ fn child_setup(p: &ChildPlan) -> String {
     for (i, path) in p.files.iter().chain(std::iter::once(&p.exe)).enumerate() {
         let target = p.base + INHERITED as RawFd + i as RawFd;
         let Ok(c) = CString::new(path.as_str()) else {
-            return format!("mapped file {path:?} contains a NUL byte");
+            let what = if i == n { "executable" } else { "mapped file" };
+            return format!("{what} {path:?} contains a NUL byte");
         };
         // SAFETY: valid C string.
         let open = |flags| unsafe { libc::open(c.as_ptr(), flags) };

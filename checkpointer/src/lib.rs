@@ -2,9 +2,9 @@
 //! bytes, and turns those bytes back into the same running process in a fresh sandbox.
 //!
 //! Owns: quiescence (ptrace), reading memory, threads and descriptors from outside, the
-//! restore plan and the freestanding restorer
-//! (`restorer/`), write tracking ([`track`]: userfaultfd, or mprotect through the freestanding
-//! agent `agent/` that [`agent`] loads into the process) and the epoch loop ([`epoch`]).
+//! restore plan and the freestanding restorer (`restorer/`), write tracking ([`track`]:
+//! userfaultfd, or mprotect through the freestanding agent `agent/` that [`agent`] loads into
+//! the process) and the epoch loop ([`epoch`]).
 //! Must not touch: namespaces, mounts, networking, manifests (that is `tardi-sandbox`), or
 //! anything about replication: a checkpoint is bytes with an epoch number, and restore takes
 //! bytes.

@@ -17,8 +17,10 @@
 //!
 //! **No panic is reachable from the bytes of a checkpoint** (from a file or from a peer): they
 //! are untrusted. Decoding refuses whatever is inconsistent with an error that names it, and
-//! allocations are bounded by the bytes actually received. `tests/mutate.rs` mutates real
-//! checkpoint chains to hold this; see there for running it longer.
+//! allocations are bounded by the bytes actually received. `tests/mutate.rs` mutates
+//! real-shaped checkpoint chains and page encodings to hold this, for `TARDI_FUZZ_SECS` in every
+//! test run (see there for longer runs); `fuzz/` has AFL++ targets for the same
+//! (`fuzz/run.sh SECONDS`).
 
 pub mod delta;
 pub mod files;

@@ -41,7 +41,11 @@ fn percentiles(mut v: Vec<Duration>) -> (f64, f64, f64) {
     v.sort_unstable();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let p = |q: f64| us(v[((v.len() - 1) as f64 * q).round() as usize]);
-    (p(0.5), p(0.99), v.iter().map(|d| us(*d)).sum::<f64>() / v.len() as f64)
+    (
+        p(0.5),
+        p(0.99),
+        v.iter().map(|d| us(*d)).sum::<f64>() / v.len() as f64,
+    )
 }
 
 fn grpc(rt: &tokio::runtime::Runtime, size: usize, rounds: usize) -> Vec<Duration> {
@@ -63,7 +67,8 @@ fn grpc(rt: &tokio::runtime::Runtime, size: usize, rounds: usize) -> Vec<Duratio
             .connect()
             .await
             .unwrap();
-        let mut c = pb::replica_client::ReplicaClient::new(ch).max_encoding_message_size(usize::MAX);
+        let mut c =
+            pb::replica_client::ReplicaClient::new(ch).max_encoding_message_size(usize::MAX);
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let mut acks = c
             .replicate(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -137,7 +142,9 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    println!("| checkpoint bytes | gRPC p50 µs | gRPC p99 µs | gRPC mean µs | TCP p50 µs | TCP p99 µs | TCP mean µs |");
+    println!(
+        "| checkpoint bytes | gRPC p50 µs | gRPC p99 µs | gRPC mean µs | TCP p50 µs | TCP p99 µs | TCP mean µs |"
+    );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for size in [512usize, 4 << 10, 64 << 10, 1 << 20] {
         let n = if size >= 1 << 20 { rounds / 10 } else { rounds };

@@ -180,19 +180,16 @@ impl Primary {
         target: &Target,
         from: Option<tardi_checkpointer::image::Checkpoint>,
         required: BTreeSet<String>,
+        gate: Option<Arc<Gate>>,
     ) -> anyhow::Result<Primary> {
         let t0 = Instant::now();
         let config = ctx.sandbox_config(target)?;
-        let host_if = format!("td{}h", target.link_index);
         // The gate exists before the sandbox: nothing the service sends can pass unheld, and
-        // nothing reaches a half-restored service.
-        // Two queues per gate (output, input), numbered from the link index: unique per
-        // machine.
-        let gate = Arc::new(Gate::new(GateConfig::new(
-            host_if,
-            (2 * target.link_index) as u16,
-        ))?);
-        gate.hold_input(true)?;
+        // nothing reaches a half-restored service. A backup made it in advance.
+        let gate = match gate {
+            Some(g) => g,
+            None => open_gate(target.link_index)?,
+        };
         let shared = Arc::new(Shared {
             name: target.name.clone(),
             machine: ctx.opts.machine.clone(),
@@ -225,11 +222,25 @@ impl Primary {
         });
         let svc = match &from {
             None => Service::start(&target.manifest, &config)?,
-            Some(ck) => Service::restore_checkpoint(ck, config)?.0,
+            Some(ck) => {
+                let (svc, t) = Service::restore_checkpoint(ck, config)?;
+                tracing::warn!(service = %target.name, timings = ?t, "restored from the backup image");
+                svc
+            }
         };
         drop(from);
         let claim = ServiceAddress::claim(svc.address(), &ctx.opts.service_if)?;
-        shared.gate.hold_input(false)?;
+        // Input flows as soon as `hold_input(false)` has flushed what was held; removing the
+        // rule afterwards takes tens of milliseconds and need not delay the epoch loop.
+        {
+            let gate = shared.gate.clone();
+            let name = target.name.clone();
+            std::thread::spawn(move || {
+                if let Err(e) = gate.hold_input(false) {
+                    tracing::error!(service = %name, error = %e, "releasing input failed");
+                }
+            });
+        }
         *shared.address.lock().unwrap_or_else(|e| e.into_inner()) = Some(svc.address().to_string());
         {
             let mut st = shared.lock();
@@ -367,6 +378,20 @@ fn summarize(recent: &VecDeque<(Instant, u64, u64)>) -> (f64, u64, u64, u64) {
     pauses.sort_unstable();
     let pick = |q: f64| pauses[((pauses.len() - 1) as f64 * q).round() as usize];
     (rate, bytes, pick(0.5), pick(0.99))
+}
+
+/// The output gate of the service on link `link_index`, holding output and input: a sandbox
+/// started behind it sends nothing unheld and receives nothing until [`Gate::hold_input`] is
+/// lifted. Two queues per gate (output, input), numbered from the link index: unique on a
+/// machine. Creating it runs `nft` and `iptables` (tens of milliseconds): backups do it in
+/// advance, off the failover path.
+pub fn open_gate(link_index: u32) -> anyhow::Result<Arc<Gate>> {
+    let gate = Gate::new(GateConfig::new(
+        format!("td{link_index}h"),
+        (2 * link_index) as u16,
+    ))?;
+    gate.hold_input(true)?;
+    Ok(Arc::new(gate))
 }
 
 /// The epoch settings of a manifest's `[tardi.epoch]`.

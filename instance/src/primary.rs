@@ -74,11 +74,19 @@ impl Decision {
         }
     }
 
-    /// `b` lost its stream: it must join again with a full checkpoint.
-    fn forget(&mut self, b: &str) {
-        self.required.remove(b);
+    /// `b` lost its stream: it must join again with a full checkpoint. It stays required if it
+    /// was: only a new view may stop decisions from waiting for a backup. (Otherwise a primary
+    /// whose backups all refuse it — because they moved on to a newer view — would find no one
+    /// to wait for and release everything by itself.)
+    fn detach(&mut self, b: &str) {
         self.full_at.remove(b);
         self.acked.remove(b);
+    }
+
+    /// `b` is no longer a backup of the view.
+    fn forget(&mut self, b: &str) {
+        self.detach(b);
+        self.required.remove(b);
     }
 }
 
@@ -546,7 +554,7 @@ async fn sender(sh: Arc<Shared>, b: String) {
             Err(e) => {
                 tracing::warn!(service = %sh.name, backup = %b, %e, "checkpoint stream ended; the backup rejoins with a full checkpoint");
                 let mut st = sh.lock();
-                st.decision.forget(&b);
+                st.decision.detach(&b);
                 st.cursors.insert(b.clone(), u64::MAX);
                 sh.advance(&mut st);
             }
@@ -556,7 +564,9 @@ async fn sender(sh: Arc<Shared>, b: String) {
     }
     let mut st = sh.lock();
     st.cursors.remove(&b);
-    st.decision.forget(&b);
+    if !st.view.backups.contains(&b) {
+        st.decision.forget(&b);
+    }
     sh.advance(&mut st);
 }
 
@@ -599,7 +609,7 @@ async fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
                 }
                 let view = st.view.number;
                 if next.is_some() && !st.decision.full_at.contains_key(b) {
-                    // The chain restarted (a broken chain, or this backup was dropped).
+                    // The chain restarted (this backup was detached or dropped).
                     anyhow::bail!("the chain to {b} restarts with a full checkpoint");
                 }
                 match next {
@@ -664,4 +674,69 @@ async fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
         acks_task.abort();
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Decision;
+
+    fn acked(d: &mut Decision, b: &str, e: u64) {
+        d.acked.insert(b.into(), e);
+        d.promote_joined();
+        if let Some(x) = d.decidable() {
+            d.decided = Some(x);
+        }
+    }
+
+    #[test]
+    fn decisions_wait_for_required_backups_even_when_their_streams_break() {
+        let mut d = Decision {
+            required: ["m2".to_string()].into(),
+            produced: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(
+            d.decidable(),
+            None,
+            "a survivor's acknowledgement is awaited"
+        );
+        d.full_at.insert("m2".into(), 0);
+        acked(&mut d, "m2", 3);
+        assert_eq!(d.decided, Some(3));
+        // The stream to m2 breaks (say m2 refuses: it is in a newer view): nothing more is
+        // decided until m2 rejoins or a new view drops it.
+        d.detach("m2");
+        d.produced = Some(9);
+        assert_eq!(d.decidable(), None);
+        d.forget("m2");
+        assert_eq!(
+            d.decidable(),
+            Some(9),
+            "a view without backups decides alone"
+        );
+    }
+
+    #[test]
+    fn a_joining_backup_is_awaited_once_it_caught_up() {
+        let mut d = Decision {
+            produced: Some(10),
+            decided: Some(10),
+            ..Default::default()
+        };
+        d.full_at.insert("m3".into(), 12);
+        d.produced = Some(12);
+        acked(&mut d, "m3", 11);
+        assert!(
+            d.required.is_empty(),
+            "not before it acknowledged its full checkpoint"
+        );
+        acked(&mut d, "m3", 12);
+        assert!(d.required.contains("m3"));
+        d.produced = Some(14);
+        assert_eq!(
+            d.decidable(),
+            Some(12),
+            "from then on its acknowledgements count"
+        );
+    }
 }

@@ -35,6 +35,9 @@ pub struct LabOptions {
     pub lock_wait: Duration,
     /// Print a line per step on stderr (they also go to `tracing` at info level).
     pub progress: bool,
+    /// Put each node's processes in a cgroup (if cgroup2 is there). Without, a kill walks
+    /// `/proc` for the node's processes and their descendants; tests of that path turn it off.
+    pub cgroups: bool,
 }
 
 impl LabOptions {
@@ -48,6 +51,7 @@ impl LabOptions {
             ready_timeout: Duration::from_secs(10),
             lock_wait: Duration::from_secs(30 * 60),
             progress: false,
+            cgroups: true,
         }
     }
 
@@ -127,6 +131,8 @@ pub struct Lab {
     owned: bool,
     progress: bool,
     ready_timeout: Duration,
+    /// Whether `up` may create cgroups.
+    cgroups: bool,
 }
 
 impl Lab {
@@ -144,6 +150,7 @@ impl Lab {
         let state = LabState::new(&layout, Owner::Held, opts.daemons.clone());
         state.save()?;
         let mut lab = Lab {
+            cgroups: opts.cgroups,
             state,
             layout,
             _lock: Some(lock),
@@ -171,6 +178,7 @@ impl Lab {
             owned: false,
             progress: false,
             ready_timeout: Duration::from_secs(10),
+            cgroups: true,
         })
     }
 
@@ -391,7 +399,9 @@ impl Lab {
             .iter()
             .map(|n| n.name.as_str())
             .collect();
-        self.state.cgroup = cgroup::create(&names)?;
+        if self.cgroups {
+            self.state.cgroup = cgroup::create(&names)?;
+        }
         self.state.save()?;
         self.step(&format!(
             "switch {} (bridge {})",

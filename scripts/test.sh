@@ -7,4 +7,9 @@ cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# tardi-image's mutation tests run TARDI_FUZZ_SECS (default 20) inside this.
 cargo test --workspace
+# Its decoders under AFL++ (coverage-guided) for TARDI_AFL_SECS per target (0 skips it).
+if [ "${TARDI_AFL_SECS:-30}" != 0 ]; then
+  ./image/fuzz/run.sh "${TARDI_AFL_SECS:-30}"
+fi

@@ -7,7 +7,16 @@ use std::path::PathBuf;
 /// sandbox (its own PID, mount, network, UTS and IPC namespaces), checkpoints the running process
 /// and restores it elsewhere with the same PIDs, memory, threads and file descriptors.
 ///
-/// Start here:
+/// Replicated (fault-tolerant) on a local lab of network-namespace machines:
+///   tardi lab up                                     # 3 machines, an orchestrator, a client
+///   tardi lab exec client -- tardi deploy gramine-manifests/redis.manifest --backups 1
+///   tardi lab exec client -- tardi status
+///   tardi lab kill m1                                # power cut: the backup takes over
+///   tardi lab down
+///
+/// On real machines: `tardi orchestrator` on one, `tardi instance` on each, then `tardi deploy`.
+///
+/// One machine, no replication:
 ///   tardi run gramine-manifests/redis.manifest      # run a service in a sandbox
 ///   tardi snapshot redis -o /tmp/redis.tardi         # full checkpoint; the service keeps running
 ///   tardi restore /tmp/redis.tardi                   # start a sandbox from a checkpoint
@@ -30,8 +39,10 @@ pub enum Command {
     Restore(RestoreArgs),
     Status(StatusArgs),
     Deploy(DeployArgs),
-    Orchestrator(LaterArgs),
-    Instance(LaterArgs),
+    Orchestrator(OrchestratorArgs),
+    Instance(InstanceArgs),
+    #[command(about = tardi_lab::ABOUT, long_about = tardi_lab::LONG_ABOUT)]
+    Lab(tardi_lab::LabArgs),
     Profile(ProfileArgs),
 }
 
@@ -98,15 +109,121 @@ pub struct RestoreArgs {
 /// List the sandboxes running on this machine.
 #[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// One JSON object per sandbox.
+    /// Print JSON: with an orchestrator, one object
+    /// {"orchestrator":..,"machines":[..],"services":[{"name","address","view","active",
+    /// "primary","backups","spares",..}]}; without, one object per local sandbox.
+    #[arg(long)]
+    pub json: bool,
+    /// The orchestrator to ask (host:port). Without it (and without TARDI_ORCHESTRATOR), the
+    /// sandboxes running on this machine are listed instead.
+    #[arg(long, env = "TARDI_ORCHESTRATOR")]
+    pub orchestrator: Option<String>,
+}
+
+/// Deploy a replicated service: a primary runs it, backups receive its checkpoints.
+///
+/// The orchestrator picks the machines (primary and backups on distinct live machines) and
+/// proposes the service's first view. The primary starts the service from the manifest and
+/// sends a full checkpoint to each backup, then an incremental one every epoch; the service's
+/// network output is held until the backups hold the checkpoint of the epoch that produced it.
+/// Once every backup holds the state, the view is activated: the service is protected.
+///
+/// The manifest's paths (entrypoint, mounts) must be valid on every machine. Private
+/// directories (`tardi.private_dirs`) are per machine, under each instance's --state-dir.
+///
+/// Refused, with nothing deployed: an invalid manifest, a service of that name already
+/// deployed, fewer live machines than 1 + BACKUPS.
+///
+/// Example: tardi deploy gramine-manifests/redis.manifest --backups 1
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct DeployArgs {
+    /// The manifest (Gramine TOML plus a [tardi] table).
+    pub manifest: PathBuf,
+    /// How many backups (each on its own machine).
+    #[arg(long, default_value_t = 1)]
+    pub backups: u32,
+    /// The orchestrator (host:port).
+    #[arg(long, env = "TARDI_ORCHESTRATOR")]
+    pub orchestrator: String,
+    /// Return once the orchestrator accepted the deployment, without waiting for protection.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Give up waiting for protection after this many seconds.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+    /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
 }
 
-/// Deploy a replicated service (primary + backups). NOT IMPLEMENTED YET: arrives with replication.
+/// Run an orchestrator node: it detects failed instances and decides views.
+///
+/// Instances connect to it and send a heartbeat every few milliseconds; one silent for
+/// --failure-timeout is suspected failed, and the orchestrator proposes a new view for each of
+/// its services (a surviving backup becomes primary; later a spare becomes a backup). A view
+/// becomes active only when its primary asks: the failure detector never decides safety.
+///
+/// Today this is a cluster of one node (state in memory); the replicated cluster comes next.
+///
+/// Example: tardi orchestrator --listen 10.0.0.1:7700
 #[derive(Args, Debug)]
-pub struct DeployArgs {
-    pub manifest: Option<PathBuf>,
+#[command(verbatim_doc_comment)]
+pub struct OrchestratorArgs {
+    /// Address for instances and the CLI.
+    #[arg(long, default_value = "0.0.0.0:7700")]
+    pub listen: std::net::SocketAddr,
+    /// This node's name (in status and logs).
+    #[arg(long, default_value = "o1")]
+    pub name: String,
+    /// An instance silent this long (milliseconds) is suspected failed.
+    #[arg(long, default_value_t = 100)]
+    pub failure_timeout: u64,
+}
+
+/// Run this machine's instance: primary, backup or spare for each deployed service.
+///
+/// It keeps a session with the orchestrator (heartbeats out, assignments in) and serves the
+/// checkpoint stream on --listen. As primary it runs the service in a sandbox, checkpoints it
+/// every epoch, streams the checkpoints to the backups and releases the service's output once
+/// they hold them; it answers ARP for the service address on --service-if. As backup it checks,
+/// acknowledges and applies checkpoints to an in-memory image, and takes over (restores the
+/// service, claims its address) when a view makes it primary.
+///
+/// Example: tardi instance --machine m1 --listen 10.0.0.2:7701 --orchestrator 10.0.0.1:7700
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct InstanceArgs {
+    /// This machine's name in the cluster (unique).
+    #[arg(long)]
+    pub machine: String,
+    /// Address the checkpoint stream is served on (reachable by the other machines).
+    #[arg(long)]
+    pub listen: std::net::SocketAddr,
+    /// The orchestrator (host:port).
+    #[arg(long, env = "TARDI_ORCHESTRATOR")]
+    pub orchestrator: String,
+    /// The interface clients reach services through (the service address is claimed there).
+    #[arg(long, default_value = "eth0")]
+    pub service_if: String,
+    /// Services' private directories on this machine go under DIR/<service>/.
+    #[arg(long, default_value = "/var/lib/tardi/instance")]
+    pub state_dir: PathBuf,
+    /// Run directories of this machine's sandboxes: DIR/<service>/.
+    #[arg(long, default_value = "/run/tardi/instance")]
+    pub run_dir: PathBuf,
+    /// Checkpoints a backup queues (acknowledged, not yet applied) before it stops
+    /// acknowledging: longer queues shorten acknowledgements, shorter ones shorten takeovers.
+    #[arg(long, default_value_t = 16)]
+    pub queue_len: usize,
+    /// Limit the checkpoint stream to this rate (e.g. 1gbit, 100mbit) to reproduce slower
+    /// links; unlimited by default.
+    #[arg(long, value_parser = tardi_instance::throttle::parse_bandwidth)]
+    pub link_bandwidth: Option<u64>,
+    /// Milliseconds between heartbeats to the orchestrator (keep it well under its failure
+    /// timeout).
+    #[arg(long, default_value_t = 20)]
+    pub heartbeat_ms: u64,
 }
 
 /// Measure how much a service would cost to replicate: run it in a sandbox and take an
@@ -145,14 +262,14 @@ pub struct ProfileArgs {
     /// --interval, --cap-pages and --hot-epochs.
     pub manifest: PathBuf,
     /// How long to profile: 500ms, 10s, 2m.
-    #[arg(long, default_value = "10s", value_parser = crate::profile::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::parse::parse_duration)]
     pub duration: std::time::Duration,
     /// A command generating load, run with `sh -c` once the service is up; `{address}` is replaced
     /// by the sandbox's IPv4 address. Its output goes to OUT/load.log (or /dev/null).
     #[arg(long, value_name = "CMD")]
     pub load: Option<String>,
     /// The replication link the verdict assumes: 1Gbit/s, 100Mbit/s, 10Gbit/s, or bits/s.
-    #[arg(long, default_value = "1Gbit/s", value_name = "RATE", value_parser = crate::profile::parse_bandwidth)]
+    #[arg(long, default_value = "1Gbit/s", value_name = "RATE", value_parser = crate::parse::parse_bandwidth)]
     pub link_bandwidth: u64,
     /// Print JSON: one object per epoch, then a summary object ("summary": true).
     #[arg(long)]
@@ -167,7 +284,7 @@ pub struct ProfileArgs {
     #[arg(long)]
     pub verify: bool,
     /// Epoch length in ms [default: tardi.epoch.interval_ms].
-    #[arg(long, value_name = "MS", value_parser = crate::profile::parse_ms)]
+    #[arg(long, value_name = "MS", value_parser = crate::parse::parse_ms)]
     pub interval: Option<f64>,
     /// End an epoch early once this many pages are dirty; 0: never [default: tardi.epoch.cap_pages].
     #[arg(long, value_name = "N")]
@@ -177,7 +294,7 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "N")]
     pub hot_epochs: Option<u32>,
     /// How pages are encoded: xor-zstd, zstd, xdelta3 or raw.
-    #[arg(long, default_value = "xor-zstd", value_parser = crate::profile::parse_codec)]
+    #[arg(long, default_value = "xor-zstd", value_parser = crate::parse::parse_codec)]
     pub codec: tardi_checkpointer::delta::Codec,
     /// Memory for twins (last sent copies of written pages) that deltas are taken against, MiB.
     #[arg(long, default_value_t = 64, value_name = "MB")]
@@ -197,7 +314,3 @@ pub struct ProfileArgs {
     #[arg(long)]
     pub no_precopy: bool,
 }
-
-/// NOT IMPLEMENTED YET: arrives with replication and the orchestrator cluster.
-#[derive(Args, Debug)]
-pub struct LaterArgs {}

@@ -1,9 +1,13 @@
-//! `tardi status`: the sandboxes running on this machine.
+//! `tardi status`: the orchestrator's view of the cluster (with `--orchestrator` or
+//! `TARDI_ORCHESTRATOR`), else the sandboxes running on this machine.
 
 use crate::cli::StatusArgs;
 use crate::control::{self, Reply, Request};
 
 pub fn status(a: StatusArgs) -> anyhow::Result<()> {
+    if let Some(addr) = &a.orchestrator {
+        return crate::cluster::status(&a, addr);
+    }
     let mut names: Vec<String> = std::fs::read_dir(tardi_sandbox::RUN_ROOT)
         .map(|d| {
             d.filter_map(|e| e.ok()?.file_name().into_string().ok())

@@ -7,10 +7,11 @@ mod common;
 
 use common::programs::{self, Report};
 use common::tardi::{Running, Scratch, manifest_for};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
-use tardi_checkpointer::epoch::{EpochConfig, Epochs};
-use tardi_checkpointer::image::Checkpoint;
+use tardi_checkpointer::epoch::{ChainState, EpochConfig, Epochs, FailPoint};
+use tardi_checkpointer::image::{Backing, Checkpoint, Kind};
 use tardi_checkpointer::store::Image;
 use tardi_checkpointer::verify::compare_live;
 
@@ -18,21 +19,83 @@ fn roundtrip(ck: &Checkpoint) -> Checkpoint {
     Checkpoint::from_bytes(ck.to_bytes()).expect("a checkpoint parses back")
 }
 
+/// What a chain does besides following the process.
+#[derive(Default)]
+struct Extra {
+    /// Ask for a full checkpoint at these calls: each gets its own image, which every later
+    /// incremental is applied to as well, and which is checked like the chain's own and
+    /// against it.
+    fulls_at: Vec<u64>,
+    /// Make these calls fail at a point: the failure must leave the chain intact.
+    fail_at: Vec<(u64, FailPoint)>,
+}
+
 /// Runs `epochs` incremental epochs on `pid`, verifying every `check_every` epochs and at the
 /// end. Returns the final image.
 fn chain(pid: i32, cfg: EpochConfig, epochs: u64, check_every: u64) -> Image {
+    chain_with(pid, cfg, epochs, check_every, &Extra::default())
+}
+
+fn chain_with(pid: i32, cfg: EpochConfig, epochs: u64, check_every: u64, extra: &Extra) -> Image {
     let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
     let mut image = Image::from_full(&roundtrip(&full)).unwrap();
+    // Images built from full checkpoints taken in the middle of the stream: (epoch, image).
+    let mut others: Vec<(u64, Image)> = Vec::new();
     let mut total_dirty = 0;
+    let mut last = 0;
+    // The next checkpoint skips a number (a failure after the hook gave one out).
+    let mut skip = false;
+    let mut fails = 0;
     for i in 1..=epochs {
-        let held = i % check_every == 0 || i == epochs;
-        let (ck, st) = if held { ep.next_held() } else { ep.next() }
-            .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        if let Some(&(_, at)) = extra.fail_at.iter().find(|f| f.0 == i) {
+            ep.fail_next(at);
+            let e = ep.next().expect_err("an injected failure");
+            assert_eq!(e.chain(), ChainState::Intact, "call {i}: {e}");
+            skip |= at == FailPoint::AfterResume;
+            fails += 1;
+            continue;
+        }
+        let held = i % check_every == 0
+            || i == epochs
+            || extra.fulls_at.contains(&i)
+            || extra.fulls_at.contains(&(i - 1))
+            || extra.fail_at.iter().any(|f| f.0 + 1 == i);
+        if extra.fulls_at.contains(&i) {
+            ep.request_full();
+        }
+        let out = ep
+            .next_output(held)
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        let (ck, st) = (out.incremental, out.stats);
         total_dirty += st.dirty_pages + st.fresh_pages;
-        assert_eq!(ck.epoch, i);
+        let want = last + if skip { 2 } else { 1 };
+        assert_eq!(ck.epoch, want, "call {i}: checkpoint numbers");
+        assert_eq!(ck.kind, Kind::Incremental { base: last }, "call {i}");
+        (last, skip) = (ck.epoch, false);
+        let ck = roundtrip(&ck);
         image
-            .apply(&roundtrip(&ck))
+            .apply(&ck)
             .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        for (at, other) in &mut others {
+            other
+                .apply(&ck)
+                .unwrap_or_else(|e| panic!("epoch {i}, on the full of {at}: {e}"));
+        }
+        match out.full {
+            Some(full) => {
+                assert!(
+                    extra.fulls_at.contains(&i),
+                    "call {i}: a full nobody asked for"
+                );
+                assert_eq!((full.epoch, full.kind), (ck.epoch, Kind::Full));
+                assert!(st.full_bytes > 0);
+                others.push((
+                    ck.epoch,
+                    Image::from_full(&roundtrip(&full)).expect("the full makes an image"),
+                ));
+            }
+            None => assert!(!extra.fulls_at.contains(&i), "call {i}: no full"),
+        }
         if held {
             let diffs = compare_live(pid, &image, 20).unwrap();
             assert!(
@@ -40,9 +103,24 @@ fn chain(pid: i32, cfg: EpochConfig, epochs: u64, check_every: u64) -> Image {
                 "epoch {i}: the image differs from the live process:\n{}",
                 diffs.join("\n")
             );
+            for (at, other) in &others {
+                let mut diffs = compare_live(pid, other, 20).unwrap();
+                diffs.extend(same_images(&image, other));
+                assert!(
+                    diffs.is_empty(),
+                    "epoch {i}: the image from the full of {at} differs:\n{}",
+                    diffs.join("\n")
+                );
+            }
             ep.release();
         }
     }
+    assert_eq!(fails, extra.fail_at.len());
+    assert_eq!(
+        others.len(),
+        extra.fulls_at.len(),
+        "every full was produced"
+    );
     assert!(
         total_dirty > epochs,
         "the program wrote almost nothing: the test proves little"
@@ -51,7 +129,62 @@ fn chain(pid: i32, cfg: EpochConfig, epochs: u64, check_every: u64) -> Image {
     image
 }
 
-fn statemachine_chain(tag: &str, cfg: EpochConfig) {
+/// Differences between two images of the same state (empty: none): metadata (the
+/// copied-on-write list aside: a full carries none), the private directories' tree, and every
+/// page (one that only one image holds must be zeros in an anonymous mapping; in a file mapping
+/// it reads as the file, which `compare_live` checks).
+fn same_images(a: &Image, b: &Image) -> Vec<String> {
+    let mut diffs = Vec::new();
+    if a.epoch != b.epoch {
+        diffs.push(format!("epochs {} and {}", a.epoch, b.epoch));
+    }
+    let meta = |i: &Image| {
+        let mut m = i.meta.clone();
+        m.cow.clear();
+        serde_json::to_string(&m).unwrap()
+    };
+    if meta(a) != meta(b) {
+        diffs.push("the metadata differs".into());
+    }
+    if a.tree() != b.tree() {
+        diffs.push("the private directories' trees differ".into());
+    }
+    let pages = |i: &Image| {
+        let ck = i.to_full();
+        let mut m = BTreeMap::new();
+        for r in &ck.image.runs {
+            for p in 0..r.len / 4096 {
+                let o = (r.data_off + p * 4096) as usize;
+                m.insert(r.addr + p * 4096, ck.data[o..o + 4096].to_vec());
+            }
+        }
+        m
+    };
+    let (pa, pb) = (pages(a), pages(b));
+    let anon = |addr: u64| {
+        a.meta
+            .vmas
+            .iter()
+            .find(|v| v.start <= addr && addr < v.end)
+            .is_some_and(|v| v.backing == Backing::Anon)
+    };
+    let zero = vec![0u8; 4096];
+    let addrs: BTreeSet<u64> = pa.keys().chain(pb.keys()).copied().collect();
+    for addr in addrs {
+        let ok = match (pa.get(&addr), pb.get(&addr)) {
+            (Some(x), Some(y)) => x == y,
+            (Some(x), None) | (None, Some(x)) => !anon(addr) || *x == zero,
+            (None, None) => true,
+        };
+        if !ok && diffs.len() < 20 {
+            diffs.push(format!("page {addr:#x} differs"));
+        }
+    }
+    diffs
+}
+
+/// The state machine (4 threads) running in a sandbox, ready.
+fn statemachine_run(tag: &str) -> (Scratch, Running, SocketAddr) {
     let bin = programs::build("statemachine");
     let scratch = Scratch::new(tag);
     let name = format!("inc-{tag}-{}", std::process::id() % 10000);
@@ -59,6 +192,11 @@ fn statemachine_chain(tag: &str, cfg: EpochConfig) {
     let run = Running::run(&manifest).expect("tardi run");
     let addr = SocketAddr::new(run.address.into(), 7000);
     programs::wait_ready(addr, Duration::from_secs(10)).unwrap();
+    (scratch, run, addr)
+}
+
+fn statemachine_chain(tag: &str, cfg: EpochConfig) {
+    let (scratch, run, addr) = statemachine_run(tag);
     // The sandbox description comes from an ordinary snapshot.
     let first = scratch.0.join("first.tardi");
     run.snapshot(&first).unwrap();
@@ -122,15 +260,8 @@ fn statemachine_chain_uffd_no_hot_pages_no_twins_no_precopy() {
     );
 }
 
-/// The memory-layout churn program (`tests/programs/churn.c`): threads that write, mmap,
-/// munmap, mremap (grow, shrink, move, DONTUNMAP), MADV_DONTNEED, mprotect (incl. PROT_NONE
-/// with data inside), replace mappings at the same address, brk up and down, and write
-/// copy-on-write file mappings — all inside single epochs. The chain's image must equal the live
-/// memory byte for byte at every check; at the end the image is restored (held before running)
-/// into a second sandbox, and the two processes are compared byte for byte.
-fn churn_chain(tag: &str, cfg: EpochConfig, env: &str) {
-    use tardi_checkpointer::restore;
-    use tardi_sandbox::{Sandbox, SandboxConfig, Start};
+/// The churn program running in a sandbox (`env`: extra manifest lines); its name.
+fn churn_run(tag: &str, env: &str) -> (Scratch, Running, String) {
     let bin = programs::build("churn");
     let scratch = Scratch::new(tag);
     let name = format!("churn-{tag}-{}", std::process::id() % 10000);
@@ -149,6 +280,18 @@ fn churn_chain(tag: &str, cfg: EpochConfig, env: &str) {
     .unwrap();
     let run = Running::run(&manifest).expect("tardi run churn");
     std::thread::sleep(Duration::from_millis(300));
+    (scratch, run, name)
+}
+
+/// The memory-layout churn program (`tests/programs/churn.c`): threads that write, mmap,
+/// munmap, mremap (grow, shrink, move, DONTUNMAP), MADV_DONTNEED, mprotect (incl. PROT_NONE
+/// with data inside), replace mappings at the same address, brk up and down, and write
+/// copy-on-write file mappings — all inside single epochs. The chain's image must equal the live
+/// memory byte for byte at every check; at the end the image is restored (held before running)
+/// into a second sandbox, and the two processes are compared byte for byte.
+fn churn_chain(tag: &str, cfg: EpochConfig, env: &str) {
+    use tardi_sandbox::SandboxConfig;
+    let (scratch, run, name) = churn_run(tag, env);
     let first = scratch.0.join("first.tardi");
     run.snapshot(&first).unwrap();
     let mut config: SandboxConfig = serde_json::from_slice(
@@ -199,20 +342,12 @@ fn churn_chain(tag: &str, cfg: EpochConfig, env: &str) {
     config.link_index = None;
     config.init_exe = Some(common::tardi::tardi().into());
     let ck = image.to_full();
-    let prep = restore::prepare_with(&ck, &|p| config.host_path(p), true)
-        .expect("prepare the held restore");
-    let start = Start::Restore {
-        pid: prep.pid,
-        payload: prep.payload.clone(),
-        fds: prep.inherit.clone(),
-    };
-    let mut sb = Sandbox::start(&config, start).expect("second sandbox");
-    let restored = sb.service_pid().unwrap();
-    let skip = restore::finish_held(prep, restored, Duration::from_secs(30)).expect("held restore");
+    let (sb, skip) =
+        tardi_service::Service::restore_held(&ck, config.clone()).expect("held restore");
+    let restored = sb.pid();
     let volatile = tardi_checkpointer::verify::rseq_areas(&image);
     let diffs =
         tardi_checkpointer::verify::compare_processes(pid, restored, skip, &volatile, 20).unwrap();
-    let _ = sb.kill();
     let _ = sb.teardown();
     ep.release();
     ep.stop();
@@ -325,4 +460,354 @@ fn app_segv_handler_and_mprotect_work_under_the_mprotect_tracker() {
         after > before + 2000,
         "the app made too little progress under tracking ({before} -> {after} rounds):\n{log}"
     );
+}
+
+/// A full checkpoint in the middle of a stream (for a backup that joins), twice: each must
+/// describe exactly the state of the incremental taken in the same pause — its image is
+/// compared with the chain's and with the live process — and every later incremental must
+/// apply to it as to the chain (the same twins serve both).
+#[test]
+fn full_checkpoint_mid_stream_statemachine_uffd() {
+    let (_scratch, run, addr) = statemachine_run("fullmid");
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(5),
+        ..Default::default()
+    };
+    let extra = Extra {
+        fulls_at: vec![15, 60],
+        ..Default::default()
+    };
+    chain_with(run.pid, cfg, 100, 20, &extra);
+    programs::query(addr, Duration::from_secs(5))
+        .unwrap()
+        .check()
+        .unwrap();
+    run.stop();
+}
+
+/// The same with the mprotect tracker, whose commit writes the agent's pages inside the pause
+/// (after the scan): the full copies them as the incremental does.
+#[test]
+fn full_checkpoint_mid_stream_statemachine_mprotect() {
+    let (_scratch, run, _addr) = statemachine_run("fullmp");
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(5),
+        tracker: tardi_checkpointer::track::TrackerKind::Mprotect,
+        ..Default::default()
+    };
+    let extra = Extra {
+        fulls_at: vec![10, 40],
+        ..Default::default()
+    };
+    chain_with(run.pid, cfg, 70, 20, &extra);
+    run.stop();
+}
+
+/// The churn program (mappings created, replaced, moved, zapped, copied-on-write file pages,
+/// a private directory) with fulls in the middle of the stream and failures at every point
+/// the loop can fail after the scan: the chain, and the images from the fulls, stay equal to
+/// the live process.
+#[test]
+fn full_checkpoint_mid_stream_and_failures_churn_uffd() {
+    let (_scratch, run, _name) = churn_run("fullchurn", "loader.env.CHURN_MREMAP_SKIP = \"2\"");
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(5),
+        private_dirs: vec!["/mnt".into()],
+        ..Default::default()
+    };
+    let extra = Extra {
+        fulls_at: vec![20, 75, 130],
+        fail_at: vec![
+            (30, FailPoint::AfterScan),
+            (50, FailPoint::AfterCopy),
+            (70, FailPoint::AfterResume),
+            (74, FailPoint::AfterScan),
+            (100, FailPoint::AfterResume),
+            (101, FailPoint::AfterCopy),
+        ],
+    };
+    chain_with(run.pid, cfg, 160, 20, &extra);
+    run.stop();
+}
+
+/// Failures after the tracker handed the written pages over (inside the pause, after the copy,
+/// after the resume), again and again: each says the chain is intact, and it is — the next
+/// checkpoint carries what the failed one took (the image is compared with the live process
+/// right after each), with a number after any the hook may have seen.
+#[test]
+fn failures_after_the_scan_keep_the_chain_intact() {
+    let (_scratch, run, addr) = statemachine_run("carry");
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(5),
+        ..Default::default()
+    };
+    let points = [
+        FailPoint::AfterScan,
+        FailPoint::AfterCopy,
+        FailPoint::AfterResume,
+    ];
+    let extra = Extra {
+        fail_at: (0..24)
+            .map(|k| (5 + 5 * k, points[k as usize % 3]))
+            .collect(),
+        ..Default::default()
+    };
+    chain_with(run.pid, cfg, 130, 1000, &extra);
+    programs::query(addr, Duration::from_secs(5))
+        .unwrap()
+        .check()
+        .unwrap();
+    run.stop();
+}
+
+/// (stack pointer, instruction pointer) of every thread of `pid` from `/proc/PID/task/*/syscall`,
+/// `None` for a thread that is running (the kernel reads them only off a stopped thread).
+fn threads_sp_pc(pid: i32) -> Vec<Option<(u64, u64)>> {
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let tid = e.unwrap().file_name().into_string().unwrap();
+        let text =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).unwrap_or_default();
+        // "NR ARGS... SP PC", "-1 SP PC", or "running".
+        let f: Vec<&str> = text.split_whitespace().collect();
+        out.push(match f.len() {
+            n if n >= 3 => hex(f[n - 2]).zip(hex(f[n - 1])),
+            _ => None,
+        });
+    }
+    out
+}
+
+/// The pause hook: called once per checkpoint, with its number, in order, inside the pause
+/// that produced it — every thread's stack and instruction pointer, read from `/proc` while the
+/// hook runs, are those of the checkpoint's threads (a hook called after the resume would see
+/// running threads, or threads that re-issued their interrupted system calls; one called at the
+/// next pause, another state). A pause that fails before the hook does not call it and its
+/// number is used by the next checkpoint; one that fails after it gives up its number.
+#[test]
+fn pause_hook_runs_inside_the_pause_with_the_checkpoint_number() {
+    use std::sync::{Arc, Mutex, mpsc};
+    use tardi_checkpointer::epoch::EpochHooks;
+    let (_scratch, run, _addr) = statemachine_run("hook");
+    let pid = run.pid;
+    // The hook runs on the epoch thread, inside the sandbox's root: a thread with the host's
+    // view reads `/proc` for it, while it waits.
+    let (ask, asked) = mpsc::channel::<u64>();
+    let (answer, answered) = mpsc::channel::<()>();
+    // Per hook call: the epoch, and each thread's (state, stop count) as `/proc` showed it.
+    type Seen = Vec<(u64, Vec<Option<(u64, u64)>>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let log = seen.clone();
+    let reader = std::thread::spawn(move || {
+        while let Ok(n) = asked.recv() {
+            log.lock().unwrap().push((n, threads_sp_pc(pid)));
+            if answer.send(()).is_err() {
+                break;
+            }
+        }
+    });
+    let hooks = EpochHooks::on_pause(move |n| {
+        let _ = ask.send(n);
+        let _ = answered.recv_timeout(Duration::from_secs(10));
+    });
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(5),
+        ..Default::default()
+    };
+    let (mut ep, full, _) = Epochs::start_with(pid, cfg, hooks).expect("start epochs");
+    let regs = |ck: &Checkpoint| {
+        let mut v: Vec<Option<(u64, u64)>> = ck
+            .image
+            .threads
+            .iter()
+            .map(|t| Some((t.regs[19], t.regs[16]))) // rsp, rip
+            .collect();
+        v.sort();
+        v
+    };
+    let check = |ck: &Checkpoint, numbers: &[u64]| {
+        let seen = seen.lock().unwrap();
+        let got: Vec<u64> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(got, numbers, "hook calls after checkpoint {}", ck.epoch);
+        let mut at_hook = seen.last().unwrap().1.clone();
+        at_hook.sort();
+        assert_eq!(
+            at_hook,
+            regs(ck),
+            "checkpoint {}: the threads as the hook saw them",
+            ck.epoch
+        );
+    };
+    let mut numbers = vec![0];
+    check(&full, &numbers);
+    for i in 1..=60u64 {
+        match i {
+            20 => ep.fail_next(FailPoint::AfterScan),
+            30 => ep.fail_next(FailPoint::AfterCopy),
+            40 => ep.fail_next(FailPoint::AfterResume),
+            _ => {}
+        }
+        match ep.next() {
+            Ok((ck, _)) => {
+                numbers.push(ck.epoch);
+                check(&ck, &numbers);
+            }
+            Err(e) => {
+                assert!(matches!(i, 20 | 30 | 40), "call {i}: {e}");
+                assert_eq!(e.chain(), ChainState::Intact);
+                if i == 40 {
+                    // The hook saw the pause, the checkpoint was not produced.
+                    numbers.push(numbers.last().unwrap() + 1);
+                }
+                assert_eq!(
+                    seen.lock().unwrap().iter().map(|s| s.0).collect::<Vec<_>>(),
+                    numbers,
+                    "call {i}: hook calls after a failure"
+                );
+            }
+        }
+    }
+    // 57 checkpoints after the first, and the number given up: no gaps, no repeats.
+    assert_eq!(numbers, (0..=58).collect::<Vec<u64>>());
+    ep.stop();
+    reader.join().unwrap();
+    run.stop();
+}
+
+/// Output ends epochs early: an epoch ends once the trigger is set (not before the minimum
+/// interval), whether it was set before the epoch or during it; without it, epochs run their
+/// whole interval; the trigger is cleared inside the pause before the hook, so a packet
+/// queued right after the hook's mark (here: the hook sets it) ends the next epoch early.
+#[test]
+fn output_ends_the_epoch_early() {
+    use std::sync::{Arc, OnceLock};
+    use tardi_checkpointer::epoch::{EndedBy, EpochHooks, Trigger};
+    let (_scratch, run, _addr) = statemachine_run("trigger");
+    let min = Duration::from_millis(3);
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(400),
+        min_interval: min,
+        cap_pages: 0,
+        ..Default::default()
+    };
+    // Epoch numbers whose pause marks output queued right after it.
+    let mark_after: Arc<OnceLock<(Trigger, Vec<u64>)>> = Arc::default();
+    let m = mark_after.clone();
+    let hooks = EpochHooks::on_pause(move |n| {
+        if let Some((t, at)) = m.get()
+            && at.contains(&n)
+        {
+            t.set();
+        }
+    });
+    let (mut ep, _, _) = Epochs::start_with(run.pid, cfg, hooks).expect("start epochs");
+    let trigger = ep.trigger();
+    let ended = |ep: &mut Epochs| {
+        let (ck, st) = ep.next().unwrap();
+        (ck.epoch, st.ended_by, st.interval_us)
+    };
+    // Set before the epoch: it ends at the minimum interval.
+    for _ in 0..10 {
+        trigger.set();
+        let (n, by, us) = ended(&mut ep);
+        assert_eq!(by, EndedBy::Output, "epoch {n}");
+        assert!(
+            us >= min.as_micros() as u64,
+            "epoch {n} ended after {us} µs"
+        );
+    }
+    // Set during the epoch, from another thread.
+    for _ in 0..3 {
+        let t = trigger.clone();
+        let setter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            t.set();
+        });
+        let (n, by, _) = ended(&mut ep);
+        assert_eq!(by, EndedBy::Output, "epoch {n}");
+        setter.join().unwrap();
+    }
+    // Not set: the whole interval (the pause cleared the last one).
+    for _ in 0..2 {
+        let (n, by, _) = ended(&mut ep);
+        assert_eq!(by, EndedBy::Interval, "epoch {n}");
+    }
+    // Set by the hook of the next pause, just after its mark: the epoch after it ends early.
+    let (n, _, _) = ended(&mut ep);
+    let _ = mark_after.set((trigger.clone(), vec![n + 1, n + 3]));
+    let by: Vec<EndedBy> = (0..4).map(|_| ended(&mut ep).1).collect();
+    assert_eq!(
+        by,
+        [
+            EndedBy::Interval,
+            EndedBy::Output,
+            EndedBy::Interval,
+            EndedBy::Output
+        ],
+        "epochs {}..={}",
+        n + 1,
+        n + 4
+    );
+    ep.stop();
+    run.stop();
+}
+
+/// The service killed between epochs, or inside a pause (by the hook): the loop says the
+/// service is gone, promptly and again on every later call, and stops cleanly. A pause that
+/// completed before the kill still delivers its checkpoint.
+fn killed_service(tag: &str, in_pause: bool) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tardi_checkpointer::epoch::EpochHooks;
+    let (_scratch, run, _addr) = statemachine_run(tag);
+    let pid = run.pid;
+    let kill_at = Arc::new(AtomicU64::new(u64::MAX));
+    let k = kill_at.clone();
+    let hooks = EpochHooks::on_pause(move |n| {
+        if n == k.load(Ordering::Relaxed) {
+            // SAFETY: a signal to the service's process.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(5),
+        ..Default::default()
+    };
+    let (mut ep, _, _) = Epochs::start_with(pid, cfg, hooks).expect("start epochs");
+    for _ in 0..10 {
+        ep.next().unwrap();
+    }
+    // The rest on a thread, so that a hang fails the test instead of blocking it.
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        if in_pause {
+            kill_at.store(11, Ordering::Relaxed);
+            let (ck, _) = ep.next().expect("the pause finished before the kill");
+            assert_eq!(ck.epoch, 11);
+        } else {
+            // SAFETY: a signal to the service's process.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        for call in 0..3 {
+            let e = ep.next().expect_err("the service is gone");
+            assert_eq!(e.chain(), ChainState::ServiceGone, "call {call}: {e}");
+        }
+        ep.stop();
+        let _ = done.send(());
+    });
+    finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the loop reports the service gone and stops (no hang, no panic)");
+    let _ = run.wait_exit(Duration::from_secs(10));
+}
+
+#[test]
+fn killed_between_epochs_is_reported_gone() {
+    killed_service("gone", false);
+}
+
+#[test]
+fn killed_inside_a_pause_is_reported_gone() {
+    killed_service("gonepause", true);
 }

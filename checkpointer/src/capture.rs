@@ -186,6 +186,17 @@ pub(crate) struct PendingFile {
 }
 
 impl PendingFile {
+    /// The process's executable (`/proc/PID/exe`, shown as `path`), to open during the pause
+    /// and identify after it, as a mapped file.
+    pub(crate) fn exe(path: &str) -> PendingFile {
+        PendingFile {
+            path: path.to_string(),
+            map_file: "exe".into(),
+            inode: 0,
+            opened: None,
+        }
+    }
+
     /// Opens the file while the process is still stopped.
     pub(crate) fn open(&mut self, proc: &Proc) -> Result<()> {
         let f = proc
@@ -326,6 +337,9 @@ pub(crate) fn capture_meta(
     refresh: bool,
 ) -> Result<ProcessImage> {
     let pid = st.pid;
+    if st.tids.is_empty() {
+        return Err(PtraceError::ProcessDied { pid }.into());
+    }
     // Read once: nothing below changes the fields used from it (the process stays stopped, and
     // the injected calls only read).
     let status = proc
@@ -342,14 +356,9 @@ pub(crate) fn capture_meta(
     let mut seen = HashMap::new();
     for &tid in &st.tids.clone() {
         let regs = st.regs(tid)?;
-        let xstate = st.xstate(tid)?;
-        if xstate.len() > abi::XSTATE_MAX {
-            return Err(CaptureError::Unsupported(format!(
-                "thread {tid} has a {}-byte XSAVE area (AMX?); at most {} bytes are supported",
-                xstate.len(),
-                abi::XSTATE_MAX
-            )));
-        }
+        let xstate = fit_xstate(st.xstate(tid)?).map_err(|why| {
+            CaptureError::Unsupported(format!("thread {tid}'s extended CPU state: {why}"))
+        })?;
         let (robust_list, robust_len) = st.robust_list(tid)?;
         let rseq = st
             .rseq(tid)?
@@ -546,6 +555,60 @@ fn signal_masks(status: &str) -> (u64, u64) {
             .unwrap_or(0)
     };
     (field("SigIgn"), field("SigCgt"))
+}
+
+/// Fits a thread's XSAVE area (standard format, as `PTRACE_GETREGSET(NT_X86_XSTATE)` returns
+/// it) into what the restore plan carries and what `rt_sigreturn` accepts.
+///
+/// The kernel reports the area at the size of *every* feature it manages, AMX included (11,008
+/// bytes on CPUs with AMX), but a process that never asked for AMX (`ARCH_REQ_XCOMP_PERM`) has
+/// a smaller signal-frame size (2,696 bytes with AVX-512 and PKRU), and a frame whose
+/// `xstate_size` exceeds it is silently restored as legacy FP/SSE only. So the area is cut at
+/// the end of the last component that fits under [`abi::XSTATE_MAX`] and is not dynamic (on
+/// this project's machines: 2,816 bytes, AMX's tile configuration included, as the kernel's
+/// default size), provided no component beyond the cut is in use (its `XSTATE_BV` bit set);
+/// the software-reserved bytes
+/// (`struct _fpx_sw_bytes` at offset 464) are rewritten to describe the cut area. Component
+/// offsets come from CPUID leaf 0xD, as the kernel's own.
+fn fit_xstate(mut xs: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
+    const HEADER_END: usize = 512 + 64; // legacy area + XSAVE header
+    if xs.len() <= abi::XSTATE_MAX {
+        return Ok(xs);
+    }
+    let word = |xs: &[u8], off: usize| u64::from_le_bytes(xs[off..off + 8].try_into().unwrap());
+    let in_use = word(&xs, 512); // XSTATE_BV
+    let mut cut = HEADER_END;
+    let mut kept: u64 = 0b11; // x87 and SSE live in the legacy area
+    for i in 2..63u32 {
+        let r = std::arch::x86_64::__cpuid_count(0xD, i);
+        let (size, offset) = (r.eax as usize, r.ebx as usize);
+        if size == 0 || offset == 0 {
+            continue; // not supported, or a supervisor component (not in user areas)
+        }
+        let end = offset + size;
+        // ECX bit 2: the component is XFD-enabled ("dynamic", AMX tile data): it is part of a
+        // process's signal frame only once the process asked for it.
+        let dynamic = r.ecx & 4 != 0;
+        if !dynamic && end <= abi::XSTATE_MAX && end <= xs.len() {
+            cut = cut.max(end);
+            kept |= 1 << i;
+        } else if in_use & (1 << i) != 0 {
+            return Err(format!(
+                "it uses XSAVE component {i} ({size} bytes at offset {offset}; AMX tiles are \
+                 components 17-18), which does not fit the {} bytes a checkpoint carries",
+                abi::XSTATE_MAX
+            ));
+        }
+    }
+    xs.truncate(cut);
+    // _fpx_sw_bytes: magic1 (u32), extended_size (u32), xfeatures (u64), xstate_size (u32).
+    if u32::from_le_bytes(xs[464..468].try_into().unwrap()) == 0x4650_5853 {
+        let features = word(&xs, 472) & kept;
+        xs[468..472].copy_from_slice(&(cut as u32 + 4).to_le_bytes());
+        xs[472..480].copy_from_slice(&features.to_le_bytes());
+        xs[480..484].copy_from_slice(&(cut as u32).to_le_bytes());
+    }
+    Ok(xs)
 }
 
 fn regs_to_vec(r: &Regs) -> Vec<u64> {
@@ -765,11 +828,23 @@ type CapturedMemory = (Vec<Vma>, Vec<PageRun>, Vec<u8>, Vec<PendingFile>);
 
 /// Walks the mappings, decides what each needs, and copies the saved pages.
 fn capture_memory(proc: &Proc, maps: &[MapEntry], data: Vec<u8>) -> Result<CapturedMemory> {
-    let pid = proc.pid;
     let (vmas, mut files) = describe_vmas(maps)?;
     for f in &mut files {
         f.open(proc)?;
     }
+    let (runs, data) = copy_saved(proc, maps, &vmas, data)?;
+    Ok((vmas, runs, data, files))
+}
+
+/// Copies the pages a full checkpoint saves of `maps` (which [`describe_vmas`] described as
+/// `vmas`) into `data`; returns their runs.
+pub(crate) fn copy_saved(
+    proc: &Proc,
+    maps: &[MapEntry],
+    vmas: &[Vma],
+    data: Vec<u8>,
+) -> Result<(Vec<PageRun>, Vec<u8>)> {
+    let pid = proc.pid;
     // (addr, len, readable) of every range to save.
     let mut want: Vec<(u64, u64, bool)> = Vec::new();
     let pagemap = proc
@@ -777,15 +852,14 @@ fn capture_memory(proc: &Proc, maps: &[MapEntry], data: Vec<u8>) -> Result<Captu
         .map_err(proc_err(pid, "pagemap"))?;
     let mut pm_buf: Vec<u64> = Vec::new();
     let swap = crate::track::swap_active();
-    for (m, v) in maps.iter().filter(|m| m.name != "[vsyscall]").zip(&vmas) {
+    for (m, v) in maps.iter().filter(|m| m.name != "[vsyscall]").zip(vmas) {
         if v.backing == Backing::Vdso || m.shared {
             continue; // recreated by the kernel, or the file holds the data
         }
         saved_ranges(&pagemap, swap, m, &mut pm_buf, &mut want)
             .map_err(proc_err(pid, "pagemap"))?;
     }
-    let (runs, data) = copy_ranges(proc, &want, data)?;
-    Ok((vmas, runs, data, files))
+    copy_ranges(proc, &want, data)
 }
 
 /// Is this mapping private memory that write tracking covers (not the vDSO, not shared)?
@@ -1005,7 +1079,7 @@ fn read_mem(f: &std::fs::File, addr: u64, out: &mut [u8]) -> io::Result<()> {
 
 /// Removes all-zero pages of anonymous mappings from the saved data: a fresh anonymous mapping
 /// reads as zero already. (File-backed private pages keep their zeroes: the file differs.)
-fn drop_zero_pages(image: &mut ProcessImage, data: &mut Vec<u8>) {
+pub(crate) fn drop_zero_pages(image: &mut ProcessImage, data: &mut Vec<u8>) {
     let anon = |addr: u64| {
         image
             .vmas
@@ -1046,4 +1120,46 @@ fn drop_zero_pages(image: &mut ProcessImage, data: &mut Vec<u8>) {
     }
     data.truncate(w);
     image.runs = out_runs;
+}
+
+#[cfg(test)]
+mod xstate_tests {
+    use super::*;
+
+    /// On a CPU whose XSAVE area exceeds what a checkpoint carries (AMX), an area whose AMX
+    /// components are unused is cut and described as cut; one that uses them is refused.
+    #[test]
+    fn large_xsave_areas_are_cut_or_refused() {
+        let tile = std::arch::x86_64::__cpuid_count(0xD, 18);
+        let full = (tile.ebx + tile.eax) as usize;
+        if tile.eax == 0 || full <= abi::XSTATE_MAX {
+            eprintln!("no AMX on this CPU: nothing to cut");
+            return;
+        }
+        let mut xs = vec![0u8; full];
+        xs[464..468].copy_from_slice(&0x4650_5853u32.to_le_bytes());
+        xs[472..480].copy_from_slice(&((1u64 << 19) - 1).to_le_bytes());
+        xs[512..520].copy_from_slice(&0b111u64.to_le_bytes()); // x87, SSE, AVX in use
+        let cut = fit_xstate(xs.clone()).expect("unused AMX state is cut");
+        assert!(
+            cut.len() <= abi::XSTATE_MAX && cut.len() >= 832,
+            "{}",
+            cut.len()
+        );
+        let sw = |o: usize| u32::from_le_bytes(cut[o..o + 4].try_into().unwrap());
+        assert_eq!(
+            sw(480) as usize,
+            cut.len(),
+            "xstate_size describes the cut area"
+        );
+        let features = u64::from_le_bytes(cut[472..480].try_into().unwrap());
+        assert_eq!(
+            features & (1 << 18),
+            0,
+            "AMX tile data dropped from xfeatures"
+        );
+        assert_eq!(features & 0b111, 0b111);
+        xs[512..520].copy_from_slice(&(0b111u64 | 1 << 18).to_le_bytes());
+        assert!(fit_xstate(xs).is_err(), "live AMX tiles are refused");
+    }
 }

@@ -1,10 +1,35 @@
 //! The epoch loop: a full checkpoint, then one incremental checkpoint per epoch.
 //!
-//! Each epoch: wait (interval, or less once the dirty pages reach the cap) → stop every thread →
-//! read the layout and thread/handle state → take the pages written since the last epoch from
-//! the tracker (protecting them again in the same scan) and capture mappings that are new or
-//! replaced whole → leave hot pages unprotected → copy the pages → resume. Encoding against the
-//! twins happens after the resume, while the service runs.
+//! Each epoch: wait → stop every thread → read the layout and thread/handle state → take the
+//! pages written since the last epoch from the tracker (protecting them again in the same scan)
+//! and capture mappings that are new or replaced whole → leave hot pages unprotected → copy the
+//! pages → call the pause hook → resume. Encoding against the twins happens after the resume,
+//! while the service runs.
+//!
+//! **When an epoch ends** (see [`EpochStats::ended_by`]): at [`EpochConfig::interval`] after the
+//! previous resume; earlier, once [`EpochConfig::min_interval`] has passed, when output is
+//! waiting ([`Trigger::set`], [`EndedBy::Output`]) or the dirty pages reach the cap
+//! ([`EndedBy::Cap`], polled a few times per epoch). Ending on output follows the
+//! adaptive-checkpoint-scheduling idea: Tardigrade ran epochs back to back, so a reply waited
+//! ~1.5 epochs for its checkpoint; here a reply's epoch ends as soon as it is queued.
+//!
+//! **Output commit** ([`EpochHooks::on_pause`]): inside every pause that produces a checkpoint,
+//! with all threads stopped, after the capture succeeded and before the resume, the hook gets
+//! the number N of the checkpoint this pause produces. Whatever the service sent before this
+//! pause belongs to an epoch ≤ N, and is safe to release once checkpoint N (or a later one) is
+//! replicated; what it sends after belongs to an epoch > N.
+//!
+//! **Full checkpoint in the middle of a stream** ([`Epochs::request_full`], for a backup that
+//! joins): the next pause produces both the incremental checkpoint N and a full checkpoint of
+//! the same state N (see `full_twin_consistency` below for why the incrementals after N apply
+//! to either).
+//!
+//! **Failures** ([`EpochError::chain`]): a capture that fails keeps everything the tracker had
+//! already handed over (written pages, ranges it armed or could not scan, the private
+//! directories' last walk) and the next checkpoint carries it, so the chain stays intact. A
+//! failure after the hook ran (resuming, or hashing a newly mapped file after the resume) also
+//! gives up the number N: it is never produced, and the next checkpoint is N+1 on base N−1.
+//! The process exiting or being killed is reported as [`ChainState::ServiceGone`].
 //!
 //! The loop runs on its own thread, chroot'ed into the process's root (see
 //! [`crate::procfs::in_view`]); [`Epochs`] talks to it over channels, so the hand-offs are
@@ -14,7 +39,7 @@ use crate::capture::{
     self, CaptureError, MetaCache, copy_ranges, describe_vmas, proc_err, trackable,
 };
 use crate::delta::{Codec, PageCodec, PageEncoding, TwinStore};
-use crate::files::DirTracker;
+use crate::files::{DirTracker, FileChanges};
 use crate::image::*;
 use crate::procfs::{MapEntry, Proc, in_view};
 use crate::ptrace::Stopped;
@@ -25,7 +50,8 @@ use crate::track::{
     UffdTracker,
 };
 use std::collections::{HashMap, HashSet};
-use std::sync::mpsc;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 const PAGE: u64 = 4096;
@@ -82,6 +108,18 @@ impl Default for EpochConfig {
     }
 }
 
+/// Why an epoch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub enum EndedBy {
+    /// [`EpochConfig::interval`] passed (also epoch 0, which does not wait).
+    #[default]
+    Interval,
+    /// The dirty pages reached [`EpochConfig::cap_pages`].
+    Cap,
+    /// Output was waiting ([`Trigger::set`]).
+    Output,
+}
+
 /// What one epoch cost and produced.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct EpochStats {
@@ -112,8 +150,10 @@ pub struct EpochStats {
     pub compressed_pages: u64,
     pub raw_pages: u64,
     pub twin_bytes: u64,
-    /// The epoch ended early at the dirty-page cap.
+    /// The epoch ended early at the dirty-page cap (`ended_by == EndedBy::Cap`).
     pub capped: bool,
+    /// Why the epoch ended.
+    pub ended_by: EndedBy,
     /// Pages copied by the pre-copy before the pause (counted in `dirty_pages` unless written
     /// again before the pause), and how long that took (not part of the pause).
     pub precopy_pages: u64,
@@ -122,9 +162,40 @@ pub struct EpochStats {
     /// its agent made writable (system-call buffers included). `None` for userfaultfd, whose
     /// faults the kernel resolves alone (they show in the process's minor-fault count).
     pub write_faults: Option<u64>,
+    /// With a full checkpoint ([`Epochs::request_full`]): copying all memory and reading the
+    /// private directories' whole tree for it (inside the pause, part of `pause_us`), and the
+    /// full checkpoint's page bytes.
+    pub full_copy_us: u64,
+    pub full_bytes: u64,
 }
 
-/// Why the loop failed.
+/// What one epoch produced ([`Epochs::next_output`]).
+#[derive(Debug)]
+pub struct EpochOutput {
+    /// Checkpoint N, incremental on the previous one (`Kind::Incremental { base }`).
+    pub incremental: Checkpoint,
+    /// A full checkpoint of the same state N, when one was requested ([`Epochs::request_full`]).
+    pub full: Option<Checkpoint>,
+    pub stats: EpochStats,
+}
+
+/// What a failure means for the chain of checkpoints ([`EpochError::chain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainState {
+    /// Nothing was lost: the next [`Epochs::next`] continues the chain (what this epoch took is
+    /// carried into the next checkpoint). The cause may persist (an unsupported resource, say),
+    /// in which case the next call fails the same way.
+    Intact,
+    /// This loop cannot continue the chain: its thread is gone (or `start` failed), so there is
+    /// no loop left to carry anything or to take a full checkpoint with [`Epochs::request_full`].
+    /// A new loop ([`Epochs::start`], with its own full checkpoint) is needed before any backup
+    /// can continue. The running loop itself never breaks the chain (see the module doc).
+    Broken,
+    /// The service exited or was killed (its process is gone, or only a zombie is left).
+    ServiceGone,
+}
+
+/// Why the loop failed. [`EpochError::chain`] says what it means for the chain.
 #[derive(Debug, thiserror::Error)]
 pub enum EpochError {
     #[error(transparent)]
@@ -135,17 +206,122 @@ pub enum EpochError {
     Files(#[source] std::io::Error),
     #[error("the epoch thread is gone: {0}")]
     Gone(String),
+    /// The service's process exited or was killed; the message is what failed because of it.
+    #[error("the service is gone (exited or killed): {0}")]
+    ServiceGone(String),
+}
+
+impl EpochError {
+    /// Whether the chain survives this failure (for errors of `next`, `next_held` and
+    /// `next_output`; an error of `start` means there is no loop).
+    pub fn chain(&self) -> ChainState {
+        match self {
+            EpochError::ServiceGone(_) => ChainState::ServiceGone,
+            EpochError::Gone(_) => ChainState::Broken,
+            _ => ChainState::Intact,
+        }
+    }
 }
 
 type Result<T> = std::result::Result<T, EpochError>;
 
+/// Wakes the epoch loop when output is waiting: the epoch then ends as soon as
+/// [`EpochConfig::min_interval`] allows instead of at [`EpochConfig::interval`]. A clone of the
+/// loop's own ([`Epochs::trigger`]); cheap to clone and to set from any thread.
+///
+/// The loop clears it inside the pause, just before [`EpochHooks::on_pause`] runs: a `set`
+/// that follows `on_pause(N)` ends epoch N+1 early. Setting it for every packet is fine (a lock
+/// and a notify); once per epoch, for the first packet queued after the mark, is enough.
+#[derive(Clone, Default)]
+pub struct Trigger(Arc<(Mutex<bool>, Condvar)>);
+
+impl std::fmt::Debug for Trigger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Trigger").field(&self.is_set()).finish()
+    }
+}
+
+impl Trigger {
+    /// Output is waiting: end the current epoch early.
+    pub fn set(&self) {
+        *self.flag() = true;
+        self.0.1.notify_all();
+    }
+
+    /// Whether output is waiting since the last pause.
+    pub fn is_set(&self) -> bool {
+        *self.flag()
+    }
+
+    fn clear(&self) {
+        *self.flag() = false;
+    }
+
+    /// Waits until set, at most `timeout`.
+    fn wait(&self, timeout: Duration) {
+        let g = self.flag();
+        // (A poisoned lock only means a setter panicked; the flag is still a bool.)
+        let _ = self.0.1.wait_timeout_while(g, timeout, |set| !*set);
+    }
+
+    fn flag(&self) -> std::sync::MutexGuard<'_, bool> {
+        self.0.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Code the loop runs at fixed points of each epoch ([`Epochs::start_with`]).
+#[derive(Default)]
+pub struct EpochHooks {
+    /// Called with N inside every pause that produces checkpoint N (epoch 0's full checkpoint
+    /// included): all threads stopped, the capture done, before the resume. Called exactly once
+    /// per number, in increasing order, never for a pause whose capture failed (a retried
+    /// pause included). A packet the service sent before this call belongs to an epoch ≤ N.
+    ///
+    /// It lengthens the pause: keep it to something like an atomic store (the network gate's
+    /// `mark(N)`). It runs on the epoch thread, whose root directory is the service's (paths
+    /// resolve as the service sees them), and must not block on the caller of [`Epochs`].
+    /// Rarely a number is given to the hook and then never produced (a failure after the
+    /// hook: see the module doc); the next checkpoint then has a higher number.
+    pub on_pause: Option<Box<dyn FnMut(u64) + Send>>,
+}
+
+impl EpochHooks {
+    /// Hooks with just [`EpochHooks::on_pause`].
+    pub fn on_pause(f: impl FnMut(u64) + Send + 'static) -> EpochHooks {
+        EpochHooks {
+            on_pause: Some(Box::new(f)),
+        }
+    }
+}
+
+impl std::fmt::Debug for EpochHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EpochHooks")
+            .field("on_pause", &self.on_pause.is_some())
+            .finish()
+    }
+}
+
+/// Test support: make the next epoch fail at a point (hidden; see [`Epochs::fail_next`]).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailPoint {
+    /// Inside the pause, right after the tracker handed over the written pages.
+    AfterScan,
+    /// Inside the pause, after the copy and the private directories' walk (before the hook).
+    AfterCopy,
+    /// After the hook and the resume, before the encoding (as a failure to hash a file would).
+    AfterResume,
+}
+
 enum Cmd {
-    Next { hold: bool },
+    Next { hold: bool, full: bool },
     Release,
+    Fail(FailPoint),
     Stop,
 }
 
-type Reply = Result<(Checkpoint, EpochStats)>;
+type Reply = Result<EpochOutput>;
 
 /// A running epoch loop on one process (host PID). Drop or [`Epochs::stop`] ends it and removes
 /// write tracking from the process.
@@ -154,11 +330,34 @@ pub struct Epochs {
     rx: mpsc::Receiver<Reply>,
     thread: Option<std::thread::JoinHandle<()>>,
     held: bool,
+    trigger: Trigger,
+    full_requested: bool,
+    /// The service's pidfd: tells a loop that died with its service from one that broke.
+    pidfd: Option<OwnedFd>,
 }
 
 impl Epochs {
     /// Arms tracking and takes the full checkpoint (epoch 0) in one pause.
     pub fn start(pid: Pid, cfg: EpochConfig) -> Result<(Epochs, Checkpoint, EpochStats)> {
+        Self::start_with(pid, cfg, EpochHooks::default())
+    }
+
+    /// [`Epochs::start`] with hooks (see [`EpochHooks`]); `on_pause` is called with 0 inside
+    /// this first pause already.
+    pub fn start_with(
+        pid: Pid,
+        cfg: EpochConfig,
+        hooks: EpochHooks,
+    ) -> Result<(Epochs, Checkpoint, EpochStats)> {
+        let pidfd = match crate::sys::pidfd_open(pid) {
+            Ok(fd) => Some(fd),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                return Err(EpochError::ServiceGone(format!("process {pid}: {e}")));
+            }
+            Err(_) => None,
+        };
+        let trigger = Trigger::default();
+        let loop_trigger = trigger.clone();
         let (tx, cmd_rx) = mpsc::channel::<Cmd>();
         let (reply_tx, rx) = mpsc::channel::<Reply>();
         let thread = std::thread::Builder::new()
@@ -166,7 +365,7 @@ impl Epochs {
             .spawn(move || {
                 let err_tx = reply_tx.clone();
                 let r = in_view(pid, move |proc| {
-                    let (mut lp, first) = match EpochLoop::start(proc, cfg) {
+                    let (mut lp, first) = match EpochLoop::start(proc, cfg, hooks, loop_trigger) {
                         Ok(v) => v,
                         Err(e) => {
                             let _ = reply_tx.send(Err(e));
@@ -176,12 +375,13 @@ impl Epochs {
                     let _ = reply_tx.send(Ok(first));
                     while let Ok(cmd) = cmd_rx.recv() {
                         match cmd {
-                            Cmd::Next { hold } => {
-                                let r = lp.next(hold, &reply_tx, &cmd_rx);
+                            Cmd::Next { hold, full } => {
+                                let r = lp.next(hold, full, &reply_tx, &cmd_rx);
                                 if let Some(r) = r {
                                     let _ = reply_tx.send(r);
                                 }
                             }
+                            Cmd::Fail(at) => lp.fail = Some(at),
                             Cmd::Release => {}
                             Cmd::Stop => break,
                         }
@@ -193,45 +393,97 @@ impl Epochs {
                 }
             })
             .map_err(|e| EpochError::Gone(e.to_string()))?;
-        let first = rx.recv().map_err(|e| EpochError::Gone(e.to_string()))??;
-        Ok((
-            Epochs {
-                tx,
-                rx,
-                thread: Some(thread),
-                held: false,
-            },
-            first.0,
-            first.1,
-        ))
+        let mut ep = Epochs {
+            tx,
+            rx,
+            thread: Some(thread),
+            held: false,
+            trigger,
+            full_requested: false,
+            pidfd,
+        };
+        let first = ep.recv();
+        match first {
+            Ok(first) => Ok((ep, first.incremental, first.stats)),
+            Err(e) => Err(e),
+        }
     }
 
-    /// Waits for the epoch to end and returns its incremental checkpoint.
+    /// Waits for the epoch to end and returns its incremental checkpoint. A full checkpoint
+    /// requested with [`Epochs::request_full`] is not taken here (the request stays pending
+    /// for [`Epochs::next_output`]).
     // Not an Iterator: each call blocks for an epoch and can fail; `next` reads best here.
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<(Checkpoint, EpochStats)> {
-        self.release();
-        self.tx
-            .send(Cmd::Next { hold: false })
-            .map_err(|e| EpochError::Gone(e.to_string()))?;
-        self.rx
-            .recv()
-            .map_err(|e| EpochError::Gone(e.to_string()))?
+        self.run(false, false).map(|o| (o.incremental, o.stats))
     }
 
     /// Like [`Epochs::next`], but the process stays stopped, in exactly the state the returned
     /// checkpoint describes, until [`Epochs::release`] (or the next call).
     pub fn next_held(&mut self) -> Result<(Checkpoint, EpochStats)> {
+        self.run(true, false).map(|o| (o.incremental, o.stats))
+    }
+
+    /// One epoch, with everything it produced: the incremental checkpoint, and the full one if
+    /// [`Epochs::request_full`] asked for it. With `hold`, as [`Epochs::next_held`].
+    pub fn next_output(&mut self, hold: bool) -> Result<EpochOutput> {
+        let full = self.full_requested;
+        let out = self.run(hold, full)?;
+        if out.full.is_some() {
+            self.full_requested = false;
+        }
+        Ok(out)
+    }
+
+    /// Asks for a full checkpoint with the next [`Epochs::next_output`] (say for a backup that
+    /// joins): that epoch's pause produces both the usual incremental checkpoint N, so the
+    /// backups that follow the chain go on, and a full checkpoint of the same state N, to which
+    /// the incrementals after N apply as well. The request stays pending until an epoch
+    /// produced it (a failed epoch does not consume it).
+    ///
+    /// All memory is copied inside that pause, so it is as long as a full checkpoint's
+    /// (`EpochStats::full_copy_us`).
+    pub fn request_full(&mut self) {
+        self.full_requested = true;
+    }
+
+    /// The loop's [`Trigger`]: set it when output is waiting, to end the epoch early.
+    pub fn trigger(&self) -> Trigger {
+        self.trigger.clone()
+    }
+
+    /// Test support: the next epoch fails at `at` (as a real failure there would).
+    #[doc(hidden)]
+    pub fn fail_next(&mut self, at: FailPoint) {
         self.release();
-        self.tx
-            .send(Cmd::Next { hold: true })
-            .map_err(|e| EpochError::Gone(e.to_string()))?;
-        let r = self
-            .rx
-            .recv()
-            .map_err(|e| EpochError::Gone(e.to_string()))?;
-        self.held = r.is_ok();
+        let _ = self.tx.send(Cmd::Fail(at));
+    }
+
+    fn run(&mut self, hold: bool, full: bool) -> Result<EpochOutput> {
+        self.release();
+        if self.tx.send(Cmd::Next { hold, full }).is_err() {
+            return Err(self.gone("the loop has ended".into()));
+        }
+        let r = self.recv();
+        self.held = hold && r.is_ok();
         r
+    }
+
+    fn recv(&mut self) -> Reply {
+        match self.rx.recv() {
+            Ok(Err(EpochError::Gone(e))) => Err(self.gone(e)),
+            Ok(r) => r,
+            Err(e) => Err(self.gone(e.to_string())),
+        }
+    }
+
+    /// The loop's thread is gone: because the service is, or not.
+    fn gone(&self, why: String) -> EpochError {
+        if self.pidfd.as_ref().is_some_and(exited) {
+            EpochError::ServiceGone(why)
+        } else {
+            EpochError::Gone(why)
+        }
     }
 
     /// Resumes a process held by [`Epochs::next_held`].
@@ -263,6 +515,25 @@ impl Drop for Epochs {
     }
 }
 
+/// Whether the process behind `pidfd` has exited: its every thread is gone (a zombie leader
+/// with live threads is still running). Precise, and immune to PID reuse.
+fn exited(pidfd: &OwnedFd) -> bool {
+    exited_within(pidfd, Duration::ZERO)
+}
+
+/// [`exited`], or does so within `timeout`.
+fn exited_within(pidfd: &OwnedFd, timeout: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd; the kernel writes only `revents`.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    r > 0 && p.revents & (libc::POLLIN | libc::POLLHUP) != 0
+}
+
 /// The loop's state, owned by the epoch thread.
 struct EpochLoop<'p> {
     proc: &'p Proc,
@@ -283,7 +554,11 @@ struct EpochLoop<'p> {
     file_refs: HashMap<(String, u64), FileRef>,
     /// Hot pages found identical to their twin: cold from the next pause on.
     cool: HashSet<u64>,
+    /// The last number given to a pause (to the hook): the next pause gets the one after.
     epoch: u64,
+    /// The last checkpoint produced: the base of the next one (below `epoch` after a failure
+    /// that came after the hook).
+    base: u64,
     last_resume: Instant,
     rng: u64,
     buf: Vec<u8>,
@@ -291,6 +566,37 @@ struct EpochLoop<'p> {
     /// Pages taken (and protected again) by the pre-copy and not yet part of a checkpoint.
     pre: Option<Precopy>,
     prebuf: Vec<u8>,
+    /// What failed pauses took from the tracker: the next checkpoint carries it.
+    carry: Carry,
+    hook: Option<Box<dyn FnMut(u64) + Send>>,
+    trigger: Trigger,
+    /// The service's pidfd (see [`exited`]).
+    pidfd: OwnedFd,
+    /// Test support: fail the next epoch here.
+    fail: Option<FailPoint>,
+}
+
+/// What a pause took from the tracker (the tracker will not report it again) and no delivered
+/// checkpoint holds yet. Built up during a pause (its journal); if the pause or its finish
+/// fails, it joins [`EpochLoop::carry`], which the next pause takes as input: its pages are
+/// copied as written pages, its ranges captured whole (as fresh ones).
+#[derive(Debug, Default)]
+struct Carry {
+    /// Page regions (start, end) written since the last delivered checkpoint.
+    pages: Vec<(u64, u64)>,
+    /// Ranges whose tracking state is unknown or new (freshly armed, or scanned part-way).
+    ranges: Vec<(u64, u64)>,
+    /// The private directories were walked: their tracker must forget that walk.
+    walked: bool,
+}
+
+impl Carry {
+    fn absorb(&mut self, j: Carry) {
+        self.pages.extend(j.pages);
+        self.ranges.extend(j.ranges);
+        self.pages = merge(std::mem::take(&mut self.pages));
+        self.ranges = merge(std::mem::take(&mut self.ranges));
+    }
 }
 
 /// What a pre-copy took: written pages with the offset of their contents in `data` (`None`:
@@ -308,16 +614,35 @@ impl<'p> EpochLoop<'p> {
     fn start(
         proc: &'p Proc,
         cfg: EpochConfig,
-    ) -> Result<(EpochLoop<'p>, (Checkpoint, EpochStats))> {
+        hooks: EpochHooks,
+        trigger: Trigger,
+    ) -> Result<(EpochLoop<'p>, EpochOutput)> {
         let pid = proc.pid;
+        let pidfd = crate::sys::pidfd_open(pid).map_err(|e| gone_or(pid, e))?;
+        let gone = |e: EpochError| {
+            if exited(&pidfd) {
+                EpochError::ServiceGone(e.to_string())
+            } else {
+                e
+            }
+        };
         let codec = PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?;
         let pagemap = proc
             .open_file("pagemap", libc::O_RDONLY)
-            .map_err(proc_err(pid, "pagemap"))?;
+            .map_err(proc_err(pid, "pagemap"))
+            .map_err(|e| gone(e.into()))?;
         // As for a one-shot full checkpoint: fault the copy buffer in before the pause.
         let buf = capture::prefaulted_buffer(capture::estimate_private_bytes(proc));
+        let mut hook = hooks.on_pause;
         let t0 = Instant::now();
-        let mut st = Stopped::stop(proc).map_err(CaptureError::from)?;
+        let mut st = Stopped::stop(proc)
+            .map_err(CaptureError::from)
+            .map_err(|e| gone(e.into()))?;
+        if st.tids.is_empty() {
+            return Err(EpochError::ServiceGone(format!(
+                "process {pid} has no threads"
+            )));
+        }
         let quiesce = t0.elapsed();
         let r = (|| -> Result<_> {
             let maps = proc.smaps().map_err(proc_err(pid, "smaps"))?;
@@ -336,6 +661,8 @@ impl<'p> EpochLoop<'p> {
             let mut meta = capture::capture_meta(proc, &mut st, &maps, &mut cache, true)?;
             tracker.threads(&meta.threads, &maps);
             tracker.patch_image(&mut meta);
+            let mut exe = capture::PendingFile::exe(&meta.exe.path);
+            exe.open(proc)?;
             // The memory first: arming may split the kernel's mappings the capture names files
             // by. (The agent pages the commit writes are in the first incremental checkpoint.)
             let (mut ck, files) = capture::full_memory(proc, &maps, meta, buf)?;
@@ -347,14 +674,27 @@ impl<'p> EpochLoop<'p> {
                 armed.push((m.start, m.end));
             }
             tracker.commit(&mut st, &armed, &maps)?;
-            Ok((tracker, cache, maps, armed, ck, files, dirs))
+            Ok((tracker, cache, maps, armed, ck, files, exe, dirs))
         })();
+        if r.is_ok() {
+            trigger.clear();
+            if let Some(h) = hook.as_mut() {
+                h(0);
+            }
+        }
         let resumed = st.resume();
         let pause = t0.elapsed();
-        let (tracker, cache, maps, armed, (mut image, data), files, dirs) = r?;
-        resumed.map_err(CaptureError::from)?;
+        let (tracker, cache, maps, armed, (mut image, data), files, exe, dirs) = r.map_err(gone)?;
+        resumed
+            .map_err(CaptureError::from)
+            .map_err(|e| gone(e.into()))?;
         let mut data = data;
-        capture::finish_full(proc, &mut image, &mut data, files)?;
+        image.files = files
+            .into_iter()
+            .map(|f| f.identify(proc))
+            .collect::<std::result::Result<_, _>>()?;
+        image.exe = exe.identify(proc)?;
+        capture::drop_zero_pages(&mut image, &mut data);
 
         let stats = EpochStats {
             epoch: 0,
@@ -385,14 +725,25 @@ impl<'p> EpochLoop<'p> {
             contents: crate::track::has_contents(),
             cool: HashSet::new(),
             epoch: 0,
+            base: 0,
             last_resume: Instant::now(),
             rng: 0x9E37_79B9_7F4A_7C15 ^ pid as u64,
             buf: Vec::new(),
             dirs,
             pre: None,
             prebuf: Vec::new(),
+            carry: Carry::default(),
+            hook,
+            trigger,
+            pidfd,
+            fail: None,
         };
-        Ok((lp, (ck, stats)))
+        let out = EpochOutput {
+            incremental: ck,
+            full: None,
+            stats,
+        };
+        Ok((lp, out))
     }
 
     fn random(&mut self) -> u64 {
@@ -403,31 +754,39 @@ impl<'p> EpochLoop<'p> {
         self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
-    /// Sleeps until the epoch should end. Returns whether the cap ended it.
-    fn wait(&mut self) -> bool {
+    /// Waits until the epoch should end (see the module doc), and says why it ended.
+    fn wait(&mut self) -> EndedBy {
         let cap = self.cfg.cap_pages;
+        let min = self.cfg.min_interval;
         loop {
             let elapsed = self.last_resume.elapsed();
             if elapsed >= self.cfg.interval {
-                return false;
+                return EndedBy::Interval;
             }
-            if cap > 0
-                && elapsed >= self.cfg.min_interval
-                && self.tracker.count_written(&self.armed, cap) >= cap
-            {
-                return true;
+            let output = self.trigger.is_set();
+            if output && elapsed >= min {
+                return EndedBy::Output;
+            }
+            if exited(&self.pidfd) {
+                return EndedBy::Interval; // the stop reports it
+            }
+            if cap > 0 && elapsed >= min && self.tracker.count_written(&self.armed, cap) >= cap {
+                return EndedBy::Cap;
             }
             let left = self.cfg.interval - elapsed;
+            if output {
+                std::thread::sleep((min - elapsed).min(left));
+                continue;
+            }
             // Each cap check scans every armed range: poll a few times per epoch, not more
             // (every 0.5 ms cost more than half of a busy service's system calls per epoch).
             let poll = (self.cfg.interval / 5).max(Duration::from_millis(1));
             let step = if cap > 0 {
-                left.min(poll)
-                    .max(self.cfg.min_interval.saturating_sub(elapsed))
+                left.min(poll).max(min.saturating_sub(elapsed))
             } else {
                 left
             };
-            std::thread::sleep(step.min(left));
+            self.trigger.wait(step.min(left));
         }
     }
 
@@ -509,45 +868,88 @@ impl<'p> EpochLoop<'p> {
         self.pre = Some(fresh);
     }
 
-    /// One epoch. With `hold`, the process stays stopped after the capture until a `Release`
-    /// arrives on `cmds` (the reply is sent from here first).
+    /// One epoch (with `full`, a full checkpoint of the same pause too). With `hold`, the
+    /// process stays stopped after the capture until a `Release` arrives on `cmds` (the reply
+    /// is sent from here first).
     fn next(
         &mut self,
         hold: bool,
+        full: bool,
         replies: &mpsc::Sender<Reply>,
         cmds: &mpsc::Receiver<Cmd>,
     ) -> Option<Reply> {
-        let capped = self.wait();
+        if exited(&self.pidfd) {
+            return Some(Err(EpochError::ServiceGone(format!(
+                "process {} has exited",
+                self.proc.pid
+            ))));
+        }
+        let ended_by = self.wait();
         // With swap active, "present" cannot tell a zapped page from a swapped one (see
         // `crate::track::has_contents`), which the pre-copy relies on: no pre-copy then.
         if self.cfg.precopy && self.tracker.precopy_capable() && self.contents == PAGE_IS_PRESENT {
             self.precopy();
         }
+        // The full checkpoint's copy buffer, faulted in before the pause.
+        let mut fullbuf =
+            full.then(|| capture::prefaulted_buffer(capture::estimate_private_bytes(self.proc)));
         let interval = self.last_resume.elapsed();
         let mut attempt = 0u64;
+        // What this pause takes from the tracker, until a checkpoint holds it.
+        let mut journal = Carry::default();
         let (st, t0, quiesce, captured) = loop {
             let t0 = Instant::now();
             let mut st = match Stopped::stop(self.proc) {
                 Ok(s) => s,
-                Err(e) => return Some(Err(CaptureError::from(e).into())),
+                Err(e) => return Some(Err(self.classify(CaptureError::from(e).into()))),
             };
+            if st.tids.is_empty() {
+                drop(st);
+                return Some(Err(self.classify(EpochError::ServiceGone(format!(
+                    "process {} has no threads left",
+                    self.proc.pid
+                )))));
+            }
             let quiesce = t0.elapsed();
-            match self.capture(&mut st) {
-                // A signal queued just as the threads stopped would be lost: let it be
-                // delivered and stop again (as a one-shot checkpoint does).
-                Err(EpochError::Capture(CaptureError::PendingSignals(_)))
-                | Err(EpochError::Track(TrackError::Busy))
-                    if attempt < 20 =>
-                {
-                    attempt += 1;
-                    let _ = st.resume();
-                    std::thread::sleep(Duration::from_micros(200 * attempt));
+            match self.capture(&mut st, &mut fullbuf, &mut journal) {
+                Ok(c) => break (st, t0, quiesce, Ok(c)),
+                Err(e) => {
+                    // Keep what was taken for the next attempt (or the next epoch).
+                    self.keep(std::mem::take(&mut journal));
+                    match e {
+                        // A signal queued just as the threads stopped would be lost: let it be
+                        // delivered and stop again (as a one-shot checkpoint does).
+                        EpochError::Capture(CaptureError::PendingSignals(_))
+                        | EpochError::Track(TrackError::Busy)
+                            if attempt < 20 =>
+                        {
+                            attempt += 1;
+                            let _ = st.resume();
+                            std::thread::sleep(Duration::from_micros(200 * attempt));
+                        }
+                        e => break (st, t0, quiesce, Err(e)),
+                    }
                 }
-                r => break (st, t0, quiesce, r),
             }
         };
+        let c = match captured {
+            Ok(c) => c,
+            Err(e) => {
+                drop(st); // resumes
+                self.last_resume = Instant::now();
+                return Some(Err(self.classify(e)));
+            }
+        };
+        // The capture succeeded: this pause produces checkpoint `epoch`.
+        self.epoch += 1;
+        let epoch = self.epoch;
+        self.trigger.clear();
+        if let Some(h) = self.hook.as_mut() {
+            h(epoch);
+        }
         if hold {
-            let r = captured.and_then(|c| self.finish(c, interval, quiesce, t0.elapsed(), capped));
+            let r = self.finish(c, epoch, interval, quiesce, t0.elapsed(), ended_by);
+            let r = self.settle(r, journal);
             let ok = r.is_ok();
             let _ = replies.send(r);
             if ok {
@@ -566,13 +968,71 @@ impl<'p> EpochLoop<'p> {
         let pause = t0.elapsed();
         self.last_resume = Instant::now();
         if let Err(e) = resumed {
-            return Some(Err(CaptureError::from(e).into()));
+            // Number `epoch` is given out (the hook saw it) but not produced.
+            self.keep(journal);
+            return Some(Err(self.classify(CaptureError::from(e).into())));
         }
-        Some(captured.and_then(|c| self.finish(c, interval, quiesce, pause, capped)))
+        let r = self.finish(c, epoch, interval, quiesce, pause, ended_by);
+        Some(self.settle(r, journal))
     }
 
-    /// The part inside the pause.
-    fn capture(&mut self, st: &mut Stopped) -> Result<Captured> {
+    /// What a pause took joins the carry (its attempt, or its finish, failed).
+    fn keep(&mut self, journal: Carry) {
+        if journal.walked {
+            self.dirs.undo();
+        }
+        self.carry.absorb(journal);
+    }
+
+    /// After `finish`: a delivered checkpoint holds everything carried so far; a failed one
+    /// leaves it (and this pause's journal) to the next.
+    fn settle(&mut self, r: Result<EpochOutput>, journal: Carry) -> Result<EpochOutput> {
+        match r {
+            Ok(out) => {
+                self.carry = Carry::default();
+                Ok(out)
+            }
+            Err(e) => {
+                self.keep(journal);
+                Err(self.classify(e))
+            }
+        }
+    }
+
+    /// A failure while the service is gone is reported as such. A failure that can come from
+    /// a dying process (anything but a refusal) gives it a moment to finish exiting: its last
+    /// threads may still be on their way out.
+    fn classify(&self, e: EpochError) -> EpochError {
+        let wait = match &e {
+            EpochError::ServiceGone(_) => return e,
+            EpochError::Capture(CaptureError::Unsupported(_) | CaptureError::PendingSignals(_))
+            | EpochError::Track(TrackError::Busy) => Duration::ZERO,
+            _ => Duration::from_millis(100),
+        };
+        if exited_within(&self.pidfd, wait) {
+            EpochError::ServiceGone(e.to_string())
+        } else {
+            e
+        }
+    }
+
+    /// Test support: fails here if told to.
+    fn fail_at(&mut self, at: FailPoint) -> Result<()> {
+        if self.fail == Some(at) {
+            self.fail = None;
+            return Err(CaptureError::Unsupported(format!("injected failure ({at:?})")).into());
+        }
+        Ok(())
+    }
+
+    /// The part inside the pause. Whatever it takes from the tracker goes into `j` first (see
+    /// [`Carry`]); `fullbuf` is the copy buffer of a full checkpoint, if one is wanted.
+    fn capture(
+        &mut self,
+        st: &mut Stopped,
+        fullbuf: &mut Option<Vec<u8>>,
+        j: &mut Carry,
+    ) -> Result<Captured> {
         let pid = self.proc.pid;
         self.tracker.begin(st)?;
         let maps = self
@@ -596,30 +1056,51 @@ impl<'p> EpochLoop<'p> {
         let mut meta = capture::capture_meta(self.proc, st, &maps, &mut self.cache, refresh)?;
         self.tracker.threads(&meta.threads, &maps);
         self.tracker.patch_image(&mut meta);
-        // Nothing above changed tracking state: a failure there can be retried.
-        self.epoch = epoch;
+        // Opened now: after the resume the process may be gone.
+        let mut exe = capture::PendingFile::exe(&meta.exe.path);
+        exe.open(self.proc)?;
+        // Nothing above changed tracking state: a failure there can be retried as it is. From
+        // here on, what the tracker hands over goes into the journal `j` first.
         let ts = Instant::now();
 
         // Written pages of every armed range; a range that fails the registration check holds
         // a mapping replaced since it was armed.
         let mut written = Vec::new();
         let mut stale = Vec::new();
-        for &(s, e) in &self.armed {
-            if self.tracker.take_written(s, e, &mut written)?.is_none() {
-                stale.push((s, e));
+        for (i, &(s, e)) in self.armed.iter().enumerate() {
+            match self.tracker.take_written(s, e, &mut written) {
+                Ok(Some(())) => {}
+                Ok(None) => stale.push((s, e)),
+                Err(err) => {
+                    // This scan may have protected pages it did not report: this range and the
+                    // ones not scanned yet are captured whole next time.
+                    j.ranges.extend_from_slice(&self.armed[i..]);
+                    j.pages.extend(written.iter().map(|r| (r.0, r.1)));
+                    return Err(err.into());
+                }
             }
         }
+        j.pages.extend(written.iter().map(|r| (r.0, r.1)));
+        // A range that failed the check may have had pages before its replaced part protected
+        // without being reported; should the layout change again before the next pause, its
+        // next scan could pass: captured whole next time in any case.
+        j.ranges.extend_from_slice(&stale);
+        self.fail_at(FailPoint::AfterScan)?;
         // Ranges the pre-copy could not scan to the end: the scan may have protected pages
-        // before the failing part without reporting them. Captured whole, as stale ones.
+        // before the failing part without reporting them. Captured whole, as stale ones. So
+        // are the ranges a failed pause left in an unknown state.
         if let Some(pre) = &self.pre {
             stale.extend(pre.stale.iter().copied());
         }
+        stale.extend(self.carry.ranges.iter().copied());
         // Fresh: parts of trackable mappings not covered by a valid armed range.
         let valid: Vec<(u64, u64)> = subtract_all(&self.armed, &stale);
         let mut fresh: Vec<(u64, u64)> = Vec::new();
         for m in maps.iter().filter(|m| trackable(m)) {
             fresh.extend(subtract_all(&[(m.start, m.end)], &valid));
         }
+        // Armed below: a failure after that must not leave them for valid armed ranges.
+        j.ranges.extend_from_slice(&fresh);
         // Pages to save in fresh ranges: those that exist (file mappings: copied-on-write).
         let mut fresh_pages: Vec<(u64, u64, u64)> = Vec::new();
         for &(s, e) in &fresh {
@@ -672,6 +1153,22 @@ impl<'p> EpochLoop<'p> {
                 a += PAGE;
             }
         }
+        // Pages a failed pause took: written since the last checkpoint, wherever they are
+        // still mapped (outside fresh ranges, which are captured whole).
+        {
+            let armed = &self.armed;
+            let mapped = |a: u64| {
+                let i = armed.partition_point(|r| r.1 <= a);
+                armed.get(i).is_some_and(|r| r.0 <= a)
+            };
+            for &(s, e) in &self.carry.pages {
+                dirty.extend(
+                    (s..e)
+                        .step_by(PAGE as usize)
+                        .filter(|&a| !in_fresh(a) && mapped(a)),
+                );
+            }
+        }
         dirty.sort_unstable();
         dirty.dedup();
         // Pages the pre-copy took: written this epoch too. Those copied then and not written
@@ -685,15 +1182,18 @@ impl<'p> EpochLoop<'p> {
                 let i = armed.partition_point(|r| r.1 <= a);
                 armed.get(i).is_some_and(|r| r.0 <= a)
             };
+            // (`dirty` stays sorted for the searches: the pages to copy now join it after.)
+            let mut copy_now = Vec::new();
             for &(a, off) in &pre.pages {
                 if in_fresh(a) || !mapped(a) || dirty.binary_search(&a).is_ok() {
                     continue;
                 }
                 match off {
                     Some(o) => pre_copied.push((a, o)),
-                    None => dirty.push(a),
+                    None => copy_now.push(a),
                 }
             }
+            dirty.extend(copy_now);
             // A pre-copied page zapped since (MADV_DONTNEED) is empty now (or the zero page, if
             // read since), yet the scan above does not report it: the zap left the
             // write-protect marker the pre-copy set. So check that each is still there; one
@@ -801,6 +1301,7 @@ impl<'p> EpochLoop<'p> {
         // Protections for the next epoch (the mprotect tracker applies them only now, and its
         // agent's memory changes with them: before the copy, and those pages are copied too).
         let touched = self.tracker.commit(st, &self.armed, &maps)?;
+        j.pages.extend(touched.iter().map(|&a| (a, a + PAGE)));
         if !touched.is_empty() {
             dirty.extend(touched.into_iter().filter(|&a| !in_fresh(a)));
             dirty.sort_unstable();
@@ -809,6 +1310,8 @@ impl<'p> EpochLoop<'p> {
             written_all.sort_unstable();
             written_all.dedup();
         }
+        // A page is sent once: as copied now if it is (the pre-copy's copy is older).
+        pre_copied.retain(|p| dirty.binary_search(&p.0).is_err());
 
         // Copy every page to send.
         let tc = Instant::now();
@@ -829,15 +1332,43 @@ impl<'p> EpochLoop<'p> {
         let (runs, data) = copy_ranges(self.proc, &want, buf)?;
         let copy = tc.elapsed();
 
+        // A full checkpoint of this same state, if one is wanted: every saved page of the
+        // layout just recorded, copied after the tracker's commit as the incremental's pages
+        // are. (Copied inside the pause, so the pause is as long as a full checkpoint's; taking
+        // it while the service runs — copy-on-write or pre-copy rounds — is not done yet.)
+        let full = match fullbuf.take() {
+            Some(buf) => {
+                let tf = Instant::now();
+                let (runs, data) = capture::copy_saved(self.proc, &maps, &vmas, buf)?;
+                let tree = DirTracker::new(self.cfg.private_dirs.clone())
+                    .changes()
+                    .map_err(EpochError::Files)?;
+                Some(FullCapture {
+                    runs,
+                    data,
+                    tree,
+                    took: tf.elapsed(),
+                })
+            }
+            None => None,
+        };
+
         meta.vmas = vmas;
         // Files last, still inside the pause: consistent with the memory just copied.
         meta.private_files = self.dirs.changes().map_err(EpochError::Files)?;
+        j.walked = true;
+        self.fail_at(FailPoint::AfterCopy)?;
         self.prev_maps = maps;
-        // Nothing can fail any more: the pre-copied pages join the checkpoint (their bytes
-        // are moved over after the resume, in `finish`).
+        // The pre-copied pages join the checkpoint (their bytes are moved over after the
+        // resume, in `finish`); should it not be delivered, they are carried as written pages.
+        if let Some(pre) = &self.pre {
+            j.pages
+                .extend(pre.pages.iter().map(|&(a, _)| (a, a + PAGE)));
+        }
         let pre = self.pre.take().map(|p| (pre_copied, p));
         Ok(Captured {
             meta,
+            exe,
             write_faults: self.tracker.write_faults(),
             runs,
             data,
@@ -845,6 +1376,7 @@ impl<'p> EpochLoop<'p> {
             fresh,
             cow,
             pre,
+            full,
             dirty: written_all.len() as u64,
             fresh_pages: nfresh,
             hot: hot_now,
@@ -853,18 +1385,52 @@ impl<'p> EpochLoop<'p> {
         })
     }
 
-    /// After the pause: identify files, encode pages against twins, build the checkpoint.
+    // full_twin_consistency: why the incrementals after a full checkpoint taken in the middle
+    // of a stream (at N, in the same pause as incremental N) apply to it as well as to the
+    // chain, with no twin of their own.
+    //
+    // A receiver decodes a page against what it holds for that page (zeros if nothing), and
+    // the sender encodes against its twin, so what matters is: after `finish` for N, every
+    // twin equals what both the chain's image at N and the full N hold for that page.
+    // - A twin is the last contents sent for its page. A page written after that send was
+    //   reported by a later scan and sent again (the twin updated); so for each twin, the page
+    //   was not written since, and its live contents at N are the twin. This holds for pages
+    //   sent this very pause (copied in it), pre-copied ones (not written between the pre-copy
+    //   and the pause, or the scan would have reported them and they would be copied in it),
+    //   hot pages (sent every epoch), and pages sent as `Same` (equal to their twin already).
+    // - The full N copies the live contents at N, in the same pause, after the tracker's
+    //   commit (as the incremental's pages): for a page with a twin, the twin. All-zero
+    //   anonymous pages are left out of the full, and a receiver reads a missing page as zeros,
+    //   which a zero twin matches.
+    // - The chain's image at N equals the live process at N (what the incremental tests check).
+    // - Twins that would not match are dropped: of memory replaced or unmapped (fresh ranges,
+    //   gaps), and of private file mapping pages outside the copied-on-write list, which hold
+    //   no contents of their own in the full (a receiver reads them as the file, not as what
+    //   the chain may hold); such pages get no twin when sent either (`twin_kept`). An evicted
+    //   twin is simply absent: the page is encoded without one (`Compressed`/`Raw`).
+    // - Pages a failed pause took (the carry) are sent again, not left to a stale twin.
+    // The test `full_checkpoint_mid_stream_*` checks it: both images byte-identical to each
+    // other and to the live process after the later incrementals.
+
+    /// After the pause: identify files, encode pages against twins, build checkpoint `epoch`
+    /// (and the full one of the same state, if taken).
+    ///
+    /// Everything that can fail comes first, before any state of the loop changes: a failure
+    /// leaves the twins as the receivers' images are, and the caller carries the pages.
     fn finish(
         &mut self,
         c: Captured,
+        epoch: u64,
         interval: Duration,
         quiesce: Duration,
         pause: Duration,
-        capped: bool,
-    ) -> Result<(Checkpoint, EpochStats)> {
+        ended_by: EndedBy,
+    ) -> Result<EpochOutput> {
         let te = Instant::now();
         let Captured {
             mut meta,
+            exe,
+            full,
             write_faults,
             pre,
             cow,
@@ -878,6 +1444,44 @@ impl<'p> EpochLoop<'p> {
             scan,
             copy,
         } = c;
+        self.fail_at(FailPoint::AfterResume)?;
+        let mut refs = Vec::with_capacity(files.len());
+        for f in files {
+            let key = (f.path.clone(), f.inode);
+            let r = match self.file_refs.get(&key) {
+                Some(r) => r.clone(),
+                None => {
+                    let r = f.identify(self.proc)?;
+                    self.file_refs.insert(key, r.clone());
+                    r
+                }
+            };
+            refs.push(r);
+        }
+        meta.files = refs;
+        meta.exe = exe.identify(self.proc)?;
+        let workers = self.cfg.encode_workers.max(1);
+        while self.codecs.len() < workers {
+            self.codecs
+                .push(PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?);
+        }
+        // Nothing fails from here on.
+
+        // The full checkpoint: this pause's metadata with all its memory and the whole tree.
+        let full_took = full.as_ref().map(|f| f.took);
+        let full = full.map(|f| {
+            let mut image = meta.clone();
+            image.runs = f.runs;
+            image.private_files = f.tree;
+            let mut data = f.data;
+            capture::drop_zero_pages(&mut image, &mut data);
+            Checkpoint {
+                epoch,
+                kind: Kind::Full,
+                image,
+                data,
+            }
+        });
         let (mut precopy_pages, mut precopy_time) = (0, Duration::ZERO);
         if let Some((pages, pre)) = pre {
             precopy_pages = pre.pages.len() as u64;
@@ -893,43 +1497,37 @@ impl<'p> EpochLoop<'p> {
             }
             self.prebuf = pre.data;
         }
-        let mut refs = Vec::with_capacity(files.len());
-        for f in files {
-            let key = (f.path.clone(), f.inode);
-            let r = match self.file_refs.get(&key) {
-                Some(r) => r.clone(),
-                None => {
-                    let r = f.identify(self.proc)?;
-                    self.file_refs.insert(key, r.clone());
-                    r
-                }
-            };
-            refs.push(r);
-        }
-        meta.files = refs;
-        meta.exe = capture::identify_exe(self.proc, &meta.exe.path)?;
         // Twins of memory that is gone or replaced are void on the receiver too.
         for &(s, e) in &fresh {
             self.twins.remove_range(s, e);
         }
         // The receiver drops pages of private file mappings outside the copied-on-write list:
         // drop their twins too, or a later delta would be against contents it no longer has.
+        // Nor do such pages get a twin below when sent (one zapped after the pre-copy, or
+        // carried, reads as the file): a full checkpoint does not hold them.
+        let mut no_twin: Vec<(u64, u64)> = Vec::new();
         for v in meta
             .vmas
             .iter()
             .filter(|v| matches!(v.backing, Backing::File { .. }) && !v.shared)
         {
-            for (s, e) in subtract_all(&[(v.start, v.end)], &cow) {
-                self.twins.remove_range(s, e);
-            }
+            no_twin.extend(subtract_all(&[(v.start, v.end)], &cow));
         }
+        no_twin.sort_unstable();
+        for &(s, e) in &no_twin {
+            self.twins.remove_range(s, e);
+        }
+        let twin_kept = |a: u64| {
+            let i = no_twin.partition_point(|r| r.1 <= a);
+            no_twin.get(i).is_none_or(|r| a < r.0)
+        };
         let mut live: Vec<(u64, u64)> = meta.vmas.iter().map(|v| (v.start, v.end)).collect();
         live.sort_unstable();
         for (s, e) in gaps(&live) {
             self.twins.remove_range(s, e);
         }
         let mut st = EpochStats {
-            epoch: self.epoch,
+            epoch,
             ..Default::default()
         };
         // Encode against the twins (read-only meanwhile), on `encode_workers` threads, each with
@@ -941,11 +1539,8 @@ impl<'p> EpochLoop<'p> {
                     .map(move |p| (r.addr + p * PAGE, (r.data_off + p * PAGE) as usize))
             })
             .collect();
+        // (The codecs for every worker were made above.)
         let workers = self.cfg.encode_workers.clamp(1, list.len().max(1));
-        while self.codecs.len() < workers {
-            self.codecs
-                .push(PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?);
-        }
         let kind = self.cfg.codec;
         let twins = &self.twins;
         let chunk = list.len().div_ceil(workers).max(1);
@@ -988,9 +1583,9 @@ impl<'p> EpochLoop<'p> {
                     PageEncoding::Delta { .. } => st.delta_pages += 1,
                     PageEncoding::Compressed { .. } => st.compressed_pages += 1,
                 }
-                if enc != PageEncoding::Same {
+                if enc != PageEncoding::Same && twin_kept(addr) {
                     self.twins
-                        .put(addr, self.epoch, &data[data_off..data_off + PAGE as usize]);
+                        .put(addr, epoch, &data[data_off..data_off + PAGE as usize]);
                 }
                 pages.push(EncodedPage {
                     addr,
@@ -1000,7 +1595,9 @@ impl<'p> EpochLoop<'p> {
             }
         }
         self.buf = data;
-        meta.base_epoch = Some(self.epoch - 1);
+        let base = self.base;
+        self.base = epoch;
+        meta.base_epoch = Some(base);
         meta.reset = fresh;
         meta.cow = cow;
         meta.pages = pages;
@@ -1015,20 +1612,27 @@ impl<'p> EpochLoop<'p> {
         st.raw_bytes = (dirty + fresh_pages) * PAGE;
         st.encoded_bytes = out.len() as u64;
         st.twin_bytes = self.twins.bytes() as u64;
-        st.capped = capped;
+        st.capped = ended_by == EndedBy::Cap;
+        st.ended_by = ended_by;
+        if let (Some(took), Some(f)) = (full_took, &full) {
+            st.full_copy_us = took.as_micros() as u64;
+            st.full_bytes = f.data.len() as u64;
+        }
         st.precopy_pages = precopy_pages;
         st.write_faults = write_faults;
         st.precopy_us = precopy_time.as_micros() as u64;
         st.encode_us = te.elapsed().as_micros() as u64;
         let ck = Checkpoint {
-            epoch: self.epoch,
-            kind: Kind::Incremental {
-                base: self.epoch - 1,
-            },
+            epoch,
+            kind: Kind::Incremental { base },
             image: meta,
             data: out,
         };
-        Ok((ck, st))
+        Ok(EpochOutput {
+            incremental: ck,
+            full,
+            stats: st,
+        })
     }
 
     /// Removes write tracking (the process keeps running untracked).
@@ -1059,8 +1663,18 @@ fn encode_part(
     (out, encs)
 }
 
+/// A full checkpoint's part of a pause: its pages and the private directories' whole tree.
+struct FullCapture {
+    runs: Vec<PageRun>,
+    data: Vec<u8>,
+    tree: FileChanges,
+    took: Duration,
+}
+
 struct Captured {
     meta: ProcessImage,
+    exe: capture::PendingFile,
+    full: Option<FullCapture>,
     write_faults: Option<u64>,
     /// Pre-copied pages to add (address, offset in the pre-copy's bytes), and the pre-copy.
     pre: Option<(Vec<(u64, usize)>, Precopy)>,
@@ -1112,6 +1726,33 @@ fn subtract_all(ranges: &[(u64, u64)], holes: &[(u64, u64)]) -> Vec<(u64, u64)> 
     out
 }
 
+/// Ranges sorted, overlapping and touching ones merged.
+fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+    for (s, e) in v {
+        match out.last_mut() {
+            Some(l) if s <= l.1 => l.1 = l.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// `ESRCH` from a call on the service means it is gone.
+fn gone_or(pid: Pid, e: std::io::Error) -> EpochError {
+    if e.raw_os_error() == Some(libc::ESRCH) {
+        EpochError::ServiceGone(format!("process {pid}: {e}"))
+    } else {
+        CaptureError::Proc {
+            pid,
+            what: "pidfd".into(),
+            source: e,
+        }
+        .into()
+    }
+}
+
 /// Sorted page addresses → (start, end) ranges.
 fn coalesce(pages: &[u64]) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
@@ -1159,6 +1800,10 @@ mod tests {
         assert_eq!(
             gaps(&[(4096, 8192)]),
             vec![(0, 4096), (8192, 0x7fff_ffff_f000)]
+        );
+        assert_eq!(
+            merge(vec![(20, 30), (0, 10), (10, 15), (25, 40), (50, 60)]),
+            vec![(0, 15), (20, 40), (50, 60)]
         );
     }
 }

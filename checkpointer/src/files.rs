@@ -15,30 +15,11 @@
 //! mtime until written back, so such a change can show up an epoch late; changed files are sent
 //! whole, not delta-encoded; sockets, FIFOs and device nodes in the directory are skipped.
 
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-
-/// One entry of a private directory tree, as a checkpoint carries it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Entry {
-    Dir { mode: u32 },
-    File { mode: u32, content: Vec<u8> },
-    Symlink { target: String },
-}
-
-/// What a checkpoint says about the private directories: entries to create or replace, then
-/// paths to remove (with everything below them). Paths are absolute, inside the sandbox.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileChanges {
-    /// The private directories themselves (sandbox paths): a restore makes them hold exactly
-    /// the tree, removing what it does not name.
-    pub dirs: Vec<String>,
-    pub upsert: Vec<(String, Entry)>,
-    pub remove: Vec<String>,
-}
+pub use tardi_image::files::{Entry, FileChanges, Tree};
 
 /// What an entry looked like at the last walk: enough to tell that it changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +37,8 @@ struct Stamp {
 pub struct DirTracker {
     dirs: Vec<String>,
     seen: BTreeMap<String, Stamp>,
+    /// `seen` before the last walk, for [`DirTracker::undo`].
+    prev: Option<BTreeMap<String, Stamp>>,
 }
 
 fn walk(dir: &Path, out: &mut BTreeMap<String, Stamp>) -> io::Result<()> {
@@ -107,6 +90,7 @@ impl DirTracker {
         DirTracker {
             dirs,
             seen: BTreeMap::new(),
+            prev: None,
         }
     }
 
@@ -133,48 +117,15 @@ impl DirTracker {
                 ch.remove.push(path.clone());
             }
         }
-        self.seen = now;
+        self.prev = Some(std::mem::replace(&mut self.seen, now));
         Ok(ch)
     }
-}
 
-/// The private directories' tree as a receiver keeps it, changes applied in order.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Tree {
-    pub dirs: Vec<String>,
-    pub entries: BTreeMap<String, Entry>,
-}
-
-impl Tree {
-    pub fn apply(&mut self, ch: &FileChanges) {
-        if !ch.dirs.is_empty() {
-            self.dirs = ch.dirs.clone();
-        }
-        for (p, e) in &ch.upsert {
-            if !matches!(e, Entry::Dir { .. }) {
-                // A directory replaced by a file loses what was below it.
-                let prefix = format!("{p}/");
-                self.entries.retain(|k, _| !k.starts_with(&prefix));
-            }
-            self.entries.insert(p.clone(), e.clone());
-        }
-        for p in &ch.remove {
-            let prefix = format!("{p}/");
-            self.entries
-                .retain(|k, _| k != p && !k.starts_with(&prefix));
-        }
-    }
-
-    /// As the changes of a full checkpoint.
-    pub fn to_changes(&self) -> FileChanges {
-        FileChanges {
-            dirs: self.dirs.clone(),
-            upsert: self
-                .entries
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            remove: vec![],
+    /// Forgets the last walk (its changes were not delivered): the next
+    /// [`DirTracker::changes`] reports what changed since the walk before it. Once only.
+    pub fn undo(&mut self) {
+        if let Some(p) = self.prev.take() {
+            self.seen = p;
         }
     }
 }
@@ -276,7 +227,13 @@ mod tests {
         f.set_len(1).unwrap();
         tree.apply(&t.changes().unwrap());
         std::fs::remove_dir_all(live.join("sub")).unwrap();
-        tree.apply(&t.changes().unwrap());
+        // A walk whose changes are lost: undone, the next walk reports them again.
+        let lost = t.changes().unwrap();
+        assert!(!lost.remove.is_empty(), "the removal is seen: {lost:?}");
+        t.undo();
+        let again = t.changes().unwrap();
+        assert_eq!(again, lost, "after undo, the same changes");
+        tree.apply(&again);
         // Rebuild the tree elsewhere (paths mapped) and compare both walks.
         let mapped = FileChanges {
             dirs: vec![copy.to_string_lossy().into_owned()],

@@ -107,6 +107,9 @@ pub fn prepare_with(
     host_path: &dyn Fn(&str) -> Option<PathBuf>,
     hold: bool,
 ) -> Result<Prepared> {
+    // A checkpoint built in memory has not been through `from_bytes`: check it the same way.
+    ckpt.validate()
+        .map_err(|e| RestoreError::Invalid(e.to_string()))?;
     let pages = sys::memfd("tardi-pages")?;
     std::fs::File::from(pages.try_clone()?).write_all(&ckpt.data)?;
     prepare_pages(&ckpt.image, pages, 0, host_path, hold)
@@ -142,7 +145,16 @@ fn prepare_pages(
         notify_w.as_raw_fd(),
         restorer.as_raw_fd(),
     ];
-    let base = max_fd.max(*inherit.iter().max().unwrap()) + 1;
+    let base = inherit
+        .iter()
+        .fold(max_fd, |m, &fd| m.max(fd))
+        .checked_add(1)
+        // The block after it: the inherited descriptors, the mapped files, the executable.
+        .filter(|b| {
+            RawFd::try_from(img.files.len() + INHERITED + 1)
+                .is_ok_and(|n| b.checked_add(n).is_some())
+        })
+        .ok_or_else(|| RestoreError::Invalid(format!("descriptor {max_fd} is out of range")))?;
 
     std::fs::File::from(restorer.try_clone()?).write_all(RESTORER)?;
     let plan = build_plan(img, base, hold, pages_offset)?;
@@ -207,7 +219,7 @@ fn apply_restart(mut r: Regs) -> Regs {
         match r.rax as i64 {
             -514..=-512 => {
                 r.rax = r.orig_rax;
-                r.rip -= 2;
+                r.rip = r.rip.wrapping_sub(2);
             }
             -516 => r.rax = (-libc::EINTR) as u64,
             _ => {}
@@ -236,7 +248,7 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
         let first_run = plan_runs.len() as u32;
         while ri < runs.len() && runs[ri].addr < v.end {
             let r = runs[ri];
-            if r.addr < v.start || r.addr + r.len > v.end {
+            if r.addr < v.start || r.addr.checked_add(r.len).is_none_or(|e| e > v.end) {
                 return Err(RestoreError::Invalid(format!(
                     "page run at {:#x} straddles a mapping",
                     r.addr
@@ -302,6 +314,12 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
 
     let mut threads = Vec::new();
     for t in &img.threads {
+        if t.regs.len() != 27 || t.xstate.len() > XSTATE_MAX {
+            return Err(RestoreError::Invalid(format!(
+                "thread {} has a malformed register set",
+                t.tid
+            )));
+        }
         let mut d = ThreadDesc {
             tid: t.tid,
             _pad: 0,
@@ -325,7 +343,7 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
         d.xstate[..t.xstate.len()].copy_from_slice(&t.xstate);
         threads.push(d);
     }
-    if img.threads[0].tid != img.pid {
+    if img.threads.first().is_none_or(|t| t.tid != img.pid) {
         return Err(RestoreError::Invalid(
             "the first thread is not the process leader".into(),
         ));
@@ -479,7 +497,10 @@ fn child_setup(p: &ChildPlan) -> String {
     let n = p.files.len();
     for (i, path) in p.files.iter().chain(std::iter::once(&p.exe)).enumerate() {
         let target = p.base + INHERITED as RawFd + i as RawFd;
-        let c = CString::new(path.as_str()).unwrap();
+        let Ok(c) = CString::new(path.as_str()) else {
+            let what = if i == n { "executable" } else { "mapped file" };
+            return format!("{what} {path:?} contains a NUL byte");
+        };
         // SAFETY: valid C string.
         let open = |flags| unsafe { libc::open(c.as_ptr(), flags) };
         let mut fd = open(libc::O_RDONLY);
@@ -504,7 +525,9 @@ fn child_setup(p: &ChildPlan) -> String {
         return e.to_string();
     }
     // 5. Working directory, limits, PID cursor.
-    let cwd = CString::new(p.cwd.as_str()).unwrap();
+    let Ok(cwd) = CString::new(p.cwd.as_str()) else {
+        return format!("working directory {:?} contains a NUL byte", p.cwd);
+    };
     // SAFETY: valid C string.
     if unsafe { libc::chdir(cwd.as_ptr()) } < 0 {
         return step(&format!("chdir {}", p.cwd), io::Error::last_os_error());
@@ -521,11 +544,12 @@ fn child_setup(p: &ChildPlan) -> String {
         return step("setting ns_last_pid", e);
     }
     // 6. Become the target.
-    let argv0 = CString::new("tardi-restorer").unwrap();
-    let arg1 = CString::new(p.base.to_string()).unwrap();
-    let argv = [argv0.as_ptr(), arg1.as_ptr(), std::ptr::null()];
+    let Ok(arg1) = CString::new(p.base.to_string()) else {
+        return "descriptor base is not a number".into();
+    };
+    let argv = [c"tardi-restorer".as_ptr(), arg1.as_ptr(), std::ptr::null()];
     let envp: [*const libc::c_char; 1] = [std::ptr::null()];
-    let empty = CString::new("").unwrap();
+    let empty = c"";
     // SAFETY: execveat on the restorer memfd with valid argv/envp arrays.
     unsafe {
         libc::syscall(

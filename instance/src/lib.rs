@@ -1,8 +1,529 @@
-//! The per-machine daemon: runs a sandbox as primary, backup or spare, exchanges checkpoints with
-//! its peers over gRPC and takes over on failover.
+//! The per-machine daemon (`tardi instance`): for each service the orchestrator assigns to this
+//! machine it is the primary ([`primary`]: runs the sandbox, checkpoints every epoch, streams
+//! checkpoints, releases output once decided) or a backup ([`backup`]: checks, queues,
+//! acknowledges and applies checkpoints to an in-memory image, and takes over when a view makes
+//! it primary). Machines it has no role on for a service are that service's spares.
 //!
-//! **Not implemented yet.** This crate is a placeholder so that the workspace shows the
-//! architecture; its work arrives with the replication issue. Nothing here pretends to work.
-//!
-//! Architecture invariant: `instance` (with `orchestrator`) is the only place that knows about the
-//! network protocol between machines; the checkpointer hands it bytes with an epoch number.
+//! Owns: the roles and their transitions, the checkpoint stream between machines (gRPC
+//! `Replica`, `proto/tardi.proto`), the session with the orchestrator (heartbeats in one
+//! direction, assignments in the other), the link throttle ([`throttle`]).
+//! Must not touch: how a checkpoint is captured or restored (`tardi-checkpointer`,
+//! `tardi-service`), how output is held (`tardi-netfilter`), or which machine plays which role
+//! (the orchestrator decides; an instance only follows views, and refuses checkpoints of views
+//! it has left).
+
+pub mod backup;
+pub mod primary;
+pub mod throttle;
+
+use anyhow::Context;
+use backup::Backup;
+use primary::Primary;
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tardi_proto as pb;
+use tardi_proto::replica_client::ReplicaClient;
+use tardi_sandbox::SandboxConfig;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+/// How an instance runs (the `tardi instance` flags).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// This machine's name in the cluster.
+    pub machine: String,
+    /// Where the Replica service listens (other instances send checkpoints here).
+    pub listen: SocketAddr,
+    /// The orchestrator (`host:port` or URL).
+    pub orchestrator: String,
+    /// The interface clients reach services through: the service address is claimed there.
+    pub service_if: String,
+    /// Where services' private directories live on this machine (`<state_dir>/<service>/...`).
+    pub state_dir: PathBuf,
+    /// Run directories of this machine's sandboxes (`<run_dir>/<service>`).
+    pub run_dir: PathBuf,
+    /// Checkpoints a backup queues before it stops acknowledging (Tardigrade's knob).
+    pub queue_len: usize,
+    /// Bits per second for the checkpoint stream (all backups together); `None`: unlimited.
+    pub link_bandwidth: Option<u64>,
+    pub heartbeat: Duration,
+}
+
+/// One service as assigned to this machine.
+pub struct Target {
+    pub name: String,
+    pub manifest: tardi_manifest::Manifest,
+    pub link_index: u32,
+    pub view: pb::View,
+    pub fresh: bool,
+}
+
+/// What every part of the daemon shares.
+pub struct Ctx {
+    pub opts: Options,
+    pub rt: tokio::runtime::Handle,
+    machines: Mutex<HashMap<String, String>>,
+    clients: Mutex<HashMap<String, ReplicaClient<Channel>>>,
+    pub throttle: Option<Arc<throttle::Throttle>>,
+}
+
+impl Ctx {
+    /// This machine's sandbox configuration for a service: the manifest's, with this machine's
+    /// run directory, the cluster-wide link index (so the same address everywhere), and the
+    /// private directories' host paths under this machine's state directory.
+    pub fn sandbox_config(&self, t: &Target) -> anyhow::Result<SandboxConfig> {
+        let mut c = SandboxConfig::from_manifest(&t.manifest);
+        c.run_dir = self.opts.run_dir.join(&t.name);
+        c.link_index = Some(t.link_index);
+        for m in &mut c.mounts {
+            if let tardi_manifest::MountKind::Bind {
+                host_path,
+                writable: true,
+            } = &mut m.kind
+            {
+                let rel = host_path.strip_prefix("/").unwrap_or(host_path);
+                *host_path = self.opts.state_dir.join(&t.name).join(rel);
+                std::fs::create_dir_all(&*host_path)
+                    .with_context(|| format!("creating {}", host_path.display()))?;
+            }
+        }
+        Ok(c)
+    }
+
+    pub fn machine_api(&self, m: &str) -> Option<String> {
+        self.machines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(m)
+            .cloned()
+    }
+
+    pub async fn replica_client(&self, api: &str) -> anyhow::Result<ReplicaClient<Channel>> {
+        if let Some(c) = self
+            .clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(api)
+        {
+            return Ok(c.clone());
+        }
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{api}"))?
+            .connect_timeout(Duration::from_millis(500))
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .with_context(|| format!("connecting to the instance at {api}"))?;
+        let c = ReplicaClient::new(ch).max_decoding_message_size(usize::MAX);
+        let c = c.max_encoding_message_size(usize::MAX);
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(api.to_string(), c.clone());
+        Ok(c)
+    }
+
+    pub async fn activate(&self, service: &str, view: u64) -> anyhow::Result<()> {
+        let mut c = orchestrator_client(&self.opts.orchestrator).await?;
+        let r = c
+            .activate(pb::ActivateRequest {
+                service: service.to_string(),
+                view,
+                primary: self.opts.machine.clone(),
+            })
+            .await?
+            .into_inner();
+        if r.activated {
+            Ok(())
+        } else {
+            anyhow::bail!("{}", r.error)
+        }
+    }
+}
+
+async fn orchestrator_client(
+    addr: &str,
+) -> anyhow::Result<pb::orchestrator_client::OrchestratorClient<Channel>> {
+    let ch = tonic::transport::Endpoint::from_shared(tardi_orchestrator_url(addr))?
+        .connect_timeout(Duration::from_millis(500))
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to the orchestrator at {addr}"))?;
+    Ok(pb::orchestrator_client::OrchestratorClient::new(ch))
+}
+
+fn tardi_orchestrator_url(addr: &str) -> String {
+    if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+/// A role this machine plays for one service.
+enum Role {
+    Primary(Primary),
+    Backup(Arc<Backup>),
+    /// Assigned primary but could not start: the reason, reported until the view changes.
+    Failed {
+        view: u64,
+        why: String,
+    },
+}
+
+/// The roles of this machine, by service.
+struct Roles {
+    ctx: Arc<Ctx>,
+    roles: Mutex<HashMap<String, Role>>,
+}
+
+impl Roles {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Role>> {
+        self.roles.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn backup(&self, service: &str) -> Option<Arc<Backup>> {
+        match self.lock().get(service) {
+            Some(Role::Backup(b)) => Some(b.clone()),
+            _ => None,
+        }
+    }
+
+    fn reports(&self) -> Vec<pb::ServiceReport> {
+        self.lock()
+            .iter()
+            .map(|(name, r)| match r {
+                Role::Primary(p) => p.report(),
+                Role::Backup(b) => {
+                    let r = b.report();
+                    pb::ServiceReport {
+                        service: name.clone(),
+                        view: r.view,
+                        role: pb::Role::Backup as i32,
+                        state: match &r.broken {
+                            Some(e) => format!("backup, chain broken: {e}"),
+                            None if r.has_image => "backup".into(),
+                            None => "backup, waiting for a full checkpoint".into(),
+                        },
+                        epoch: r.queued_epoch,
+                        decided: r.applied_epoch,
+                        epochs_per_sec: r.epochs_per_sec,
+                        checkpoint_bytes: r.mean_bytes,
+                        backup_lag: r.lag,
+                        image_view: r.image_view,
+                        ..Default::default()
+                    }
+                }
+                Role::Failed { view, why } => pb::ServiceReport {
+                    service: name.clone(),
+                    view: *view,
+                    role: pb::Role::Primary as i32,
+                    state: format!("failed: {why}"),
+                    ..Default::default()
+                },
+            })
+            .collect()
+    }
+
+    /// Brings this machine's roles in line with the orchestrator's assignments. Runs on its
+    /// own thread: starting or restoring a service blocks.
+    fn reconcile(&self, a: &pb::Assignments) {
+        *self.ctx.machines.lock().unwrap_or_else(|e| e.into_inner()) =
+            a.machines.clone().into_iter().collect();
+        let me = &self.ctx.opts.machine;
+        let assigned: BTreeSet<&String> = a.services.iter().map(|s| &s.service).collect();
+        // Services no longer assigned here: a spare keeps nothing.
+        let gone: Vec<String> = self
+            .lock()
+            .keys()
+            .filter(|k| !assigned.contains(k))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(r) = self.lock().remove(&name) {
+                tracing::warn!(service = %name, "no longer assigned here; stopping");
+                stop(r);
+            }
+        }
+        for s in &a.services {
+            let Some(view) = s.view.clone() else { continue };
+            let target =
+                match tardi_manifest::parse(&s.manifest, std::path::Path::new(&s.manifest_path)) {
+                    Ok(m) => Target {
+                        name: s.service.clone(),
+                        manifest: m,
+                        link_index: s.link_index,
+                        view: view.clone(),
+                        fresh: s.fresh,
+                    },
+                    Err(e) => {
+                        self.lock().insert(
+                            s.service.clone(),
+                            Role::Failed {
+                                view: view.number,
+                                why: format!("the manifest is not valid here: {e}"),
+                            },
+                        );
+                        continue;
+                    }
+                };
+            let primary_here = view.primary == *me;
+            let current = self.lock().remove(&s.service);
+            let next = match (current, primary_here) {
+                (Some(Role::Primary(p)), true) if !p.failed() => {
+                    p.set_view(&view);
+                    Role::Primary(p)
+                }
+                (Some(Role::Failed { view: v, why }), true) if v == view.number => {
+                    Role::Failed { view: v, why }
+                }
+                (Some(Role::Backup(b)), true) => self.take_over(&target, &b),
+                (other, true) => {
+                    if let Some(r) = other {
+                        stop(r);
+                    }
+                    if target.fresh {
+                        self.start_primary(&target, None, BTreeSet::new())
+                    } else {
+                        Role::Failed {
+                            view: view.number,
+                            why: "assigned primary of a running service, but this machine holds no image of it".into(),
+                        }
+                    }
+                }
+                (Some(Role::Backup(b)), false) => {
+                    b.enter_view(view.number);
+                    Role::Backup(b)
+                }
+                (other, false) => {
+                    if let Some(r) = other {
+                        stop(r);
+                    }
+                    Role::Backup(Backup::new(
+                        &s.service,
+                        view.number,
+                        self.ctx.opts.queue_len,
+                    ))
+                }
+            };
+            self.lock().insert(s.service.clone(), next);
+        }
+    }
+
+    /// A backup becomes primary: finish applying what it acknowledged, restore from the image.
+    fn take_over(&self, t: &Target, b: &Arc<Backup>) -> Role {
+        let t0 = std::time::Instant::now();
+        let (run, image) = match b.finish(t.view.number) {
+            Ok(x) => x,
+            Err(why) => {
+                return Role::Failed {
+                    view: t.view.number,
+                    why,
+                };
+            }
+        };
+        let full = image.to_full();
+        drop(image);
+        tracing::warn!(service = %t.name, view = t.view.number, from_run = run, epoch = full.epoch, drained_ms = t0.elapsed().as_millis() as u64, "taking over");
+        // The view's backups are the survivors of the last active view: they hold every
+        // decided checkpoint, so decisions wait for them from the start.
+        let survivors = t.view.backups.iter().cloned().collect();
+        self.start_primary(t, Some(full), survivors)
+    }
+
+    fn start_primary(
+        &self,
+        t: &Target,
+        from: Option<tardi_checkpointer::image::Checkpoint>,
+        required: BTreeSet<String>,
+    ) -> Role {
+        match Primary::start(self.ctx.clone(), t, from, required) {
+            Ok(p) => Role::Primary(p),
+            Err(e) => {
+                let why = format!("{e:#}");
+                tracing::error!(service = %t.name, %why, "cannot start the primary");
+                Role::Failed {
+                    view: t.view.number,
+                    why,
+                }
+            }
+        }
+    }
+}
+
+fn stop(r: Role) {
+    match r {
+        Role::Primary(p) => p.stop(),
+        Role::Backup(b) => b.stop(),
+        Role::Failed { .. } => {}
+    }
+}
+
+/// The Replica gRPC service: checkpoint streams from primaries.
+#[derive(Clone)]
+struct ReplicaSvc(Arc<Roles>);
+
+type AckStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::Ack, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::replica_server::Replica for ReplicaSvc {
+    type ReplicateStream = AckStream;
+
+    async fn replicate(
+        &self,
+        req: tonic::Request<tonic::Streaming<pb::CheckpointMsg>>,
+    ) -> Result<tonic::Response<AckStream>, tonic::Status> {
+        let mut inbound = req.into_inner();
+        let roles = self.0.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            while let Some(Ok(m)) = inbound.next().await {
+                let backup = roles.backup(&m.service);
+                let (service, view, epoch) = (m.service.clone(), m.view, m.epoch);
+                let result = match backup {
+                    None => Err(backup::Refusal::NotBackup(m.service.clone())),
+                    // Checking a checkpoint (CRC, decoding) takes time for a large one: done in
+                    // place, on this worker, which the runtime replaces meanwhile.
+                    Some(b) => tokio::task::block_in_place(|| {
+                        b.receive(m.view, m.run, m.epoch, Vec::from(m.data))
+                    }),
+                };
+                let refused = result.is_err();
+                let ack = pb::Ack {
+                    service,
+                    view,
+                    epoch,
+                    error: result.err().map(|e| e.to_string()).unwrap_or_default(),
+                };
+                if refused {
+                    tracing::warn!(service = %ack.service, view, epoch, error = %ack.error, "checkpoint refused");
+                }
+                if tx.send(Ok(ack)).await.is_err() || refused {
+                    break;
+                }
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+/// Runs the daemon until SIGINT/SIGTERM.
+pub fn run(opts: Options) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let ctx = Arc::new(Ctx {
+        throttle: opts
+            .link_bandwidth
+            .map(|b| Arc::new(throttle::Throttle::new(b))),
+        opts: opts.clone(),
+        rt: rt.handle().clone(),
+        machines: Mutex::new(HashMap::new()),
+        clients: Mutex::new(HashMap::new()),
+    });
+    let roles = Arc::new(Roles {
+        ctx: ctx.clone(),
+        roles: Mutex::new(HashMap::new()),
+    });
+    // Assignments are applied on their own thread, newest first (a burst collapses to one).
+    let (assign_tx, assign_rx) = std::sync::mpsc::channel::<pb::Assignments>();
+    {
+        let roles = roles.clone();
+        std::thread::Builder::new()
+            .name("reconcile".into())
+            .spawn(move || {
+                while let Ok(mut a) = assign_rx.recv() {
+                    while let Ok(newer) = assign_rx.try_recv() {
+                        a = newer;
+                    }
+                    roles.reconcile(&a);
+                }
+            })?;
+    }
+    let result = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(opts.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", opts.listen))?;
+        let server = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(
+                pb::replica_server::ReplicaServer::new(ReplicaSvc(roles.clone()))
+                    .max_decoding_message_size(usize::MAX)
+                    .max_encoding_message_size(usize::MAX),
+            )
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                tardi_orchestrator::shutdown_signal(),
+            );
+        println!(
+            "instance {} listening on {}, orchestrator {}",
+            opts.machine, opts.listen, opts.orchestrator
+        );
+        let session = tokio::spawn(session(roles.clone(), assign_tx));
+        let r = server.await;
+        session.abort();
+        r.map_err(anyhow::Error::from)
+    });
+    // Stop every role: primaries tear their sandboxes down.
+    let all: Vec<Role> = roles.lock().drain().map(|(_, r)| r).collect();
+    for r in all {
+        stop(r);
+    }
+    rt.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+/// The session with the orchestrator: heartbeats out, assignments in; reconnects forever.
+async fn session(roles: Arc<Roles>, assign: std::sync::mpsc::Sender<pb::Assignments>) {
+    let opts = roles.ctx.opts.clone();
+    loop {
+        let r: anyhow::Result<()> = async {
+            let mut c = orchestrator_client(&opts.orchestrator).await?;
+            let (tx, rx) = tokio::sync::mpsc::channel::<pb::Heartbeat>(4);
+            let hb_roles = roles.clone();
+            let hb_opts = opts.clone();
+            let beat = tokio::spawn(async move {
+                let mut tick = tokio::time::interval(hb_opts.heartbeat);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                loop {
+                    tick.tick().await;
+                    let hb = pb::Heartbeat {
+                        machine: hb_opts.machine.clone(),
+                        api: hb_opts.listen.to_string(),
+                        services: hb_roles.reports(),
+                    };
+                    if tx.send(hb).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let mut incoming = c
+                .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await?
+                .into_inner();
+            let r = async {
+                while let Some(a) = incoming.message().await? {
+                    if assign.send(a).is_err() {
+                        break;
+                    }
+                }
+                anyhow::Ok(())
+            }
+            .await;
+            beat.abort();
+            r
+        }
+        .await;
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "orchestrator session lost; reconnecting");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -28,6 +28,12 @@ pub const DAEMON_CMD_ENV: &str = "TARDI_LAB_DAEMON_CMD";
 pub enum Daemons {
     /// The real ones: `<exe> orchestrator …` and `<exe> instance …` (see [`daemon_command`]).
     Tardi(PathBuf),
+    /// The real ones with extra arguments for each (e.g. a test's longer failure timeout).
+    TardiWith {
+        exe: PathBuf,
+        orchestrator: Vec<String>,
+        instance: Vec<String>,
+    },
     /// A stand-in for both roles, as words (no shell), in which `{node}`, `{role}`, `{addr}`,
     /// `{port}`, `{listen}` (`addr:port`), `{orchestrator}` (the orchestrators' URLs),
     /// `{state_dir}` and `{run_dir}` are replaced; e.g.
@@ -51,6 +57,18 @@ pub fn daemon_command(daemons: &Daemons, node: &Node, layout: &Layout) -> Option
     match daemons {
         Daemons::None => None,
         Daemons::Tardi(exe) => Some(tardi_command(exe, node, api, layout)),
+        Daemons::TardiWith {
+            exe,
+            orchestrator,
+            instance,
+        } => {
+            let mut argv = tardi_command(exe, node, api, layout);
+            argv.extend(match node.role {
+                Role::Orchestrator => orchestrator.iter().cloned(),
+                _ => instance.iter().cloned(),
+            });
+            Some(argv)
+        }
         Daemons::Template(words) if words.is_empty() => None,
         Daemons::Template(words) => {
             Some(words.iter().map(|w| expand(w, node, api, layout)).collect())

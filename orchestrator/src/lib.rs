@@ -1,7 +1,32 @@
-//! The replicated cluster service (openraft): failure detector and view manager
-//! (Vertical-Paxos-style views: propose, full checkpoint to new backups, activate).
+//! The orchestrator: decides which machine is primary, backup or spare for each service
+//! (views), detects failed instances, and activates views.
 //!
-//! **Not implemented yet.** Placeholder crate; its work arrives with the orchestrator issue.
+//! Owns: the view manager ([`views`], a deterministic state machine over [`views::Command`]s),
+//! the failure detector and the gRPC control plane ([`server`]), and the CLI's client calls
+//! ([`client`]). Today it runs as a single node; the orchestrator-cluster issue replicates the
+//! same commands with openraft, replacing how commands are applied, not the instances.
 //!
-//! Architecture invariant: the orchestrator never touches a service's memory or checkpoints; it
-//! decides roles and views only.
+//! Must not touch: a service's memory or checkpoints. It decides roles and views only; safety
+//! never depends on its failure detector (a view is activated only when its primary asks, and
+//! instances refuse checkpoints of views they have left).
+
+pub mod client;
+pub mod server;
+pub mod views;
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        // Without signal handlers, run until killed.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,4 +1,5 @@
 #![allow(dead_code)]
+pub mod cluster;
 pub mod programs;
 pub mod resp;
 pub mod tardi;

@@ -127,6 +127,8 @@ pub enum DeltaError {
         expected: usize,
         got: usize,
     },
+    #[error("page encoded as {0:?} is not shorter than a raw page")]
+    TooLong(PageEncoding),
     #[error("{0} is not a delta codec")]
     NotADeltaCodec(Codec),
     #[error("corrupt {codec} data: {detail}")]
@@ -275,6 +277,14 @@ impl PageCodec {
                 expected: enc.encoded_len(),
                 got: bytes.len(),
             });
+        }
+        if matches!(
+            enc,
+            PageEncoding::Delta { .. } | PageEncoding::Compressed { .. }
+        ) && bytes.len() >= PAGE_SIZE
+        {
+            // Never produced (a raw page is shorter), and the decoders need not see it.
+            return Err(DeltaError::TooLong(enc));
         }
         let twin = match twin {
             Some(t) if t.len() != PAGE_SIZE => return Err(DeltaError::TwinLength(t.len())),

@@ -1,4 +1,4 @@
-//! The checkpoint format: the only serialized types of the checkpointer live here.
+//! The checkpoint format.
 //!
 //! On the wire a checkpoint is
 //! ```text
@@ -8,6 +8,7 @@
 //! A reader checks magic, version, lengths and checksum before it looks at anything else, so a
 //! truncated or corrupted file is refused before any process is started.
 
+use crate::delta::PageEncoding;
 use serde::{Deserialize, Serialize};
 use std::io::{self, Write};
 
@@ -15,6 +16,9 @@ pub const MAGIC: &[u8; 8] = b"TARDICKP";
 /// Version of the encoding; bumped on every incompatible change.
 pub const FORMAT_VERSION: u32 = 1;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
+/// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
+/// checkpointer checks equals this).
+pub const XSTATE_MAX: usize = 4096;
 
 /// Errors reading a checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -117,7 +121,7 @@ pub struct ProcessImage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EncodedPage {
     pub addr: u64,
-    pub enc: crate::delta::PageEncoding,
+    pub enc: PageEncoding,
     pub data_off: u64,
 }
 
@@ -325,7 +329,9 @@ impl CheckpointFile {
         let (body, meta_start, meta_end) =
             (found - 4, HEADER_LEN as u64, HEADER_LEN as u64 + h.meta_len);
         let mut crc = crc32fast::Hasher::new();
-        let mut meta = Vec::with_capacity(h.meta_len as usize);
+        // The header's length matched the file's, but a sparse file can claim anything: let
+        // the buffer grow with what is actually read.
+        let mut meta = Vec::with_capacity(h.meta_len.min(1 << 26) as usize);
         let mut buf = vec![0u8; 1 << 20];
         let mut at = 0u64;
         while at < body {
@@ -376,8 +382,13 @@ impl Header {
                 found,
             });
         }
-        let u32_at = |o: usize| u32::from_le_bytes(head[o..o + 4].try_into().unwrap());
-        let u64_at = |o: usize| u64::from_le_bytes(head[o..o + 8].try_into().unwrap());
+        let field = |o: usize, n: usize| -> [u8; 8] {
+            let mut b = [0u8; 8];
+            b[..n].copy_from_slice(&head[o..o + n]);
+            b
+        };
+        let u32_at = |o: usize| u64::from_le_bytes(field(o, 4)) as u32;
+        let u64_at = |o: usize| u64::from_le_bytes(field(o, 8));
         let version = u32_at(8);
         if version != FORMAT_VERSION {
             return Err(FormatError::Version { found: version });
@@ -410,11 +421,24 @@ impl Header {
                 self.kind
             )));
         }
-        let image: ProcessImage =
-            postcard::from_bytes(meta).map_err(|e| FormatError::Meta(e.to_string()))?;
+        // postcard bounds every length by the bytes left (a vector's preallocation is capped
+        // by serde), so an absurd length prefix is an error, not an allocation.
+        let (image, rest): (ProcessImage, _) =
+            postcard::take_from_bytes(meta).map_err(|e| FormatError::Meta(e.to_string()))?;
+        if !rest.is_empty() {
+            return Err(FormatError::Meta(format!(
+                "{} bytes after the encoded metadata",
+                rest.len()
+            )));
+        }
         image.validate(self.data_len)?;
         let kind = match (self.kind, image.base_epoch) {
-            (0, _) => Kind::Full,
+            (0, None) => Kind::Full,
+            (0, Some(base)) => {
+                return Err(FormatError::Meta(format!(
+                    "full checkpoint with a base epoch ({base})"
+                )));
+            }
             (_, Some(base)) => Kind::Incremental { base },
             (_, None) => {
                 return Err(FormatError::Meta(
@@ -459,14 +483,17 @@ impl Checkpoint {
         v
     }
 
-    /// Parses and verifies a checkpoint. Takes ownership so the page data is not copied.
+    /// Parses and verifies a checkpoint: magic, version, lengths, checksum, then everything
+    /// [`Checkpoint::validate`] checks. Takes ownership so the page data is not copied. Any
+    /// bytes are safe to pass: whatever does not hold is an error, never a panic, and nothing
+    /// is allocated beyond what `bytes` itself holds.
     pub fn from_bytes(mut bytes: Vec<u8>) -> Result<Checkpoint, FormatError> {
         let h = Header::parse(&bytes[..HEADER_LEN.min(bytes.len())], bytes.len() as u64)?;
+        // `parse` checked: HEADER_LEN + meta_len + data_len + 4 == bytes.len().
         let body = bytes.len() - 4;
-        check_crc(
-            u32::from_le_bytes(bytes[body..].try_into().unwrap()),
-            crc32fast::hash(&bytes[..body]),
-        )?;
+        let mut stored = [0u8; 4];
+        stored.copy_from_slice(&bytes[body..]);
+        check_crc(u32::from_le_bytes(stored), crc32fast::hash(&bytes[..body]))?;
         let meta_end = HEADER_LEN + h.meta_len as usize;
         let (kind, image) = h.decode(&bytes[HEADER_LEN..meta_end])?;
         // Move the page data to the front of the buffer instead of copying it into a new one
@@ -481,54 +508,203 @@ impl Checkpoint {
             data: bytes,
         })
     }
+
+    /// Internal consistency, as [`Checkpoint::from_bytes`] checks it after decoding: the kind
+    /// agrees with the base epoch, and [`ProcessImage::validate`] against [`Checkpoint::data`].
+    /// For a checkpoint built in memory rather than read.
+    pub fn validate(&self) -> Result<(), FormatError> {
+        match (self.kind, self.image.base_epoch) {
+            (Kind::Full, None) => {}
+            (Kind::Incremental { base }, Some(b)) if b == base => {}
+            (kind, base) => {
+                return Err(FormatError::Meta(format!(
+                    "a checkpoint of kind {kind:?} has base epoch {base:?}"
+                )));
+            }
+        }
+        self.image.validate(self.data.len() as u64)
+    }
 }
 
 impl ProcessImage {
-    /// Internal consistency: every run lies inside the data and inside a mapping.
-    fn validate(&self, data_len: u64) -> Result<(), FormatError> {
-        let bad = |m: String| Err(FormatError::Meta(m));
+    /// Internal consistency, checked before anything looks at the image: every index, length,
+    /// offset and address range lies inside what it refers to, with no overflow on the way.
+    /// - threads: at least one, positive distinct TIDs, 27 registers, an XSAVE area of at most
+    ///   [`XSTATE_MAX`] bytes;
+    /// - mappings: page-aligned, non-empty, not overlapping, file indices inside `files`;
+    /// - runs: page-aligned, each inside `data_len` and inside one mapping, no two overlapping
+    ///   in memory or in the data (so a run's pages cost their own bytes of data);
+    /// - encoded pages: page-aligned, inside the data, no delta or compressed form as long as a
+    ///   raw page (pages outside the layout are dropped by the receiver, not refused);
+    /// - `reset` and `cow` ranges ordered, signal numbers 1–64, descriptors non-negative and
+    ///   distinct, no NUL byte in a path, and the private directories' paths as
+    ///   [`FileChanges::validate`](crate::files::FileChanges::validate) wants them (whether an
+    ///   incremental checkpoint's entries lie in the receiver's directories is for
+    ///   [`crate::store::Image::apply`] to check).
+    pub fn validate(&self, data_len: u64) -> Result<(), FormatError> {
+        fn bad<T>(m: String) -> Result<T, FormatError> {
+            Err(FormatError::Meta(m))
+        }
+        const PAGE: u64 = crate::delta::PAGE_SIZE as u64;
+        let aligned = |x: u64| x.is_multiple_of(PAGE);
+        if self.pid <= 0 {
+            return bad(format!("process id {} is not positive", self.pid));
+        }
         if self.threads.is_empty() {
             return bad("no threads".into());
         }
-        for p in &self.pages {
-            if p.data_off
-                .checked_add(p.enc.encoded_len() as u64)
-                .is_none_or(|e| e > data_len)
-            {
-                return bad(format!("page at {:#x} lies outside the page data", p.addr));
+        let mut tids: Vec<i32> = Vec::with_capacity(self.threads.len());
+        for t in &self.threads {
+            if t.tid <= 0 {
+                return bad(format!("thread id {} is not positive", t.tid));
             }
+            if t.regs.len() != 27 {
+                return bad(format!(
+                    "thread {} has {} registers, not 27",
+                    t.tid,
+                    t.regs.len()
+                ));
+            }
+            if t.xstate.len() > XSTATE_MAX {
+                return bad(format!(
+                    "thread {} has an XSAVE area of {} bytes (at most {XSTATE_MAX})",
+                    t.tid,
+                    t.xstate.len()
+                ));
+            }
+            tids.push(t.tid);
         }
+        tids.sort_unstable();
+        if let Some(w) = tids.windows(2).find(|w| w[0] == w[1]) {
+            return bad(format!("thread {} appears twice", w[0]));
+        }
+
+        let mut spans: Vec<(u64, u64)> = Vec::with_capacity(self.vmas.len());
+        for v in &self.vmas {
+            if v.start >= v.end || !aligned(v.start) || !aligned(v.end) {
+                return bad(format!(
+                    "mapping {:#x}-{:#x} is empty or not page-aligned",
+                    v.start, v.end
+                ));
+            }
+            if let Backing::File { index, .. } = v.backing
+                && index as usize >= self.files.len()
+            {
+                return bad(format!(
+                    "mapping at {:#x} names file #{index} of {}",
+                    v.start,
+                    self.files.len()
+                ));
+            }
+            spans.push((v.start, v.end));
+        }
+        spans.sort_unstable();
+        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
+            return bad(format!(
+                "mappings {:#x}-{:#x} and {:#x}-{:#x} overlap",
+                w[0].0, w[0].1, w[1].0, w[1].1
+            ));
+        }
+        // The mapping holding `addr`, if any (spans are sorted and disjoint).
+        let holder = |addr: u64| {
+            let i = spans.partition_point(|s| s.0 <= addr);
+            i.checked_sub(1).map(|i| spans[i]).filter(|s| addr < s.1)
+        };
+
         for r in &self.runs {
+            if !aligned(r.addr) || !aligned(r.len) {
+                return bad(format!(
+                    "page run at {:#x} ({} bytes) is not page-aligned",
+                    r.addr, r.len
+                ));
+            }
             if r.data_off.checked_add(r.len).is_none_or(|e| e > data_len) {
                 return bad(format!(
                     "page run at {:#x} lies outside the page data",
                     r.addr
                 ));
             }
-            if !self
-                .vmas
-                .iter()
-                .any(|v| v.start <= r.addr && r.addr + r.len <= v.end)
-            {
+            let end = r.addr.checked_add(r.len);
+            let inside = holder(r.addr).zip(end).is_some_and(|(s, e)| e <= s.1);
+            if r.len > 0 && !inside {
                 return bad(format!(
-                    "page run at {:#x} lies outside every mapping",
-                    r.addr
+                    "page run at {:#x} ({} bytes) lies outside every mapping",
+                    r.addr, r.len
                 ));
             }
         }
-        for v in &self.vmas {
-            if let Backing::File { index, .. } = v.backing
-                && index as usize >= self.files.len()
+        let mut by_addr: Vec<(u64, u64)> = self.runs.iter().map(|r| (r.addr, r.len)).collect();
+        let mut by_data: Vec<(u64, u64)> = self.runs.iter().map(|r| (r.data_off, r.len)).collect();
+        for (what, set) in [("memory", &mut by_addr), ("the page data", &mut by_data)] {
+            set.retain(|r| r.1 > 0);
+            set.sort_unstable();
+            // Each run's end is known not to overflow (checked above).
+            if let Some(w) = set.windows(2).find(|w| w[1].0 < w[0].0 + w[0].1) {
+                return bad(format!(
+                    "page runs overlap in {what} (at {:#x} and {:#x})",
+                    w[0].0, w[1].0
+                ));
+            }
+        }
+
+        for p in &self.pages {
+            if !aligned(p.addr) {
+                return bad(format!("page at {:#x} is not page-aligned", p.addr));
+            }
+            let len = p.enc.encoded_len() as u64;
+            if matches!(
+                p.enc,
+                PageEncoding::Delta { .. } | PageEncoding::Compressed { .. }
+            ) && len >= PAGE
             {
-                return bad(format!("mapping at {:#x} names file #{index}", v.start));
+                return bad(format!(
+                    "page at {:#x} is encoded as {:?}: not shorter than a raw page",
+                    p.addr, p.enc
+                ));
+            }
+            if p.data_off.checked_add(len).is_none_or(|e| e > data_len) {
+                return bad(format!("page at {:#x} lies outside the page data", p.addr));
             }
         }
-        for t in &self.threads {
-            if t.regs.len() != 27 || t.xstate.len() > crate::abi::XSTATE_MAX {
-                return bad(format!("thread {} has a malformed register set", t.tid));
+        for (what, set) in [("reset", &self.reset), ("copied-on-write", &self.cow)] {
+            if let Some(&(s, e)) = set.iter().find(|(s, e)| s > e) {
+                return bad(format!("{what} range {s:#x}-{e:#x} ends before it starts"));
             }
         }
-        Ok(())
+
+        if let Some(s) = self
+            .sigactions
+            .iter()
+            .find(|s| !(1..=64).contains(&s.signo))
+        {
+            return bad(format!("signal action for signal {}", s.signo));
+        }
+        let mut fds: Vec<i32> = self.fds.iter().map(|f| f.fd).collect();
+        fds.sort_unstable();
+        if let Some(&fd) = fds.first().filter(|&&fd| fd < 0) {
+            return bad(format!("descriptor {fd} is negative"));
+        }
+        if let Some(w) = fds.windows(2).find(|w| w[0] == w[1]) {
+            return bad(format!("descriptor {} appears twice", w[0]));
+        }
+
+        // Paths become C strings on restore.
+        let paths = [
+            ("executable", &self.exe.path),
+            ("working directory", &self.cwd),
+        ]
+        .into_iter()
+        .chain(self.files.iter().map(|f| ("mapped file", &f.path)))
+        .chain(self.fds.iter().filter_map(|f| match &f.kind {
+            FdKind::Path { path, .. } => Some(("descriptor path", path)),
+            _ => None,
+        }));
+        for (what, p) in paths {
+            if p.contains('\0') {
+                return bad(format!("{what} {p:?} contains a NUL byte"));
+            }
+        }
+        self.private_files.validate(None).map_err(FormatError::Meta)
     }
 }
 
@@ -667,5 +843,216 @@ mod tests {
             Checkpoint::from_bytes(b"not a checkpoint at all".to_vec()),
             Err(FormatError::BadMagic)
         ));
+    }
+
+    /// Every consistency rule refuses what breaks it, with a message naming it, through
+    /// `from_bytes` as through `validate`.
+    #[test]
+    fn refuses_inconsistent_metadata() {
+        use crate::delta::Codec;
+        use crate::files::Entry;
+        type Break = fn(&mut Checkpoint);
+        let cases: Vec<(&str, Break)> = vec![
+            ("no threads", |c| c.image.threads.clear()),
+            ("process id", |c| c.image.pid = 0),
+            ("not positive", |c| c.image.threads[0].tid = -1),
+            ("26 registers", |c| {
+                c.image.threads[0].regs.pop();
+            }),
+            ("XSAVE area of 4097", |c| {
+                c.image.threads[0].xstate = vec![0; 4097]
+            }),
+            ("appears twice", |c| {
+                let t = c.image.threads[0].clone();
+                c.image.threads.push(t);
+            }),
+            ("empty or not page-aligned", |c| {
+                c.image.vmas[0].end = 0x1000
+            }),
+            ("empty or not page-aligned", |c| {
+                c.image.vmas[0].start = 0x1001
+            }),
+            ("names file #0 of 0", |c| {
+                c.image.vmas[0].backing = Backing::File {
+                    index: 0,
+                    offset: 0,
+                }
+            }),
+            ("overlap", |c| {
+                let mut v = c.image.vmas[0].clone();
+                v.start = 0x2000;
+                v.end = 0x4000;
+                c.image.vmas.push(v);
+            }),
+            ("not page-aligned", |c| c.image.runs[0].len = 100),
+            ("outside the page data", |c| c.image.runs[0].data_off = 1),
+            ("outside the page data", |c| c.image.runs[0].len = !0xfff),
+            ("outside every mapping", |c| c.image.runs[0].addr = 0x5000),
+            ("outside every mapping", |c| {
+                c.image.runs[0].addr = 0x2000;
+                c.image.runs[0].len = 0x2000;
+                c.data = vec![0; 0x2000];
+            }),
+            ("outside every mapping", |c| {
+                // addr + len overflows.
+                c.image.vmas[0].start = u64::MAX - 0xfff - 0x1000;
+                c.image.vmas[0].end = u64::MAX - 0xfff;
+                c.image.runs[0].addr = u64::MAX - 0xfff - 0x1000;
+                c.image.runs[0].len = 0x2000;
+                c.data = vec![0; 0x2000];
+            }),
+            ("overlap in memory", |c| {
+                c.data = vec![0; 0x2000];
+                c.image.runs.push(PageRun {
+                    addr: 0x1000,
+                    len: 0x1000,
+                    data_off: 0x1000,
+                });
+            }),
+            ("overlap in the page data", |c| {
+                c.image.runs.push(PageRun {
+                    addr: 0x2000,
+                    len: 0x1000,
+                    data_off: 0,
+                });
+            }),
+            ("not page-aligned", |c| {
+                c.image.pages.push(EncodedPage {
+                    addr: 0x1008,
+                    enc: PageEncoding::Zero,
+                    data_off: 0,
+                })
+            }),
+            ("outside the page data", |c| {
+                c.image.pages.push(EncodedPage {
+                    addr: 0x1000,
+                    enc: PageEncoding::Raw,
+                    data_off: u64::MAX,
+                })
+            }),
+            ("not shorter than a raw page", |c| {
+                c.data = vec![0; 5000];
+                c.image.pages.push(EncodedPage {
+                    addr: 0x1000,
+                    enc: PageEncoding::Delta {
+                        codec: Codec::XorZstd,
+                        len: 4096,
+                    },
+                    data_off: 0,
+                })
+            }),
+            ("ends before it starts", |c| c.image.reset.push((2, 1))),
+            ("ends before it starts", |c| {
+                c.image.cow.push((0x3000, 0x2000))
+            }),
+            ("signal 65", |c| {
+                c.image.sigactions.push(SigAction {
+                    signo: 65,
+                    handler: 0,
+                    flags: 0,
+                    restorer: 0,
+                    mask: 0,
+                })
+            }),
+            ("descriptor -1", |c| {
+                c.image.fds.push(FdImage {
+                    fd: -1,
+                    cloexec: false,
+                    flags: 0,
+                    kind: FdKind::EventFd {
+                        count: 0,
+                        semaphore: false,
+                    },
+                })
+            }),
+            ("descriptor 3 appears twice", |c| {
+                let fd = FdImage {
+                    fd: 3,
+                    cloexec: false,
+                    flags: 0,
+                    kind: FdKind::SignalFd { mask: 0 },
+                };
+                c.image.fds.push(fd.clone());
+                c.image.fds.push(fd);
+            }),
+            ("working directory \"/a\\0b\" contains a NUL", |c| {
+                c.image.cwd = "/a\0b".into()
+            }),
+            ("executable", |c| c.image.exe.path.push('\0')),
+            ("mapped file", |c| {
+                c.image.files.push(FileRef {
+                    path: "/lib\0".into(),
+                    size: 0,
+                    hash: [0; 32],
+                })
+            }),
+            ("descriptor path", |c| {
+                c.image.fds.push(FdImage {
+                    fd: 0,
+                    cloexec: false,
+                    flags: 0,
+                    kind: FdKind::Path {
+                        path: "/dev/\0".into(),
+                        pos: 0,
+                        is_dir: false,
+                    },
+                })
+            }),
+            ("not inside a private directory", |c| {
+                c.image.private_files.dirs = vec!["/data".into()];
+                c.image.private_files.remove = vec!["/etc/passwd".into()];
+            }),
+            ("not canonical", |c| {
+                c.image.private_files.dirs = vec!["/data".into()];
+                c.image.private_files.upsert =
+                    vec![("/data/../etc".into(), Entry::Dir { mode: 0o755 })];
+            }),
+            ("base epoch", |c| c.image.base_epoch = Some(3)),
+        ];
+        let good = sample(Kind::Full);
+        good.validate().unwrap();
+        for (want, break_it) in cases {
+            let mut ck = good.clone();
+            break_it(&mut ck);
+            let err = ck.validate().expect_err(want).to_string();
+            assert!(err.contains(want), "expected {want:?}, got {err:?}");
+            // The same through the wire (the header's kind comes from `kind`).
+            let err = Checkpoint::from_bytes(ck.to_bytes())
+                .expect_err(want)
+                .to_string();
+            assert!(
+                err.contains(want) || want == "base epoch" && err.contains("full checkpoint"),
+                "from_bytes: expected {want:?}, got {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_trailing_metadata_and_mismatched_kinds() {
+        let ck = sample(Kind::Incremental { base: 6 });
+        let mut bytes = ck.to_bytes();
+        // Header says full, metadata has a base epoch.
+        bytes[12] = 0;
+        let n = bytes.len() - 4;
+        let crc = crc32fast::hash(&bytes[..n]);
+        bytes[n..].copy_from_slice(&crc.to_le_bytes());
+        let err = Checkpoint::from_bytes(bytes).unwrap_err().to_string();
+        assert!(err.contains("full checkpoint with a base epoch"), "{err}");
+        // One byte of junk after the metadata, lengths and checksum fixed up.
+        let meta = postcard::to_stdvec(&ck.image).unwrap();
+        let mut v = Vec::new();
+        v.extend_from_slice(MAGIC);
+        v.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        v.extend_from_slice(&1u32.to_le_bytes());
+        v.extend_from_slice(&7u64.to_le_bytes());
+        v.extend_from_slice(&(meta.len() as u64 + 1).to_le_bytes());
+        v.extend_from_slice(&(ck.data.len() as u64).to_le_bytes());
+        v.extend_from_slice(&meta);
+        v.push(0);
+        v.extend_from_slice(&ck.data);
+        let crc = crc32fast::hash(&v);
+        v.extend_from_slice(&crc.to_le_bytes());
+        let err = Checkpoint::from_bytes(v).unwrap_err().to_string();
+        assert!(err.contains("1 bytes after the encoded metadata"), "{err}");
     }
 }

@@ -1,0 +1,438 @@
+//! An in-memory process image that a chain of checkpoints is applied to: a full checkpoint,
+//! then incremental ones in epoch order. A backup keeps one of these current; a restore turns it
+//! back into a full checkpoint with [`Image::to_full`].
+//!
+//! Checkpoints come from a peer and are untrusted: [`Image::apply`] checks everything before it
+//! changes anything, so a refused checkpoint leaves the image exactly as it was.
+
+use crate::delta::{DeltaError, PAGE_SIZE, PageCodec, PageEncoding};
+use crate::files::Tree;
+use crate::image::*;
+use std::collections::BTreeMap;
+
+const PAGE: u64 = PAGE_SIZE as u64;
+
+/// Why a checkpoint cannot be applied. The image is unchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("checkpoint {epoch} applies to epoch {base}, but the image is at epoch {have}")]
+    OutOfOrder { epoch: u64, base: u64, have: u64 },
+    #[error("a chain must start with a full checkpoint (got an incremental one for epoch {0})")]
+    NotFull(u64),
+    #[error("checkpoint {epoch} is inconsistent: {source}")]
+    Invalid { epoch: u64, source: FormatError },
+    #[error("page {addr:#x} of checkpoint {epoch} cannot be decoded: {source}")]
+    Decode {
+        epoch: u64,
+        addr: u64,
+        source: DeltaError,
+    },
+    #[error("creating the page decoder: {0}")]
+    Codec(DeltaError),
+}
+
+/// A process image at one epoch: metadata plus the contents of every saved page.
+pub struct Image {
+    pub epoch: u64,
+    /// The latest checkpoint's metadata, without its memory (`runs`, `pages`, `reset`, `cow`)
+    /// or private files (see [`Image::tree`]). `sandbox` is the latest one a checkpoint
+    /// carried: the full checkpoint's unless an incremental one brought another.
+    pub meta: ProcessImage,
+    pages: BTreeMap<u64, Box<[u8; PAGE_SIZE]>>,
+    codec: PageCodec,
+    /// The private directories' tree at this epoch (`meta.private_files` stays empty).
+    tree: Tree,
+}
+
+impl Image {
+    /// The image of a full checkpoint (checked as [`Checkpoint::validate`] does, whatever its
+    /// origin).
+    pub fn from_full(ck: &Checkpoint) -> Result<Image, ApplyError> {
+        if ck.kind != Kind::Full {
+            return Err(ApplyError::NotFull(ck.epoch));
+        }
+        let invalid = |source| ApplyError::Invalid {
+            epoch: ck.epoch,
+            source,
+        };
+        ck.validate().map_err(invalid)?;
+        // A full checkpoint names its private directories if it has entries in them.
+        ck.image
+            .private_files
+            .validate(Some(&[]))
+            .map_err(|m| invalid(FormatError::Meta(m)))?;
+        let mut pages = BTreeMap::new();
+        for r in &ck.image.runs {
+            for p in 0..r.len / PAGE {
+                // In range: validate checked data_off + len <= data.len().
+                let off = (r.data_off + p * PAGE) as usize;
+                let page = ck
+                    .data
+                    .get(off..)
+                    .and_then(|d| d.first_chunk::<PAGE_SIZE>())
+                    .ok_or_else(|| {
+                        invalid(FormatError::Meta(format!(
+                            "page run at {:#x} lies outside the page data",
+                            r.addr
+                        )))
+                    })?;
+                pages.insert(r.addr + p * PAGE, Box::new(*page));
+            }
+        }
+        let mut tree = Tree::default();
+        tree.apply(&ck.image.private_files);
+        Ok(Image {
+            tree,
+            epoch: ck.epoch,
+            meta: stored_meta(&ck.image),
+            pages,
+            codec: PageCodec::new().map_err(ApplyError::Codec)?,
+        })
+    }
+
+    /// Number of saved pages.
+    pub fn pages(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// The private directories' tree at this epoch.
+    pub fn tree(&self) -> &Tree {
+        &self.tree
+    }
+
+    pub fn page(&self, addr: u64) -> Option<&[u8; PAGE_SIZE]> {
+        self.pages.get(&addr).map(|b| &**b)
+    }
+
+    /// Applies the next checkpoint of the chain (a full one replaces the image).
+    ///
+    /// All or nothing: on any error — out of order, inconsistent (anything
+    /// [`Checkpoint::validate`] refuses, private files outside the image's private
+    /// directories), a page that does not decode — the image is left exactly as it was: every
+    /// check and every page decoding happens before the first change.
+    ///
+    /// Pages outside the new layout, in `reset` ranges, or of private file mappings and not in
+    /// `cow` are dropped; an incremental checkpoint's pages outside the layout are ignored.
+    pub fn apply(&mut self, ck: &Checkpoint) -> Result<(), ApplyError> {
+        let base = match ck.kind {
+            Kind::Full => {
+                *self = Image::from_full(ck)?;
+                return Ok(());
+            }
+            Kind::Incremental { base } => base,
+        };
+        if base != self.epoch {
+            return Err(ApplyError::OutOfOrder {
+                epoch: ck.epoch,
+                base,
+                have: self.epoch,
+            });
+        }
+        let invalid = |source| ApplyError::Invalid {
+            epoch: ck.epoch,
+            source,
+        };
+        ck.validate().map_err(invalid)?;
+        let img = &ck.image;
+        let dirs = &img.private_files.dirs;
+        if !dirs.is_empty() && !self.tree.dirs.is_empty() && *dirs != self.tree.dirs {
+            return Err(invalid(FormatError::Meta(format!(
+                "the private directories changed from {:?} to {dirs:?} without a full checkpoint",
+                self.tree.dirs
+            ))));
+        }
+        img.private_files
+            .validate(Some(&self.tree.dirs))
+            .map_err(|m| invalid(FormatError::Meta(m)))?;
+
+        // The new layout (validated: sorted here, disjoint), and whether a page survives.
+        let mut layout: Vec<(u64, u64, bool)> = img
+            .vmas
+            .iter()
+            .map(|v| (v.start, v.end, v.backing == Backing::Anon))
+            .collect();
+        layout.sort_unstable();
+        let mapping = |addr: u64| {
+            let i = layout.partition_point(|v| v.0 <= addr);
+            i.checked_sub(1).map(|i| layout[i]).filter(|v| addr < v.1)
+        };
+        let reset = Ranges::new(img.reset.iter().copied());
+        let cow = Ranges::new(img.cow.iter().copied());
+        let file_private = Ranges::new(
+            img.vmas
+                .iter()
+                .filter(|v| matches!(v.backing, Backing::File { .. }) && !v.shared)
+                .map(|v| (v.start, v.end)),
+        );
+        let keep = |a: u64| {
+            mapping(a).is_some()
+                && !reset.contains(a)
+                // A page of a private file mapping without its own copy shows the file.
+                && (!file_private.contains(a) || cow.contains(a))
+        };
+
+        // Decode every page first, against what the image will hold for it once the layout
+        // changes apply (or the page decoded just before, if listed twice). `None`: dropped.
+        let zero = [0u8; PAGE_SIZE];
+        let mut staged: BTreeMap<u64, Option<Box<[u8; PAGE_SIZE]>>> = BTreeMap::new();
+        for p in &img.pages {
+            let Some((_, _, anon)) = mapping(p.addr) else {
+                continue; // outside the new layout: gone
+            };
+            let bytes = usize::try_from(p.data_off)
+                .ok()
+                .and_then(|off| ck.data.get(off..)?.get(..p.enc.encoded_len()))
+                .ok_or_else(|| {
+                    invalid(FormatError::Meta(format!(
+                        "page at {:#x} lies outside the page data",
+                        p.addr
+                    )))
+                })?;
+            if p.enc == PageEncoding::Zero && anon {
+                staged.insert(p.addr, None); // a fresh anonymous page reads as zero
+                continue;
+            }
+            let twin: &[u8; PAGE_SIZE] = match staged.get(&p.addr) {
+                Some(Some(page)) => page,
+                Some(None) => &zero,
+                None if keep(p.addr) => self.pages.get(&p.addr).map_or(&zero, |b| b),
+                None => &zero,
+            };
+            let mut out = Box::new([0u8; PAGE_SIZE]);
+            self.codec
+                .decode_page(p.enc, Some(twin), bytes, &mut out)
+                .map_err(|source| ApplyError::Decode {
+                    epoch: ck.epoch,
+                    addr: p.addr,
+                    source,
+                })?;
+            staged.insert(p.addr, Some(out));
+        }
+
+        // Nothing can fail from here on.
+        self.pages.retain(|&a, _| keep(a));
+        for (addr, page) in staged {
+            match page {
+                Some(page) => self.pages.insert(addr, page),
+                None => self.pages.remove(&addr),
+            };
+        }
+        let mut meta = stored_meta(img);
+        if meta.sandbox.is_empty() {
+            meta.sandbox = std::mem::take(&mut self.meta.sandbox);
+        }
+        self.tree.apply(&img.private_files);
+        self.meta = meta;
+        self.epoch = ck.epoch;
+        Ok(())
+    }
+
+    /// The image as a full checkpoint (contiguous pages of one mapping coalesced into runs),
+    /// with the sandbox description the chain carried and the private directories' tree.
+    pub fn to_full(&self) -> Checkpoint {
+        let mut data = Vec::with_capacity(self.pages.len() * PAGE_SIZE);
+        let mut runs: Vec<PageRun> = Vec::new();
+        let mut starts: Vec<u64> = self.meta.vmas.iter().map(|v| v.start).collect();
+        starts.sort_unstable();
+        for (&addr, page) in &self.pages {
+            let boundary = starts.binary_search(&addr).is_ok();
+            match runs.last_mut() {
+                Some(r) if r.addr.checked_add(r.len) == Some(addr) && !boundary => r.len += PAGE,
+                _ => runs.push(PageRun {
+                    addr,
+                    len: PAGE,
+                    data_off: data.len() as u64,
+                }),
+            }
+            data.extend_from_slice(&page[..]);
+        }
+        let mut image = self.meta.clone();
+        image.runs = runs;
+        image.private_files = self.tree.to_changes();
+        Checkpoint {
+            epoch: self.epoch,
+            kind: Kind::Full,
+            image,
+            data,
+        }
+    }
+}
+
+/// A checkpoint's metadata as the image keeps it: without memory contents, incremental-only
+/// fields or private files (copied field by field: the page lists can be long).
+fn stored_meta(img: &ProcessImage) -> ProcessImage {
+    ProcessImage {
+        pid: img.pid,
+        comm: img.comm.clone(),
+        exe: img.exe.clone(),
+        cwd: img.cwd.clone(),
+        umask: img.umask,
+        rlimits: img.rlimits.clone(),
+        mm: img.mm.clone(),
+        auxv: img.auxv.clone(),
+        vmas: img.vmas.clone(),
+        runs: Vec::new(),
+        files: img.files.clone(),
+        threads: img.threads.clone(),
+        sigactions: img.sigactions.clone(),
+        fds: img.fds.clone(),
+        max_tid: img.max_tid,
+        sandbox: img.sandbox.clone(),
+        base_epoch: None,
+        reset: Vec::new(),
+        pages: Vec::new(),
+        cow: Vec::new(),
+        private_files: Default::default(),
+    }
+}
+
+/// Half-open address ranges, sorted and merged, for lookups in O(log n).
+struct Ranges(Vec<(u64, u64)>);
+
+impl Ranges {
+    fn new(ranges: impl Iterator<Item = (u64, u64)>) -> Ranges {
+        let mut v: Vec<(u64, u64)> = ranges.filter(|(s, e)| s < e).collect();
+        v.sort_unstable();
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+        for (s, e) in v {
+            match out.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => out.push((s, e)),
+            }
+        }
+        Ranges(out)
+    }
+
+    fn contains(&self, a: u64) -> bool {
+        let i = self.0.partition_point(|r| r.0 <= a);
+        i > 0 && a < self.0[i - 1].1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delta::PageEncoding;
+
+    fn meta(vmas: Vec<Vma>) -> ProcessImage {
+        ProcessImage {
+            pid: 1,
+            comm: String::new(),
+            exe: FileRef {
+                path: String::new(),
+                size: 0,
+                hash: [0; 32],
+            },
+            cwd: "/".into(),
+            umask: 0,
+            rlimits: vec![],
+            mm: MmInfo::default(),
+            auxv: vec![],
+            vmas,
+            runs: vec![],
+            files: vec![],
+            threads: vec![ThreadImage {
+                tid: 1,
+                comm: String::new(),
+                regs: vec![0; 27],
+                xstate: vec![],
+                sigmask: 0,
+                robust_list: 0,
+                robust_len: 0,
+                clear_child_tid: 0,
+                rseq: None,
+                altstack: AltStack::default(),
+            }],
+            sigactions: vec![],
+            fds: vec![],
+            max_tid: 1,
+            sandbox: vec![],
+            base_epoch: None,
+            reset: vec![],
+            pages: vec![],
+            cow: vec![],
+            private_files: Default::default(),
+        }
+    }
+
+    fn anon(start: u64, end: u64) -> Vma {
+        Vma {
+            start,
+            end,
+            prot: 3,
+            shared: false,
+            flags: 0,
+            backing: Backing::Anon,
+            name: String::new(),
+        }
+    }
+
+    /// A full checkpoint at epoch 0.
+    fn full(image: ProcessImage, data: Vec<u8>) -> Checkpoint {
+        Checkpoint {
+            epoch: 0,
+            kind: Kind::Full,
+            image,
+            data,
+        }
+    }
+
+    #[test]
+    fn applies_pages_drops_unmapped_and_reset() {
+        let mut m = meta(vec![anon(0x1000, 0x5000), anon(0x10000, 0x12000)]);
+        m.runs = vec![
+            PageRun {
+                addr: 0x1000,
+                len: 0x3000,
+                data_off: 0,
+            },
+            PageRun {
+                addr: 0x10000,
+                len: 0x1000,
+                data_off: 0x3000,
+            },
+        ];
+        let mut img = Image::from_full(&full(m, vec![7u8; 0x4000])).unwrap();
+        assert_eq!(img.pages(), 4);
+        // Epoch 1: the second mapping is gone, 0x2000 is reset, 0x3000 rewritten raw.
+        let mut m = meta(vec![anon(0x1000, 0x5000)]);
+        m.base_epoch = Some(0);
+        m.reset = vec![(0x2000, 0x3000)];
+        m.pages = vec![EncodedPage {
+            addr: 0x3000,
+            enc: PageEncoding::Raw,
+            data_off: 0,
+        }];
+        let inc = Checkpoint {
+            epoch: 1,
+            kind: Kind::Incremental { base: 0 },
+            image: m,
+            data: vec![9u8; 4096],
+        };
+        img.apply(&inc).unwrap();
+        assert_eq!(img.pages(), 2, "0x1000 kept, 0x3000 rewritten");
+        assert_eq!(img.page(0x1000).unwrap()[0], 7);
+        assert_eq!(img.page(0x3000).unwrap()[0], 9);
+        assert!(img.page(0x2000).is_none() && img.page(0x10000).is_none());
+        // Out of order is refused.
+        assert!(img.apply(&inc).is_err());
+        // Runs never straddle mappings, even when pages are contiguous.
+        let mut m = meta(vec![anon(0x1000, 0x2000), anon(0x2000, 0x3000)]);
+        m.runs = vec![
+            PageRun {
+                addr: 0x1000,
+                len: 0x1000,
+                data_off: 0,
+            },
+            PageRun {
+                addr: 0x2000,
+                len: 0x1000,
+                data_off: 0x1000,
+            },
+        ];
+        let back = Image::from_full(&full(m, vec![1u8; 0x2000]))
+            .unwrap()
+            .to_full();
+        assert_eq!(back.image.runs.len(), 2);
+    }
+}

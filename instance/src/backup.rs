@@ -1,0 +1,305 @@
+//! The backup role: receive a primary's checkpoints, check them, queue them, acknowledge, and
+//! apply them to an in-memory image in the background.
+//!
+//! A checkpoint is acknowledged as soon as it is *applicable* and queued (Tardigrade §3.2): its
+//! bytes passed the format's checks (magic, version, length, CRC32, internal consistency) and it
+//! continues the chain this backup holds (a full checkpoint always does; an incremental one must
+//! be of the same primary run and have `base` = the last queued epoch).
+//! The queue is bounded (`queue_len`): a full queue makes the stream wait, which holds the
+//! primary's output — back-pressure instead of unbounded memory. A checkpoint of a view older
+//! than the one this backup is in is refused: a deposed primary can never have an epoch decided
+//! by this backup again.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+use tardi_checkpointer::image::{Checkpoint, Kind};
+use tardi_checkpointer::store::Image;
+
+/// Why a checkpoint was refused (sent back to the primary in the Ack).
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum Refusal {
+    #[error("view {got} is older than this backup's view {have}: refused")]
+    OldView { got: u64, have: u64 },
+    #[error(
+        "checkpoint {epoch} does not continue the chain (it applies to {base:?}; this backup holds epoch {have:?} of run {run:?})"
+    )]
+    NotApplicable {
+        epoch: u64,
+        base: Option<u64>,
+        have: Option<u64>,
+        run: Option<u64>,
+    },
+    #[error("corrupt checkpoint: {0}")]
+    Corrupt(String),
+    #[error("the image is broken ({0}); a full checkpoint is needed")]
+    Broken(String),
+    #[error("this machine is no longer a backup of {0:?}")]
+    NotBackup(String),
+    #[error("header says epoch {header}, message says {msg}")]
+    EpochMismatch { header: u64, msg: u64 },
+}
+
+/// What a backup holds of one service.
+pub struct Backup {
+    pub service: String,
+    st: Mutex<State>,
+    cv: Condvar,
+    queue_len: usize,
+}
+
+struct State {
+    /// The newest view this machine knows of for this service (assignments or streams).
+    view: u64,
+    /// The last queued checkpoint: (primary run, epoch).
+    queued: Option<(u64, u64)>,
+    queue: VecDeque<(u64, Checkpoint)>,
+    /// Applied so far: the primary run it came from, and the image.
+    image: Option<(u64, Image)>,
+    broken: Option<String>,
+    /// Applying is under way for an item taken off the queue.
+    applying: bool,
+    stopped: bool,
+    // Figures for reports.
+    applied: u64,
+    last_bytes: VecDeque<u64>,
+    recent: VecDeque<Instant>,
+}
+
+impl Backup {
+    /// A backup for `service` in `view`, with its applier thread.
+    pub fn new(service: &str, view: u64, queue_len: usize) -> Arc<Backup> {
+        let b = Arc::new(Backup {
+            service: service.to_string(),
+            st: Mutex::new(State {
+                view,
+                queued: None,
+                queue: VecDeque::new(),
+                image: None,
+                broken: None,
+                applying: false,
+                stopped: false,
+                applied: 0,
+                last_bytes: VecDeque::new(),
+                recent: VecDeque::new(),
+            }),
+            cv: Condvar::new(),
+            queue_len: queue_len.max(1),
+        });
+        let me = b.clone();
+        std::thread::Builder::new()
+            .name(format!("apply-{service}"))
+            .spawn(move || me.applier())
+            .expect("spawning the applier thread");
+        b
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state is updated in single assignments after each check: a panic elsewhere while
+        // holding the lock cannot leave it half-changed.
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The orchestrator says this machine is in `view` (never lowers it).
+    pub fn enter_view(&self, view: u64) {
+        let mut st = self.lock();
+        st.view = st.view.max(view);
+    }
+
+    /// Checks one received checkpoint of primary run `run`, sent in `view`, and queues it
+    /// (blocking while the queue is full). `Ok` means it may be acknowledged.
+    pub fn receive(&self, view: u64, run: u64, epoch: u64, bytes: Vec<u8>) -> Result<(), Refusal> {
+        {
+            let st = self.lock();
+            if view < st.view {
+                return Err(Refusal::OldView {
+                    got: view,
+                    have: st.view,
+                });
+            }
+        }
+        let len = bytes.len() as u64;
+        let ck = Checkpoint::from_bytes(bytes).map_err(|e| Refusal::Corrupt(e.to_string()))?;
+        if ck.epoch != epoch {
+            return Err(Refusal::EpochMismatch {
+                header: ck.epoch,
+                msg: epoch,
+            });
+        }
+        let mut st = self.lock();
+        loop {
+            if st.stopped {
+                return Err(Refusal::NotBackup(self.service.clone()));
+            }
+            // Checked again after every wait: the view may have moved on meanwhile.
+            if view < st.view {
+                return Err(Refusal::OldView {
+                    got: view,
+                    have: st.view,
+                });
+            }
+            if let Kind::Incremental { base } = ck.kind {
+                if let Some(b) = &st.broken {
+                    return Err(Refusal::Broken(b.clone()));
+                }
+                if st.queued != Some((run, base)) {
+                    return Err(Refusal::NotApplicable {
+                        epoch,
+                        base: Some(base),
+                        have: st.queued.map(|q| q.1),
+                        run: st.queued.map(|q| q.0),
+                    });
+                }
+            }
+            if st.queue.len() < self.queue_len {
+                break;
+            }
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.view = view;
+        st.queued = Some((run, epoch));
+        if ck.kind == Kind::Full {
+            // A full checkpoint starts a new chain: what is queued of the old one is moot.
+            st.queue.clear();
+            st.broken = None;
+        }
+        st.queue.push_back((run, ck));
+        st.last_bytes.push_back(len);
+        if st.last_bytes.len() > 64 {
+            st.last_bytes.pop_front();
+        }
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    fn applier(&self) {
+        loop {
+            let (run, ck) = {
+                let mut st = self.lock();
+                loop {
+                    if st.stopped {
+                        return;
+                    }
+                    if let Some(item) = st.queue.pop_front() {
+                        st.applying = true;
+                        break item;
+                    }
+                    st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            // The image is taken out while applying (a full checkpoint builds a new one).
+            let prev = self.lock().image.take();
+            let result = match (ck.kind, prev) {
+                (Kind::Full, _) => Image::from_full(&ck).map(|i| (run, i)),
+                (Kind::Incremental { .. }, Some((r, mut img))) if r == run => {
+                    img.apply(&ck).map(|()| (run, img))
+                }
+                (Kind::Incremental { .. }, prev) => {
+                    let mut st = self.lock();
+                    st.image = prev;
+                    st.broken = Some(format!(
+                        "incremental checkpoint {} of run {run} has no image to apply to",
+                        ck.epoch
+                    ));
+                    st.applying = false;
+                    self.cv.notify_all();
+                    continue;
+                }
+            };
+            let mut st = self.lock();
+            match result {
+                Ok(img) => {
+                    st.image = Some(img);
+                    st.applied += 1;
+                    st.recent.push_back(Instant::now());
+                    while st.recent.len() > 200 {
+                        st.recent.pop_front();
+                    }
+                }
+                Err(e) => {
+                    // `apply` changes nothing when it fails, but the image was taken out: a
+                    // failed incremental leaves no image of this run to continue.
+                    tracing::error!(service = %self.service, epoch = ck.epoch, %e, "applying a checkpoint failed; the image needs a full checkpoint");
+                    st.broken = Some(e.to_string());
+                    // What was queued after it cannot apply either.
+                    st.queue.clear();
+                    st.queued = None;
+                }
+            }
+            st.applying = false;
+            self.cv.notify_all();
+        }
+    }
+
+    /// Stops accepting checkpoints (the machine becomes primary of `view`), waits until every
+    /// acknowledged checkpoint is applied, and hands over the image: (its primary run, image).
+    /// An error if this backup holds no image.
+    pub fn finish(&self, view: u64) -> Result<(u64, Image), String> {
+        let mut st = self.lock();
+        st.view = st.view.max(view);
+        while !st.queue.is_empty() || st.applying {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.stopped = true;
+        self.cv.notify_all();
+        if let Some(b) = &st.broken {
+            // Checkpoints acknowledged after the one that failed to apply are not in the image
+            // (failing to decode a checkpoint that passed every check on receipt is a bug).
+            tracing::error!(service = %self.service, broken = %b, "taking over from an image whose chain broke");
+        }
+        st.image
+            .take()
+            .ok_or_else(|| "this backup holds no image of the service".to_string())
+    }
+
+    /// Stops the applier; the image is dropped.
+    pub fn stop(&self) {
+        let mut st = self.lock();
+        st.stopped = true;
+        st.queue.clear();
+        self.cv.notify_all();
+    }
+
+    pub fn report(&self) -> BackupReport {
+        let st = self.lock();
+        let rate = match (st.recent.front(), st.recent.back()) {
+            (Some(a), Some(b)) if st.recent.len() > 1 => {
+                let d = b.duration_since(*a).as_secs_f64();
+                if d > 0.0 {
+                    (st.recent.len() - 1) as f64 / d
+                } else {
+                    0.0
+                }
+            }
+            _ => 0.0,
+        };
+        BackupReport {
+            view: st.view,
+            image_view: st.image.as_ref().map_or(0, |i| i.0),
+            queued_epoch: st.queued.map_or(0, |q| q.1),
+            applied_epoch: st.image.as_ref().map_or(0, |i| i.1.epoch),
+            lag: st.queue.len() as u64 + st.applying as u64,
+            epochs_per_sec: rate,
+            mean_bytes: if st.last_bytes.is_empty() {
+                0
+            } else {
+                st.last_bytes.iter().sum::<u64>() / st.last_bytes.len() as u64
+            },
+            broken: st.broken.clone(),
+            has_image: st.image.is_some(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BackupReport {
+    pub view: u64,
+    pub image_view: u64,
+    pub queued_epoch: u64,
+    pub applied_epoch: u64,
+    pub lag: u64,
+    pub epochs_per_sec: f64,
+    pub mean_bytes: u64,
+    pub broken: Option<String>,
+    pub has_image: bool,
+}

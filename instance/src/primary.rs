@@ -1,0 +1,642 @@
+//! The primary role: run the service, take a checkpoint every epoch, stream checkpoints to the
+//! backups, decide epochs and release their output.
+//!
+//! Threads and tasks:
+//! - the *epoch thread* owns the service and its epoch loop. The loop's pause hook marks the
+//!   epoch boundary in the output gate; each checkpoint is then serialised once and appended to
+//!   the shared log;
+//! - one *sender* task per backup streams the log to it (after a full checkpoint, which a backup
+//!   needs whenever it joins this primary's run) and reads its acknowledgements;
+//! - acknowledgements update the decision ([`Decision`]); a newly decided epoch is released in
+//!   the gate at once, from the task that read the ack.
+//!
+//! Which backups an epoch waits for (`required`): those that already hold decided state when
+//! this primary starts (the survivors of the last active view, at a takeover), and every backup
+//! that has joined this run (acknowledged its full checkpoint and caught up with the decided
+//! epoch). A backup still receiving its full checkpoint is not waited for: until it has joined,
+//! the view that adds it is not active, so it could never be chosen to take over. The view is
+//! activated once every backup in it is required.
+
+use crate::throttle::Throttle;
+use crate::{Ctx, Target};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use tardi_checkpointer::epoch::{ChainState, EpochConfig, EpochHooks, Epochs};
+use tardi_netfilter::{Gate, GateConfig, announce::ServiceAddress};
+use tardi_proto as pb;
+use tardi_service::Service;
+use tokio::sync::Notify;
+
+/// A checkpoint ready to send, in the checkpoint format; shared by every backup's stream.
+type Bytes = tardi_proto::Bytes;
+
+/// What the primary decided and what it waits for.
+#[derive(Debug, Default)]
+pub(crate) struct Decision {
+    /// The last epoch produced (the full checkpoint at start is epoch 0).
+    produced: Option<u64>,
+    /// The last epoch released (decided).
+    decided: Option<u64>,
+    /// Last acknowledged epoch per backup (of this run).
+    acked: BTreeMap<String, u64>,
+    /// Backups whose acknowledgement every decision waits for.
+    required: BTreeSet<String>,
+    /// The epoch of the full checkpoint each backup was sent in this run: it has joined once
+    /// it acknowledged that epoch.
+    full_at: BTreeMap<String, u64>,
+}
+
+impl Decision {
+    /// The newest epoch every required backup holds (all of them, with none required).
+    fn decidable(&self) -> Option<u64> {
+        let produced = self.produced?;
+        self.required
+            .iter()
+            .map(|b| self.acked.get(b).copied())
+            .try_fold(produced, |m, a| a.map(|a| m.min(a)))
+    }
+
+    /// Backups that joined (acknowledged their full checkpoint) and caught up with the
+    /// decided epoch become required.
+    fn promote_joined(&mut self) {
+        let decided = self.decided;
+        for (b, &f) in &self.full_at {
+            if !self.required.contains(b)
+                && self
+                    .acked
+                    .get(b)
+                    .is_some_and(|&a| a >= f && decided.is_none_or(|d| a >= d))
+            {
+                self.required.insert(b.clone());
+            }
+        }
+    }
+
+    /// `b` lost its stream: it must join again with a full checkpoint.
+    fn forget(&mut self, b: &str) {
+        self.required.remove(b);
+        self.full_at.remove(b);
+        self.acked.remove(b);
+    }
+}
+
+struct State {
+    view: pb::View,
+    /// Incremental checkpoints not yet sent to every connected backup, in epoch order.
+    log: VecDeque<(u64, Bytes)>,
+    /// The newest full checkpoint and its epoch.
+    full: Option<(u64, Bytes)>,
+    /// A sender needs a full checkpoint the log can continue: take one at the next pause.
+    full_wanted: bool,
+    decision: Decision,
+    /// Where each connected sender is in the log (next epoch to send).
+    cursors: BTreeMap<String, u64>,
+    activation_asked: u64,
+    phase: String,
+    recent: VecDeque<(Instant, u64, u64)>, // (when, encoded bytes, pause µs)
+    takeover_us: u64,
+}
+
+/// A running primary.
+pub struct Primary {
+    pub service: String,
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Shared {
+    name: String,
+    machine: String,
+    /// The view this primary run started in: names the run's checkpoint chain.
+    run: u64,
+    st: Mutex<State>,
+    new_data: Notify,
+    gate: Arc<Gate>,
+    stop: AtomicBool,
+    ctx: Arc<Ctx>,
+    address: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Releases what became decided and asks for activation when the view allows.
+    fn advance(self: &Arc<Self>, st: &mut State) {
+        st.decision.promote_joined();
+        if let Some(d) = st.decision.decidable()
+            && st.decision.decided.is_none_or(|old| d > old)
+        {
+            st.decision.decided = Some(d);
+            if let Err(e) = self.gate.release(d) {
+                tracing::error!(service = %self.name, %e, "releasing output failed");
+            }
+        }
+        let everyone = st
+            .view
+            .backups
+            .iter()
+            .all(|b| st.decision.required.contains(b));
+        if !st.view.active && everyone && st.activation_asked < st.view.number {
+            st.activation_asked = st.view.number;
+            let me = self.clone();
+            let view = st.view.number;
+            self.ctx.rt.spawn(async move { me.activate(view).await });
+        }
+    }
+
+    async fn activate(self: Arc<Self>, view: u64) {
+        match self.ctx.activate(&self.name, view).await {
+            Ok(()) => {
+                let mut st = self.lock();
+                if st.view.number == view {
+                    st.view.active = true;
+                }
+                tracing::info!(service = %self.name, view, "view active");
+            }
+            Err(e) => {
+                tracing::warn!(service = %self.name, view, %e, "activation refused");
+                // Ask again if the view is still this one (e.g. the orchestrator was away).
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let mut st = self.lock();
+                if st.view.number == view && !st.view.active {
+                    st.activation_asked = 0;
+                    self.advance(&mut st);
+                }
+            }
+        }
+    }
+}
+
+impl Primary {
+    /// Starts the primary of `target`: fresh from its manifest, or restored from `image`
+    /// (a backup's image, at a takeover). Survivors (`required`) are backups that already hold
+    /// every decided checkpoint.
+    pub fn start(
+        ctx: Arc<Ctx>,
+        target: &Target,
+        from: Option<tardi_checkpointer::image::Checkpoint>,
+        required: BTreeSet<String>,
+    ) -> anyhow::Result<Primary> {
+        let t0 = Instant::now();
+        let config = ctx.sandbox_config(target)?;
+        let host_if = format!("td{}h", target.link_index);
+        // The gate exists before the sandbox: nothing the service sends can pass unheld, and
+        // nothing reaches a half-restored service.
+        // Two queues per gate (output, input), numbered from the link index: unique per
+        // machine.
+        let gate = Arc::new(Gate::new(GateConfig::new(
+            host_if,
+            (2 * target.link_index) as u16,
+        ))?);
+        gate.hold_input(true)?;
+        let shared = Arc::new(Shared {
+            name: target.name.clone(),
+            machine: ctx.opts.machine.clone(),
+            run: target.view.number,
+            st: Mutex::new(State {
+                view: target.view.clone(),
+                log: VecDeque::new(),
+                full: None,
+                full_wanted: false,
+                decision: Decision {
+                    required,
+                    ..Default::default()
+                },
+                cursors: BTreeMap::new(),
+                activation_asked: 0,
+                phase: if from.is_some() {
+                    "restoring"
+                } else {
+                    "starting"
+                }
+                .into(),
+                recent: VecDeque::new(),
+                takeover_us: 0,
+            }),
+            new_data: Notify::new(),
+            gate,
+            stop: AtomicBool::new(false),
+            ctx: ctx.clone(),
+            address: Mutex::new(None),
+        });
+        let svc = match &from {
+            None => Service::start(&target.manifest, &config)?,
+            Some(ck) => Service::restore_checkpoint(ck, config)?.0,
+        };
+        drop(from);
+        let claim = ServiceAddress::claim(svc.address(), &ctx.opts.service_if)?;
+        shared.gate.hold_input(false)?;
+        *shared.address.lock().unwrap_or_else(|e| e.into_inner()) = Some(svc.address().to_string());
+        {
+            let mut st = shared.lock();
+            st.takeover_us = t0.elapsed().as_micros() as u64;
+        }
+        tracing::warn!(service = %target.name, view = target.view.number, address = %svc.address(), took_ms = t0.elapsed().as_millis() as u64, "primary serving");
+        let cfg = epoch_config(&target.manifest, &svc);
+        let me = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("primary-{}", target.name))
+            .spawn(move || {
+                let r = epoch_thread(&me, svc, cfg);
+                drop(claim);
+                if let Err(e) = r {
+                    tracing::error!(service = %me.name, error = %e, "primary failed");
+                    me.lock().phase = format!("failed: {e}");
+                }
+            })?;
+        let p = Primary {
+            service: target.name.clone(),
+            shared,
+            thread: Some(thread),
+        };
+        p.set_view(&target.view);
+        Ok(p)
+    }
+
+    /// A new view with this machine still primary: start a sender for each backup that has
+    /// none (a sender ends by itself once its backup leaves the view).
+    pub fn set_view(&self, view: &pb::View) {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        if view.number < st.view.number {
+            return;
+        }
+        st.view = view.clone();
+        let now: BTreeSet<&String> = view.backups.iter().collect();
+        let gone: Vec<String> = st
+            .decision
+            .full_at
+            .keys()
+            .chain(st.decision.required.iter())
+            .filter(|b| !now.contains(b))
+            .cloned()
+            .collect();
+        for b in gone {
+            st.decision.forget(&b);
+        }
+        for b in &view.backups {
+            if !st.cursors.contains_key(b) {
+                st.cursors.insert(b.clone(), u64::MAX);
+                let me = sh.clone();
+                let b = b.clone();
+                sh.ctx.rt.spawn(async move { sender(me, b).await });
+            }
+        }
+        sh.advance(&mut st);
+        drop(st);
+        sh.new_data.notify_waiters();
+    }
+
+    pub fn report(&self) -> pb::ServiceReport {
+        let st = self.shared.lock();
+        let stats = self.shared.gate.stats();
+        let (rate, bytes, p50, p99) = summarize(&st.recent);
+        pb::ServiceReport {
+            service: self.service.clone(),
+            view: st.view.number,
+            role: pb::Role::Primary as i32,
+            state: st.phase.clone(),
+            epoch: st.decision.produced.unwrap_or(0),
+            decided: st.decision.decided.unwrap_or(0),
+            epochs_per_sec: rate,
+            checkpoint_bytes: bytes,
+            backup_lag: st.decision.produced.unwrap_or(0)
+                - st.decision
+                    .decided
+                    .unwrap_or(0)
+                    .min(st.decision.produced.unwrap_or(0)),
+            held_packets: stats.held_packets,
+            held_bytes: stats.held_bytes,
+            image_view: self.shared.run,
+            address: self
+                .shared
+                .address
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_default(),
+            takeover_us: st.takeover_us,
+            pause_p50_us: p50,
+            pause_p99_us: p99,
+        }
+    }
+
+    pub fn failed(&self) -> bool {
+        self.shared.lock().phase.starts_with("failed")
+    }
+
+    /// Stops checkpointing and tears the service down (its output stays held: never released).
+    pub fn stop(mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.new_data.notify_waiters();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Primary {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.new_data.notify_waiters();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn summarize(recent: &VecDeque<(Instant, u64, u64)>) -> (f64, u64, u64, u64) {
+    if recent.len() < 2 {
+        return (0.0, 0, 0, 0);
+    }
+    let span = recent
+        .back()
+        .map(|b| b.0.duration_since(recent[0].0).as_secs_f64())
+        .unwrap_or(0.0);
+    let rate = if span > 0.0 {
+        (recent.len() - 1) as f64 / span
+    } else {
+        0.0
+    };
+    let bytes = recent.iter().map(|r| r.1).sum::<u64>() / recent.len() as u64;
+    let mut pauses: Vec<u64> = recent.iter().map(|r| r.2).collect();
+    pauses.sort_unstable();
+    let pick = |q: f64| pauses[((pauses.len() - 1) as f64 * q).round() as usize];
+    (rate, bytes, pick(0.5), pick(0.99))
+}
+
+/// The epoch settings of a manifest's `[tardi.epoch]`.
+fn epoch_config(m: &tardi_manifest::Manifest, svc: &Service) -> EpochConfig {
+    let e = &m.tardi.epoch;
+    EpochConfig {
+        interval: Duration::from_secs_f64(e.interval_ms / 1e3),
+        min_interval: Duration::from_secs_f64(e.min_ms / 1e3),
+        cap_pages: e.cap_pages,
+        hot_epochs: e.hot_epochs,
+        tracker: e.tracker.parse().unwrap_or_default(),
+        private_dirs: svc.private_dirs(),
+        ..EpochConfig::default()
+    }
+}
+
+/// Runs the epoch loop until the service ends or the primary is stopped.
+fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow::Result<()> {
+    // The pause hook marks the epoch boundary in the gate (one atomic store), and wakes the
+    // relay below so that it waits for the next epoch's first packet.
+    let marked = Arc::new((Mutex::new(0u64), Condvar::new()));
+    let hooks = {
+        let gate = sh.gate.clone();
+        let marked = marked.clone();
+        EpochHooks::on_pause(move |e| {
+            gate.mark(e);
+            *marked.0.lock().unwrap_or_else(|p| p.into_inner()) = e;
+            marked.1.notify_one();
+        })
+    };
+    let (mut epochs, first, stats) = Epochs::start_with(svc.pid(), cfg, hooks)?;
+    publish(
+        sh,
+        first.epoch,
+        first.to_bytes().into(),
+        true,
+        stats.pause_us,
+    );
+    sh.lock().phase = "running".into();
+    // Adaptive epochs: the first packet of an epoch ends it early (after the minimum interval).
+    let relay = {
+        let (sh, trigger, marked) = (sh.clone(), epochs.trigger(), marked.clone());
+        std::thread::Builder::new()
+            .name(format!("output-{}", sh.name))
+            .spawn(move || {
+                while !sh.stop.load(Ordering::SeqCst) {
+                    if !sh.gate.wait_output(Duration::from_millis(100)) {
+                        continue;
+                    }
+                    trigger.set();
+                    // Until the pause marks this epoch, the same packets keep it waiting.
+                    let mut m = marked.0.lock().unwrap_or_else(|p| p.into_inner());
+                    let at = *m;
+                    while *m == at && !sh.stop.load(Ordering::SeqCst) {
+                        m = marked
+                            .1
+                            .wait_timeout(m, Duration::from_millis(100))
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
+                    }
+                }
+            })?
+    };
+    let result = loop {
+        if sh.stop.load(Ordering::SeqCst) {
+            break Ok(());
+        }
+        if std::mem::take(&mut sh.lock().full_wanted) {
+            epochs.request_full();
+        }
+        match epochs.next_output(false) {
+            Ok(out) => {
+                let pause = out.stats.pause_us;
+                if let Some(full) = out.full {
+                    publish(sh, full.epoch, full.to_bytes().into(), true, pause);
+                }
+                let inc = out.incremental;
+                publish(sh, inc.epoch, inc.to_bytes().into(), false, pause);
+            }
+            Err(e) => match e.chain() {
+                ChainState::Intact => {
+                    tracing::warn!(service = %sh.name, %e, "epoch failed; the next one carries its pages")
+                }
+                ChainState::ServiceGone => {
+                    let why = svc
+                        .try_wait()
+                        .ok()
+                        .flatten()
+                        .map_or_else(|| e.to_string(), |x| x.to_string());
+                    break Err(anyhow::anyhow!("the service ended: {why}"));
+                }
+                // Not handled yet: a new loop (and a full checkpoint to every backup) would be
+                // needed. The primary reports itself failed.
+                ChainState::Broken => {
+                    break Err(anyhow::anyhow!("the checkpoint chain broke: {e}"));
+                }
+            },
+        }
+    };
+    sh.stop.store(true, Ordering::SeqCst);
+    marked.1.notify_all();
+    let _ = relay.join();
+    epochs.stop();
+    let _ = svc.teardown();
+    result
+}
+
+/// Appends a checkpoint to the log (or makes it the newest full one) and wakes the senders.
+fn publish(sh: &Arc<Shared>, epoch: u64, bytes: Bytes, full: bool, pause_us: u64) {
+    let mut st = sh.lock();
+    let len = bytes.len() as u64;
+    if full {
+        st.full = Some((epoch, bytes));
+        if epoch == 0 {
+            st.decision.produced = Some(0);
+        }
+    } else {
+        st.log.push_back((epoch, bytes));
+        st.decision.produced = Some(epoch);
+        // Keep only what a connected sender still has to send.
+        let low = st.cursors.values().copied().min().unwrap_or(u64::MAX);
+        while st.log.front().is_some_and(|(e, _)| *e < low) {
+            st.log.pop_front();
+        }
+    }
+    st.recent.push_back((Instant::now(), len, pause_us));
+    while st.recent.len() > 500 {
+        st.recent.pop_front();
+    }
+    sh.advance(&mut st);
+    drop(st);
+    sh.new_data.notify_waiters();
+}
+
+/// Whether the log holds every incremental checkpoint after full checkpoint `f`.
+fn continues(st: &State, f: u64) -> bool {
+    match st.decision.produced {
+        Some(p) if p > f => st.log.front().is_some_and(|(e, _)| *e <= f + 1),
+        _ => true,
+    }
+}
+
+/// Streams this run's checkpoints to backup `b` for as long as it is in the view.
+async fn sender(sh: Arc<Shared>, b: String) {
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        if sh.stop.load(Ordering::SeqCst) || !sh.lock().view.backups.contains(&b) {
+            break;
+        }
+        match stream_to(&sh, &b).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(service = %sh.name, backup = %b, %e, "checkpoint stream ended; the backup rejoins with a full checkpoint");
+                let mut st = sh.lock();
+                st.decision.forget(&b);
+                st.cursors.insert(b.clone(), u64::MAX);
+                sh.advance(&mut st);
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_millis(500));
+    }
+    let mut st = sh.lock();
+    st.cursors.remove(&b);
+    st.decision.forget(&b);
+    sh.advance(&mut st);
+}
+
+async fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
+    let api = sh
+        .ctx
+        .machine_api(b)
+        .ok_or_else(|| anyhow::anyhow!("no address known for machine {b}"))?;
+    let mut client = sh.ctx.replica_client(&api).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::CheckpointMsg>(64);
+    let mut acks = client
+        .replicate(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let throttle: Option<Arc<Throttle>> = sh.ctx.throttle.clone();
+    let ack_sh = sh.clone();
+    let ack_b = b.to_string();
+    let acks_task = tokio::spawn(async move {
+        while let Some(a) = acks.message().await? {
+            if !a.error.is_empty() {
+                anyhow::bail!("{ack_b} refused epoch {}: {}", a.epoch, a.error);
+            }
+            let mut st = ack_sh.lock();
+            st.decision.acked.insert(ack_b.clone(), a.epoch);
+            ack_sh.advance(&mut st);
+        }
+        anyhow::bail!("{ack_b} closed the stream")
+    });
+    let mut next: Option<u64> = None; // next incremental epoch to send
+    let result: anyhow::Result<()> = async {
+        loop {
+            if acks_task.is_finished() {
+                return Ok(());
+            }
+            let notified = sh.new_data.notified();
+            let msg = {
+                let mut st = sh.lock();
+                if sh.stop.load(Ordering::SeqCst) || !st.view.backups.iter().any(|x| x == b) {
+                    return Ok(());
+                }
+                let view = st.view.number;
+                if next.is_some() && !st.decision.full_at.contains_key(b) {
+                    // The chain restarted (a broken chain, or this backup was dropped).
+                    anyhow::bail!("the chain to {b} restarts with a full checkpoint");
+                }
+                match next {
+                    // Joining: a full checkpoint the log still continues, or a new one.
+                    None => match st.full.clone() {
+                        Some((f, bytes)) if continues(&st, f) => {
+                            next = Some(f + 1);
+                            st.cursors.insert(b.to_string(), f + 1);
+                            st.decision.full_at.insert(b.to_string(), f);
+                            Some((view, f, bytes, true))
+                        }
+                        _ => {
+                            st.full_wanted = true;
+                            None
+                        }
+                    },
+                    Some(n) => st
+                        .log
+                        .iter()
+                        .find(|(e, _)| *e == n)
+                        .map(|(e, bytes)| (view, *e, bytes.clone(), false)),
+                }
+            };
+            let Some((view, epoch, bytes, full)) = msg else {
+                tokio::select! {
+                    _ = notified => {}
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+                continue;
+            };
+            if let Some(t) = &throttle {
+                let wait = t.take(bytes.len());
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            tx.send(pb::CheckpointMsg {
+                service: sh.name.clone(),
+                view,
+                primary: sh.machine.clone(),
+                epoch,
+                run: sh.run,
+                data: bytes,
+            })
+            .await
+            .map_err(|_| anyhow::anyhow!("the stream to {b} closed"))?;
+            if !full {
+                next = Some(epoch + 1);
+                sh.lock().cursors.insert(b.to_string(), epoch + 1);
+            }
+        }
+    }
+    .await;
+    drop(tx);
+    if acks_task.is_finished() {
+        match acks_task.await {
+            Ok(Err(e)) => return Err(e),
+            Err(e) => return Err(e.into()),
+            Ok(Ok(())) => {}
+        }
+    } else {
+        acks_task.abort();
+    }
+    result
+}

@@ -1,0 +1,160 @@
+//! Restores: a checkpoint turned back into a running (or held) service in a fresh sandbox. The
+//! one restore sequence: prepare (checks, starts nothing), start a sandbox whose first process
+//! is the restore child, wait for the restorer, clean up or tear down.
+
+use crate::service::start_sandbox;
+use crate::{Error, Result, Service};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tardi_checkpointer::Checkpoint;
+use tardi_checkpointer::image::{CheckpointFile, Kind};
+use tardi_checkpointer::restore::{self, Prepared};
+use tardi_sandbox::{SandboxConfig, Start};
+
+/// How long the restorer may take to report (a large image on a slow disk).
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The same for a held restore (verification of an in-memory image).
+const HELD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where a restore's time went (`tardi restore` reports it in its `started` event).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RestoreTimings {
+    /// Reading the file and checking its length and checksum (0 for an in-memory checkpoint).
+    pub read_verify_us: u64,
+    /// Checking mapped files' hashes, writing page data, plan and restorer to memfds.
+    pub prepare_us: u64,
+    /// Creating the sandbox (namespaces, veth, mounts) up to the restore child's start.
+    pub sandbox_us: u64,
+    /// From then until the restorer reported every thread ready (descriptors, memory, threads).
+    pub restorer_us: u64,
+    /// Removing the restorer's blob from the restored process.
+    pub cleanup_us: u64,
+    /// All of it.
+    pub total_us: u64,
+}
+
+impl Service {
+    /// Restores a checkpoint file written by `tardi snapshot`, into a sandbox built from the
+    /// sandbox description inside the file, or from `config` if given. The file is verified
+    /// (magic, version, length, checksum, mapped files' content hashes) before anything starts;
+    /// the restorer reads the pages straight from the file. Nothing is left running on error.
+    pub fn restore_file(
+        path: &Path,
+        config: Option<SandboxConfig>,
+    ) -> Result<(Service, RestoreTimings)> {
+        let t0 = Instant::now();
+        let ck = CheckpointFile::open(path).map_err(|source| Error::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if ck.kind != Kind::Full {
+            return Err(Error::IncrementalFile {
+                path: path.to_path_buf(),
+            });
+        }
+        let config = match config {
+            Some(c) => c,
+            None if ck.image.sandbox.is_empty() => {
+                return Err(Error::NoSandboxDescription {
+                    path: path.to_path_buf(),
+                });
+            }
+            None => serde_json::from_slice(&ck.image.sandbox).map_err(Error::SandboxDescription)?,
+        };
+        let read = t0.elapsed();
+        let prep = restore::prepare_file(ck, &|p| config.host_path(p)).map_err(|source| {
+            Error::Prepare {
+                what: path.display().to_string(),
+                source,
+            }
+        })?;
+        run_restore(config, prep, t0, read)
+    }
+
+    /// Restores an in-memory full checkpoint (e.g. a backup's image turned into a full one with
+    /// `store::Image::to_full()`) into a sandbox built from `config`: the caller's, not the
+    /// description inside the checkpoint (a backup machine has its own run and state
+    /// directories). Mapped files are checked against what `config`'s mounts show. Nothing is
+    /// left running on error.
+    pub fn restore_checkpoint(
+        ck: &Checkpoint,
+        config: SandboxConfig,
+    ) -> Result<(Service, RestoreTimings)> {
+        let t0 = Instant::now();
+        let prep = prepare(ck, &config, false)?;
+        run_restore(config, prep, t0, Duration::ZERO)
+    }
+
+    /// Restores an in-memory full checkpoint into a sandbox built from `config`, with the
+    /// process held: it stops itself (SIGSTOP) right after the restorer's report, before any of
+    /// its threads runs, so it can be compared with its source
+    /// (`tardi_checkpointer::verify::compare_processes`). Returns the service and the address
+    /// range `(start, end)` of the restorer's blob, the one mapping that differs from the source
+    /// (it stays mapped). The process resumes on SIGCONT; usually it is just torn down. Nothing is
+    /// left running on error.
+    pub fn restore_held(ck: &Checkpoint, config: SandboxConfig) -> Result<(Service, (u64, u64))> {
+        let prep = prepare(ck, &config, true)?;
+        let sandbox = start_sandbox(&config, restore_start(&prep))?;
+        let svc = Service::new(sandbox, config, "the restored service has no process")?;
+        match restore::finish_held(prep, svc.pid(), HELD_TIMEOUT) {
+            Ok(skip) => Ok((svc, skip)),
+            Err(source) => Err(fail(svc, source)),
+        }
+    }
+}
+
+/// Checks an in-memory checkpoint and lays out its restore into `config`'s sandbox.
+fn prepare(ck: &Checkpoint, config: &SandboxConfig, hold: bool) -> Result<Prepared> {
+    if ck.kind != Kind::Full {
+        return Err(Error::Incremental { epoch: ck.epoch });
+    }
+    restore::prepare_with(ck, &|p| config.host_path(p), hold).map_err(|source| Error::Prepare {
+        what: format!("the checkpoint of epoch {}", ck.epoch),
+        source,
+    })
+}
+
+/// The rest of a restore once prepared (`t0`: when it began; `read`: reading took that long).
+fn run_restore(
+    config: SandboxConfig,
+    prep: Prepared,
+    t0: Instant,
+    read: Duration,
+) -> Result<(Service, RestoreTimings)> {
+    let prepared = t0.elapsed();
+    let sandbox = start_sandbox(&config, restore_start(&prep))?;
+    let svc = Service::new(sandbox, config, "the restored service has no process")?;
+    let started = t0.elapsed();
+    let fin = match restore::finish(prep, svc.pid(), RESTORE_TIMEOUT) {
+        Ok(fin) => fin,
+        Err(source) => return Err(fail(svc, source)),
+    };
+    let timings = RestoreTimings {
+        read_verify_us: read.as_micros() as u64,
+        prepare_us: (prepared - read).as_micros() as u64,
+        sandbox_us: (started - prepared).as_micros() as u64,
+        restorer_us: fin.restorer.as_micros() as u64,
+        cleanup_us: fin.cleanup.as_micros() as u64,
+        total_us: t0.elapsed().as_micros() as u64,
+    };
+    tracing::info!(name = svc.name(), ?timings, "restored");
+    Ok((svc, timings))
+}
+
+/// Tears down a sandbox whose restore failed; the error names its log (which stays).
+fn fail(svc: Service, source: restore::RestoreError) -> Error {
+    let log = svc.log_path().to_path_buf();
+    if let Err(e) = svc.teardown() {
+        tracing::warn!(error = %e, "tearing down the sandbox of a failed restore");
+    }
+    Error::Restore { log, source }
+}
+
+/// How a sandbox starts the process `prep` was prepared for.
+fn restore_start(prep: &Prepared) -> Start {
+    Start::Restore {
+        pid: prep.pid,
+        payload: prep.payload.clone(),
+        fds: prep.inherit.clone(),
+    }
+}

@@ -1,0 +1,224 @@
+//! The replicated commands: `tardi orchestrator`, `tardi instance`, `tardi deploy` and
+//! `tardi status` against an orchestrator. The work is in `tardi-orchestrator` and
+//! `tardi-instance`; this module parses, calls and prints.
+
+use crate::cli::{DeployArgs, InstanceArgs, OrchestratorArgs, StatusArgs};
+use anyhow::Context;
+use std::time::Duration;
+use tardi_orchestrator::client;
+use tardi_proto as pb;
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+pub fn orchestrator(a: OrchestratorArgs) -> anyhow::Result<()> {
+    if a.failure_timeout == 0 {
+        anyhow::bail!("--failure-timeout must be at least 1 ms");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(tardi_orchestrator::server::serve(
+        tardi_orchestrator::server::Options {
+            listen: a.listen,
+            name: a.name,
+            failure_timeout: Duration::from_millis(a.failure_timeout),
+        },
+    ))
+}
+
+pub fn instance(a: InstanceArgs) -> anyhow::Result<()> {
+    if a.heartbeat_ms == 0 || a.queue_len == 0 {
+        anyhow::bail!("--heartbeat-ms and --queue-len must be at least 1");
+    }
+    tardi_instance::run(tardi_instance::Options {
+        machine: a.machine,
+        listen: a.listen,
+        orchestrator: a.orchestrator,
+        service_if: a.service_if,
+        state_dir: a.state_dir,
+        run_dir: a.run_dir,
+        queue_len: a.queue_len,
+        link_bandwidth: a.link_bandwidth,
+        heartbeat: Duration::from_millis(a.heartbeat_ms),
+    })
+}
+
+pub fn deploy(a: DeployArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&a.manifest)
+        .with_context(|| format!("reading {}", a.manifest.display()))?;
+    // Checked here too, so a bad manifest is reported with its file and line before anything
+    // is sent.
+    let (m, warnings) = tardi_service::load_manifest(&a.manifest)?;
+    for w in warnings {
+        eprintln!("tardi: warning: {w}");
+    }
+    let path = std::path::absolute(&a.manifest)?;
+    let json = a.json;
+    let wait = (!a.no_wait).then(|| Duration::from_secs(a.timeout));
+    if !json {
+        println!(
+            "deploying {:?} with {} backup(s) through {}",
+            m.tardi.name, a.backups, a.orchestrator
+        );
+    }
+    let reply = runtime()?.block_on(client::deploy(
+        &a.orchestrator,
+        text,
+        path.display().to_string(),
+        a.backups,
+        wait,
+        &mut |line| {
+            if !json {
+                println!("  {line}");
+            }
+        },
+    ))?;
+    let view = reply.view.unwrap_or_default();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "service": reply.service,
+                "view": view.number,
+                "active": view.active,
+                "primary": view.primary,
+                "backups": view.backups,
+            })
+        );
+    } else if view.active {
+        println!(
+            "{:?} is protected: view {}, primary {}, backups {}",
+            reply.service,
+            view.number,
+            view.primary,
+            view.backups.join(", ")
+        );
+    } else {
+        println!(
+            "{:?} deployed: view {} proposed, primary {}, backups {} (see `tardi status`)",
+            reply.service,
+            view.number,
+            view.primary,
+            view.backups.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// `tardi status` with an orchestrator: the cluster's services.
+pub fn status(a: &StatusArgs, addr: &str) -> anyhow::Result<()> {
+    let st = runtime()?.block_on(client::status(addr))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&status_json(&st))?);
+        return Ok(());
+    }
+    println!("orchestrator {} at {}", st.orchestrator, addr);
+    println!("machines:");
+    for m in &st.machines {
+        println!(
+            "  {:<8} {:<22} {}",
+            m.name,
+            m.api,
+            if m.alive {
+                "alive".to_string()
+            } else {
+                format!("unreachable (last heard {} ms ago)", m.last_seen_ms)
+            }
+        );
+    }
+    if st.services.is_empty() {
+        println!("no services deployed (tardi deploy MANIFEST)");
+    }
+    for s in &st.services {
+        let v = s.view.clone().unwrap_or_default();
+        println!(
+            "service {:?} at {}: view {} ({}), primary {}, backups [{}], spares [{}]",
+            s.name,
+            if s.address.is_empty() {
+                "-"
+            } else {
+                &s.address
+            },
+            v.number,
+            if v.active { "active" } else { "proposed" },
+            v.primary,
+            v.backups.join(", "),
+            s.spares.join(", ")
+        );
+        if let Some(p) = &s.primary {
+            println!(
+                "  primary: {}; epoch {} (decided {}), {:.0} epochs/s, checkpoint {} B, pause p50 {} µs p99 {} µs, lag {} epochs, held output {} packets / {} B",
+                p.state,
+                p.epoch,
+                p.decided,
+                p.epochs_per_sec,
+                p.checkpoint_bytes,
+                p.pause_p50_us,
+                p.pause_p99_us,
+                p.backup_lag,
+                p.held_packets,
+                p.held_bytes
+            );
+        }
+        for b in &s.backup_reports {
+            println!(
+                "  backup: {}; queued epoch {}, applied {}, queue {}",
+                b.state, b.epoch, b.decided, b.backup_lag
+            );
+        }
+        if let Some(h) = s.history.last() {
+            println!("  last view change: view {}: {}", h.view, h.reason);
+        }
+    }
+    Ok(())
+}
+
+fn report_json(r: &pb::ServiceReport) -> serde_json::Value {
+    serde_json::json!({
+        "state": r.state,
+        "view": r.view,
+        "epoch": r.epoch,
+        "decided": r.decided,
+        "epochs_per_sec": r.epochs_per_sec,
+        "checkpoint_bytes": r.checkpoint_bytes,
+        "backup_lag": r.backup_lag,
+        "held_packets": r.held_packets,
+        "held_bytes": r.held_bytes,
+        "pause_p50_us": r.pause_p50_us,
+        "pause_p99_us": r.pause_p99_us,
+        "takeover_us": r.takeover_us,
+    })
+}
+
+fn status_json(st: &pb::ClusterStatus) -> serde_json::Value {
+    serde_json::json!({
+        "orchestrator": st.orchestrator,
+        "machines": st.machines.iter().map(|m| serde_json::json!({
+            "name": m.name, "api": m.api, "alive": m.alive, "last_seen_ms": m.last_seen_ms,
+        })).collect::<Vec<_>>(),
+        "services": st.services.iter().map(|s| {
+            let v = s.view.clone().unwrap_or_default();
+            serde_json::json!({
+                "name": s.name,
+                "address": s.address,
+                "view": v.number,
+                "active": v.active,
+                "primary": v.primary,
+                "backups": v.backups,
+                "spares": s.spares,
+                "backups_wanted": s.backups_wanted,
+                "primary_report": s.primary.as_ref().map(report_json),
+                "backup_reports": s.backup_reports.iter().map(report_json).collect::<Vec<_>>(),
+                "history": s.history.iter().map(|h| serde_json::json!({
+                    "view": h.view, "primary": h.primary, "backups": h.backups,
+                    "reason": h.reason, "proposed_ms": h.proposed_ms, "activated_ms": h.activated_ms,
+                })).collect::<Vec<_>>(),
+            })
+        }).collect::<Vec<_>>(),
+    })
+}

@@ -1,0 +1,152 @@
+//! A replicated cluster on the lab (network namespaces, real `tardi orchestrator` and
+//! `tardi instance` daemons) for tests. One lab exists at a time: [`Cluster::up`] queues for it,
+//! and dropping the cluster removes it (also when a test fails).
+
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+use tardi_lab::{Daemons, Lab, LabOptions};
+
+pub fn tardi_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tardi"))
+}
+
+pub struct Cluster {
+    pub lab: Lab,
+}
+
+impl Cluster {
+    /// `machines` machines and one orchestrator; `orchestrator_args` are added to
+    /// `tardi orchestrator` (e.g. a longer failure timeout).
+    pub fn up(machines: usize, orchestrator_args: &[&str]) -> Cluster {
+        let daemons = Daemons::TardiWith {
+            exe: tardi_exe(),
+            orchestrator: orchestrator_args.iter().map(|s| s.to_string()).collect(),
+            instance: vec![],
+        };
+        let lab = Lab::up(LabOptions::new(machines).daemons(daemons)).expect("lab up");
+        let c = Cluster { lab };
+        c.wait("every machine to register", Duration::from_secs(20), |s| {
+            s["machines"]
+                .as_array()
+                .is_some_and(|m| m.len() == machines && m.iter().all(|m| m["alive"] == true))
+        });
+        c
+    }
+
+    /// Runs `tardi ARGS` in the client node.
+    pub fn tardi(&self, args: &[&str]) -> Output {
+        let mut argv = vec![tardi_exe().display().to_string()];
+        argv.extend(args.iter().map(|s| s.to_string()));
+        self.lab
+            .exec("client", &argv)
+            .expect("running tardi in the client node")
+    }
+
+    pub fn deploy(&self, manifest: &Path, backups: u32) -> Value {
+        let out = self.tardi(&[
+            "deploy",
+            &manifest.display().to_string(),
+            "--backups",
+            &backups.to_string(),
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "deploy failed: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+        serde_json::from_slice(&out.stdout).expect("deploy --json")
+    }
+
+    pub fn status(&self) -> Value {
+        let out = self.tardi(&["status", "--json"]);
+        assert!(
+            out.status.success(),
+            "status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status --json")
+    }
+
+    pub fn service(&self, name: &str) -> Value {
+        let s = self.status();
+        s["services"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["name"] == name).cloned())
+            .unwrap_or(Value::Null)
+    }
+
+    /// Polls `tardi status --json` until `ok` holds; panics with the last status and the
+    /// daemons' logs after `timeout`.
+    pub fn wait(&self, what: &str, timeout: Duration, ok: impl Fn(&Value) -> bool) -> Value {
+        let t0 = Instant::now();
+        loop {
+            let s = self.status();
+            if ok(&s) {
+                return s;
+            }
+            if t0.elapsed() > timeout {
+                panic!(
+                    "timed out after {timeout:?} waiting for {what}; last status:\n{}\n{}",
+                    serde_json::to_string_pretty(&s).unwrap_or_default(),
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until `service` has an active view whose primary and backups match `f`.
+    pub fn wait_active(
+        &self,
+        service: &str,
+        timeout: Duration,
+        f: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let s = self.wait(&format!("{service} to be active"), timeout, |st| {
+            st["services"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|x| x["name"] == service && x["active"] == true && f(x))
+            })
+        });
+        s["services"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["name"] == service).cloned())
+            .unwrap()
+    }
+
+    /// The tail of every daemon's log, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for n in ["o1", "m1", "m2", "m3"] {
+            let p = format!("/run/tardi-lab/logs/{n}.log");
+            if let Ok(t) = std::fs::read_to_string(&p) {
+                let lines: Vec<&str> = t.lines().collect();
+                let from = lines.len().saturating_sub(40);
+                out.push_str(&format!(
+                    "--- {p} (last 40 lines)\n{}\n",
+                    lines[from..].join("\n")
+                ));
+            }
+        }
+        out
+    }
+
+    /// The host PIDs of the `tardi instance` process of machine `m`.
+    pub fn instance_pid(&self, m: &str) -> u32 {
+        let pids = self.lab.cgroup_pids(m).expect("cgroup pids");
+        *pids
+            .iter()
+            .find(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("instance"))
+            })
+            .unwrap_or_else(|| panic!("no instance process in {m}"))
+    }
+}

@@ -1,0 +1,359 @@
+//! Replication on the lab: real orchestrator and instances in network namespaces, real
+//! services, real output gates. Each test builds its own lab (one at a time) and removes it,
+//! also on failure.
+
+mod common;
+
+use common::cluster::Cluster;
+use common::programs;
+use common::resp::{Conn, Reply};
+use serde_json::Value;
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn manifest(name: &str) -> PathBuf {
+    programs::workspace_root()
+        .join("gramine-manifests")
+        .join(name)
+}
+
+fn addr(svc: &Value, port: u16) -> SocketAddr {
+    let a = svc["address"].as_str().expect("service address");
+    format!("{a}:{port}").parse().expect("address")
+}
+
+/// Output is held until the epoch that produced it is decided: with the backup's instance
+/// stopped (SIGSTOP: it acknowledges nothing), the client receives no reply at all; once it
+/// runs again, every reply arrives, in order.
+#[test]
+fn output_is_held_until_the_backup_acknowledges() {
+    programs::build("dirtier");
+    // A failure timeout long enough that the stopped backup is not replaced meanwhile.
+    let c = Cluster::up(2, &["--failure-timeout", "60000"]);
+    c.deploy(&manifest("dirtier.manifest"), 1);
+    let svc = c.wait_active("dirtier", Duration::from_secs(30), |_| true);
+    let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let to = addr(&svc, 7100);
+    c.lab
+        .in_node("client", || {
+            programs::wait_ready(to, Duration::from_secs(10))
+        })
+        .unwrap()
+        .expect("the service answers");
+
+    let pid = c.instance_pid(&backup) as i32;
+    // SAFETY: kill(2) with a valid signal on a process of ours.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let got = c
+        .lab
+        .in_node("client", || {
+            let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            for _ in 0..20 {
+                s.send_to(b"ping", to).unwrap();
+            }
+            // Nothing may come back while the backup acknowledges nothing.
+            let mut early = 0;
+            let t0 = Instant::now();
+            let mut buf = [0u8; 256];
+            while t0.elapsed() < Duration::from_millis(700) {
+                if s.recv(&mut buf).is_ok() {
+                    early += 1;
+                }
+            }
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+            let mut replies = Vec::new();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            while replies.len() < 20 {
+                match s.recv(&mut buf) {
+                    Ok(n) => replies.push(String::from_utf8_lossy(&buf[..n]).to_string()),
+                    Err(_) => break,
+                }
+            }
+            (early, replies)
+        })
+        .unwrap();
+    let (early, replies) = got;
+    assert_eq!(early, 0, "replies left before their epoch was decided");
+    assert_eq!(
+        replies.len(),
+        20,
+        "every held reply arrives once decided: {replies:?}"
+    );
+    // In order: the dirtier's counter never goes backwards.
+    let counts: Vec<u64> = replies
+        .iter()
+        .map(|r| r.split_whitespace().nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
+}
+
+/// A client writing to redis through a failover (the primary's machine loses power) loses no
+/// acknowledged write.
+#[test]
+fn primary_power_cut_loses_no_acknowledged_write() {
+    let mut c = Cluster::up(3, &[]);
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let to = addr(&svc, 6379);
+    let writer = |from: u64, n: u64| {
+        let mut acked = Vec::new();
+        let mut conn: Option<Conn> = None;
+        let mut i = from;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while i < from + n && Instant::now() < deadline {
+            let cn = match conn.as_mut() {
+                Some(c) => c,
+                None => match Conn::connect(to, Duration::from_millis(300)) {
+                    Ok(c) => conn.insert(c),
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
+                },
+            };
+            let (k, v) = (format!("key:{i}"), format!("value-{i}"));
+            match cn.cmd(&["SET", &k, &v]) {
+                Ok(Reply::Status(s)) if s == "OK" => {
+                    acked.push(i);
+                    i += 1;
+                }
+                _ => conn = None, // reset by the failover: reconnect, write it again
+            }
+        }
+        acked
+    };
+    let first = c.lab.in_node("client", || writer(0, 300)).unwrap();
+    assert_eq!(first.len(), 300);
+    c.lab.kill(&primary).unwrap();
+    let t0 = Instant::now();
+    let second = c.lab.in_node("client", || writer(300, 300)).unwrap();
+    let gap = t0.elapsed();
+    assert_eq!(second.len(), 300, "writes resume after the failover");
+    let svc = c.wait_active("redis", Duration::from_secs(20), |s| {
+        s["primary"] == backup.as_str()
+    });
+    assert_ne!(svc["primary"], primary.as_str());
+    let missing = c
+        .lab
+        .in_node("client", || {
+            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
+            first
+                .iter()
+                .chain(second.iter())
+                .filter(|i| {
+                    cn.cmd(&["GET", &format!("key:{i}")]).ok()
+                        != Some(Reply::Bulk(Some(format!("value-{i}").into_bytes())))
+                })
+                .count()
+        })
+        .unwrap();
+    assert_eq!(
+        missing, 0,
+        "acknowledged writes lost (failover took {gap:?})"
+    );
+}
+
+/// A backup's death does not stop the service, and a spare takes its place.
+#[test]
+fn backup_power_cut_does_not_stop_the_service_and_a_spare_joins() {
+    let mut c = Cluster::up(3, &[]);
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let to = addr(&svc, 6379);
+    c.lab.kill(&backup).unwrap();
+    let ok = c
+        .lab
+        .in_node("client", || {
+            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
+            (0..200)
+                .filter(|i| {
+                    cn.cmd(&["SET", &format!("b:{i}"), "x"]).ok()
+                        == Some(Reply::Status("OK".into()))
+                })
+                .count()
+        })
+        .unwrap();
+    assert_eq!(ok, 200, "the primary keeps serving without its backup");
+    let svc = c.wait_active("redis", Duration::from_secs(20), |s| {
+        s["backups"]
+            .as_array()
+            .is_some_and(|b| b.len() == 1 && b[0] != backup.as_str())
+    });
+    assert_eq!(svc["primary"], primary.as_str(), "the primary stays");
+}
+
+/// With two backups, the primary's loss leaves one protected copy: the survivor stays a backup.
+#[test]
+fn two_backups_survive_a_primary_power_cut() {
+    let mut c = Cluster::up(3, &[]);
+    c.deploy(&manifest("redis.manifest"), 2);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["backups"].as_array().is_some_and(|b| b.len() == 2)
+    });
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let to = addr(&svc, 6379);
+    c.lab
+        .in_node("client", || {
+            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
+            for i in 0..100 {
+                assert_eq!(
+                    cn.cmd(&["SET", &format!("t:{i}"), &i.to_string()]).unwrap(),
+                    Reply::Status("OK".into())
+                );
+            }
+        })
+        .unwrap();
+    c.lab.kill(&primary).unwrap();
+    let svc = c.wait_active("redis", Duration::from_secs(20), |s| {
+        s["primary"] != primary.as_str() && s["backups"].as_array().is_some_and(|b| b.len() == 1)
+    });
+    assert!(!svc["backups"][0].as_str().unwrap().is_empty());
+    let n = c
+        .lab
+        .in_node("client", || {
+            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
+            (0..100)
+                .filter(|i| {
+                    cn.cmd(&["GET", &format!("t:{i}")]).ok()
+                        == Some(Reply::Bulk(Some(i.to_string().into_bytes())))
+                })
+                .count()
+        })
+        .unwrap();
+    assert_eq!(n, 100);
+}
+
+/// A backup refuses a malformed checkpoint, one of a view it has left, and one that does not
+/// continue its chain, with nothing applied: afterwards it still follows the primary, and it
+/// takes over with every acknowledged write.
+#[test]
+fn malformed_and_out_of_view_checkpoints_are_refused_with_nothing_applied() {
+    use tardi_proto as pb;
+    let mut c = Cluster::up(2, &[]);
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let (primary, backup) = (
+        svc["primary"].as_str().unwrap().to_string(),
+        svc["backups"][0].as_str().unwrap().to_string(),
+    );
+    let view = svc["view"].as_u64().unwrap();
+    let to = addr(&svc, 6379);
+    let api = c.lab.api(&backup).unwrap().to_string();
+    c.lab
+        .in_node("client", || {
+            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
+            for i in 0..100 {
+                assert_eq!(
+                    cn.cmd(&["SET", &format!("r:{i}"), &i.to_string()]).unwrap(),
+                    Reply::Status("OK".into())
+                );
+            }
+        })
+        .unwrap();
+    // Sent straight to the backup's Replica service, as a rogue or deposed primary would.
+    let errors = c
+        .lab
+        .in_node("client", || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let mut client =
+                    pb::replica_client::ReplicaClient::connect(format!("http://{api}"))
+                        .await
+                        .expect("connect to the backup");
+                let mut errors = Vec::new();
+                let cases: Vec<(&str, pb::CheckpointMsg)> = vec![
+                    (
+                        "garbage",
+                        pb::CheckpointMsg {
+                            service: "redis".into(),
+                            view,
+                            primary: primary.clone(),
+                            epoch: 1_000_000,
+                            run: view,
+                            data: vec![0x5a; 4096].into(),
+                        },
+                    ),
+                    (
+                        "old view",
+                        pb::CheckpointMsg {
+                            service: "redis".into(),
+                            view: view - 1,
+                            primary: primary.clone(),
+                            epoch: 1_000_000,
+                            run: view - 1,
+                            data: vec![1, 2, 3].into(),
+                        },
+                    ),
+                    (
+                        "truncated header",
+                        pb::CheckpointMsg {
+                            service: "redis".into(),
+                            view,
+                            primary: primary.clone(),
+                            epoch: 7,
+                            run: view,
+                            data: b"TARDICKP".to_vec().into(),
+                        },
+                    ),
+                ];
+                for (what, msg) in cases {
+                    let mut acks = client
+                        .replicate(tokio_stream::iter(vec![msg]))
+                        .await
+                        .expect("stream opens")
+                        .into_inner();
+                    let ack = acks.message().await.expect("an ack").expect("an ack");
+                    errors.push((what, ack.error));
+                }
+                errors
+            })
+        })
+        .unwrap();
+    for (what, e) in &errors {
+        assert!(!e.is_empty(), "{what}: accepted");
+    }
+    assert!(errors[1].1.contains("older"), "{errors:?}");
+    // The backup still follows the primary.
+    let before = c.service("redis")["backup_reports"][0]["epoch"]
+        .as_u64()
+        .unwrap();
+    c.wait(
+        "the backup to keep acknowledging",
+        Duration::from_secs(10),
+        |s| {
+            s["services"][0]["backup_reports"][0]["epoch"]
+                .as_u64()
+                .is_some_and(|e| e > before + 5)
+        },
+    );
+    c.lab.kill(&primary).unwrap();
+    c.wait_active("redis", Duration::from_secs(20), |s| {
+        s["primary"] == backup.as_str()
+    });
+    let n = c
+        .lab
+        .in_node("client", || {
+            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
+            (0..100)
+                .filter(|i| {
+                    cn.cmd(&["GET", &format!("r:{i}")]).ok()
+                        == Some(Reply::Bulk(Some(i.to_string().into_bytes())))
+                })
+                .count()
+        })
+        .unwrap();
+    assert_eq!(
+        n, 100,
+        "the backup's image survived the refused checkpoints"
+    );
+}

@@ -299,6 +299,38 @@ impl Lab {
             .ctx(|| format!("node {name}: starting `{}`", crate::cmd::display(&cmd)))
     }
 
+    /// The pid of node `name`'s daemon (last started), if it has one.
+    pub fn daemon_pid(&self, name: &str) -> Result<Option<u32>> {
+        self.node(name)?;
+        Ok(self
+            .state
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .and_then(|n| n.pid))
+    }
+
+    /// The log of node `name`'s daemon (stdout and stderr).
+    pub fn log_path(&self, name: &str) -> Result<PathBuf> {
+        Ok(self.node(name)?.log_path())
+    }
+
+    /// The last `lines` lines of every daemon's log, each under a header: for failure messages.
+    pub fn logs_tail(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for node in self.layout.nodes() {
+            let path = node.log_path();
+            if path.exists() {
+                out.push_str(&format!(
+                    "--- {} (last {lines} lines)\n{}\n",
+                    path.display(),
+                    daemon::log_tail(&path, lines)
+                ));
+            }
+        }
+        out
+    }
+
     /// The pids in node `name`'s cgroup (empty without cgroups).
     pub fn cgroup_pids(&self, name: &str) -> Result<Vec<u32>> {
         let node = self.node(name)?;

@@ -153,14 +153,12 @@ fn three_machines_reach_kill_partition_heal_exec_down() {
             &["unshare", "--net", "--pid", "--fork", "sleep", "1000"],
         )
         .unwrap();
-    let m1_daemon = lab
-        .state()
-        .nodes
-        .iter()
-        .find(|n| n.name == "m1")
-        .unwrap()
-        .pid
-        .unwrap();
+    let m1_daemon = lab.daemon_pid("m1").unwrap().unwrap();
+    let tail = lab.logs_tail(5);
+    assert!(
+        tail.contains("m1.log") && tail.contains("starting m1: python3"),
+        "{tail}"
+    );
     std::thread::sleep(Duration::from_millis(200));
     let m1_pids = lab.cgroup_pids("m1").unwrap();
     assert!(m1_pids.contains(&m1_daemon), "{m1_pids:?}");

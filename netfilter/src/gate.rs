@@ -128,6 +128,9 @@ struct Shared {
     /// Serializes verdicts, so that they reach the kernel in the order the lists were cut.
     sender: Mutex<()>,
     waiters: AtomicUsize,
+    /// Called by the reader on the first output packet of each epoch (see
+    /// [`Gate::on_output`]).
+    on_output: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     wait_lock: Mutex<()>,
     wait_cv: Condvar,
     released_packets: AtomicU64,
@@ -247,6 +250,7 @@ impl Gate {
             held: Mutex::new(Held::default()),
             sender: Mutex::new(()),
             waiters: AtomicUsize::new(0),
+            on_output: std::sync::OnceLock::new(),
             wait_lock: Mutex::new(()),
             wait_cv: Condvar::new(),
             released_packets: AtomicU64::new(0),
@@ -384,6 +388,14 @@ impl Gate {
     /// Some packet of the current (unmarked) epoch is held.
     pub fn output_waiting(&self) -> bool {
         self.shared.output_waiting()
+    }
+
+    /// Has the reader thread call `f` when the first output packet of an epoch is queued (the
+    /// moment [`output_waiting`](Gate::output_waiting) turns true), with no hand-off to another
+    /// thread: `f` must be quick and must not block (setting a flag or a condition variable).
+    /// Once per gate; a second call returns `false` and changes nothing.
+    pub fn on_output(&self, f: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.shared.on_output.set(f).is_ok()
     }
 
     /// Blocks until [`output_waiting`](Gate::output_waiting) or `timeout`; returns the former.
@@ -663,7 +675,12 @@ impl Shared {
             }
         }
         if new_out {
-            self.newest_out.fetch_max(epoch, SeqCst);
+            let before = self.newest_out.fetch_max(epoch, SeqCst);
+            if before < epoch
+                && let Some(f) = self.on_output.get()
+            {
+                f();
+            }
             if self.waiters.load(SeqCst) > 0 {
                 let _g = lock(&self.wait_lock);
                 self.wait_cv.notify_all();

@@ -105,7 +105,6 @@ impl Orch {
             .views
             .services
             .values()
-            .filter(|s| !s.lost)
             .filter_map(|s| {
                 let v = s.latest()?;
                 v.members().any(|m| m == machine).then(|| pb::Assignment {
@@ -327,6 +326,7 @@ impl pb::orchestrator_server::Orchestrator for Svc {
                         .unwrap_or_default(),
                     view: v.as_ref().map(to_pb),
                     spares: inner.views.spares(s, &alive),
+                    health: inner.views.health(s, &alive).to_string(),
                     backups_wanted: s.backups_wanted,
                     primary,
                     backup_reports: v

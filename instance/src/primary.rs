@@ -99,6 +99,9 @@ struct State {
     full: Option<(u64, Bytes)>,
     /// A sender needs a full checkpoint the log can continue: take one at the next pause.
     full_wanted: bool,
+    /// A full checkpoint of epoch `pin - 1` is being serialised: keep the log from `pin` on, so
+    /// that it continues that checkpoint once it is published.
+    pin: Option<u64>,
     decision: Decision,
     /// Where each connected sender is in the log (next epoch to send).
     cursors: BTreeMap<String, u64>,
@@ -123,6 +126,9 @@ struct Shared {
     st: Mutex<State>,
     new_data: Notify,
     gate: Arc<Gate>,
+    /// The view has no backup: nothing to wait for, so each epoch's output is released in its
+    /// own pause (from the pause hook), not after the checkpoint is encoded and published.
+    alone: Arc<AtomicBool>,
     stop: AtomicBool,
     ctx: Arc<Ctx>,
     address: Mutex<Option<String>>,
@@ -208,6 +214,7 @@ impl Primary {
                 log: VecDeque::new(),
                 full: None,
                 full_wanted: false,
+                pin: None,
                 decision: Decision {
                     required,
                     ..Default::default()
@@ -225,6 +232,7 @@ impl Primary {
             }),
             new_data: Notify::new(),
             gate,
+            alone: Arc::new(AtomicBool::new(target.view.backups.is_empty())),
             stop: AtomicBool::new(false),
             ctx: ctx.clone(),
             address: Mutex::new(None),
@@ -286,6 +294,9 @@ impl Primary {
             return;
         }
         st.view = view.clone();
+        // Set before any sender asks for a full checkpoint: an epoch released alone is older
+        // than any joiner's full checkpoint.
+        sh.alone.store(view.backups.is_empty(), Ordering::SeqCst);
         let now: BTreeSet<&String> = view.backups.iter().collect();
         let gone: Vec<String> = st
             .decision
@@ -419,10 +430,18 @@ fn epoch_config(m: &tardi_manifest::Manifest, svc: &Service) -> EpochConfig {
 
 /// Runs the epoch loop until the service ends or the primary is stopped.
 fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow::Result<()> {
-    // The pause hook marks the epoch boundary in the gate (one atomic store).
+    // The pause hook marks the epoch boundary in the gate (one atomic store). Alone (no backup
+    // in the view), the epoch is decided as soon as it is captured: released right there.
     let hooks = {
-        let gate = sh.gate.clone();
-        EpochHooks::on_pause(move |e| gate.mark(e))
+        let (gate, alone) = (sh.gate.clone(), sh.alone.clone());
+        EpochHooks::on_pause(move |e| {
+            gate.mark(e);
+            if alone.load(Ordering::SeqCst)
+                && let Err(err) = gate.release(e)
+            {
+                tracing::error!(error = %err, "releasing output failed");
+            }
+        })
     };
     let (mut epochs, first, stats) = Epochs::start_with(svc.pid(), cfg, hooks)?;
     // Adaptive epochs: the gate's reader ends the epoch (after its minimum length) as soon as
@@ -449,10 +468,16 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
         match epochs.next_output(false) {
             Ok(out) => {
                 let pause = out.stats.pause_us;
-                if let Some(full) = out.full {
-                    publish(sh, full.epoch, full.to_bytes().into(), true, pause);
-                }
                 let inc = out.incremental;
+                if let Some(full) = out.full {
+                    // Serialising a large full checkpoint takes long: on its own thread, so the
+                    // epochs (and the decisions of the other backups) go on meanwhile.
+                    sh.lock().pin = Some(inc.epoch + 1);
+                    let sh2 = sh.clone();
+                    std::thread::spawn(move || {
+                        publish(&sh2, full.epoch, full.to_bytes().into(), true, pause);
+                    });
+                }
                 publish(sh, inc.epoch, inc.to_bytes().into(), false, pause);
             }
             Err(e) => match e.chain() {
@@ -487,14 +512,22 @@ fn publish(sh: &Arc<Shared>, epoch: u64, bytes: Bytes, full: bool, pause_us: u64
     let len = bytes.len() as u64;
     if full {
         st.full = Some((epoch, bytes));
+        st.pin = None;
         if epoch == 0 {
             st.decision.produced = Some(0);
         }
     } else {
         st.log.push_back((epoch, bytes));
         st.decision.produced = Some(epoch);
-        // Keep only what a connected sender still has to send.
-        let low = st.cursors.values().copied().min().unwrap_or(u64::MAX);
+        // Keep only what a connected sender still has to send (and what continues a full
+        // checkpoint being serialised).
+        let low = st
+            .cursors
+            .values()
+            .copied()
+            .chain(st.pin)
+            .min()
+            .unwrap_or(u64::MAX);
         while st.log.front().is_some_and(|(e, _)| *e < low) {
             st.log.pop_front();
         }

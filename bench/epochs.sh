@@ -51,7 +51,7 @@ ensure_tools cc "gcc libc6-dev" redis-server redis-server redis-benchmark redis-
 
 echo "building epoch_bench (release)..." >&2
 (cd "$ROOT" && cargo build --release -q -p tardi-checkpointer --example epoch_bench) >&2
-BENCH="$ROOT/target/release/examples/epoch_bench"
+BENCH="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/epoch_bench"
 mkdir -p "$ROOT/target/bench" "$OUT_DIR"
 DIRTIER="$ROOT/target/bench/dirtier"
 cc -O2 -g -pthread -Wall -Wextra -o "$DIRTIER" "$ROOT/tests/programs/dirtier.c"

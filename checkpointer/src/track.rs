@@ -2,8 +2,10 @@
 //!
 //! - [`UffdTracker`] (here, the default): userfaultfd write-protection in async mode plus
 //!   `PAGEMAP_SCAN` (Linux ≥ 6.7): the kernel resolves the first write to a protected page by
-//!   itself (~1.2 µs) and marks the page written; one `PAGEMAP_SCAN` per range returns the
-//!   written pages and protects them again, atomically.
+//!   itself (~1.2 µs) and marks the page written; one `PAGEMAP_SCAN` over all armed ranges
+//!   returns the written pages and protects them again, atomically, and a check that walks
+//!   only the mappings (not their pages) finds armed memory that was replaced
+//!   ([`UffdTracker::replaced`]).
 //! - [`mprotect::MprotectTracker`]: `mprotect` + SIGSEGV through an agent loaded into the
 //!   process (Tardigrade's method), for kernels without the former.
 //!
@@ -11,10 +13,18 @@
 //! injected `userfaultfd()` call, duplicated into the supervisor with `pidfd_getfd`, and closed
 //! in the target again. Its ioctls then act on the target's memory from here.
 //!
-//! Kernel facts this relies on (measured, see shared/KERNEL-FACTS.md):
+//! Kernel facts this relies on (measured on 6.18, see shared/KERNEL-FACTS.md; the first three
+//! are checked by the test `one_scan_skips_unregistered_and_check_finds_replaced`):
 //! - `PM_SCAN_CHECK_WPASYNC` fails with `EPERM` when the range holds memory that is not
 //!   registered: that is how a mapping replaced inside one epoch (munmap + mmap at the same
 //!   address) is noticed even though the layout looks unchanged.
+//! - With `PM_SCAN_WP_MATCHING` alone, memory that is not registered (and unmapped gaps) is
+//!   skipped silently: one scan can cover every armed range and what lies between them.
+//! - A scan whose query requires `PAGE_IS_WPALLOWED` inverted skips registered mappings
+//!   before walking their page tables: with `PM_SCAN_CHECK_WPASYNC` it checks registration
+//!   at the cost of a walk of the mappings.
+//! - A get-only scan (no `PM_SCAN_WP_MATCHING`) reports all of an unregistered range as
+//!   written: the cap check ([`UffdTracker::count_written`]) stays one scan per armed range.
 //! - Pages zapped by `MADV_DONTNEED` are reported as written.
 //! - `walk_end` is only meaningful when the output vector came back full.
 //!
@@ -112,6 +122,29 @@ pub trait Tracker {
         end: u64,
         out: &mut Vec<(u64, u64, u64)>,
     ) -> Result<Option<()>, TrackError>;
+    /// [`Tracker::take_written`] of every armed range (`ranges`, sorted, disjoint), in as few
+    /// scans as the tracker can; returns the ranges holding replaced memory. `layout` is the
+    /// layout of this pause (the process stopped); `None` while the process runs (the
+    /// pre-copy): no range is then checked for replaced memory, which the pause does.
+    ///
+    /// On failure, the index of the first range whose written pages may have been protected
+    /// without being reported: it and the ranges after it are in an unknown state.
+    fn take_all(
+        &mut self,
+        ranges: &[(u64, u64)],
+        _layout: Option<&[MapEntry]>,
+        out: &mut Vec<(u64, u64, u64)>,
+    ) -> Result<Vec<(u64, u64)>, (TrackError, usize)> {
+        let mut stale = Vec::new();
+        for (i, &(s, e)) in ranges.iter().enumerate() {
+            match self.take_written(s, e, out) {
+                Ok(Some(())) => {}
+                Ok(None) => stale.push((s, e)),
+                Err(err) => return Err((err, i)),
+            }
+        }
+        Ok(stale)
+    }
     /// Written pages so far in `ranges`, stopping at `limit` (runs while the process runs).
     fn count_written(&mut self, ranges: &[(u64, u64)], limit: u64) -> u64;
     /// Last call of a pause before the copy: `armed` is the new armed set, `maps` the recorded
@@ -127,6 +160,11 @@ pub trait Tracker {
     }
     /// Whether `take_written` works while the process runs (for the pre-copy).
     fn precopy_capable(&self) -> bool {
+        false
+    }
+    /// Whether `unprotect` acts at once and works while the process runs (then the loop
+    /// leaves hot pages writable after the resume, out of the pause).
+    fn unprotect_while_running(&self) -> bool {
         false
     }
     /// Write faults since the previous pause, if the tracker counts them (read in `begin`).
@@ -418,6 +456,91 @@ impl UffdTracker {
         }
     }
 
+    /// Written pages of every registered mapping in `[first start, last end)` of `ranges`
+    /// (sorted), protected again, in one `PAGEMAP_SCAN` (several only when the output vector
+    /// fills). `PM_SCAN_WP_MATCHING` without `PM_SCAN_CHECK_WPASYNC` skips memory that is not
+    /// registered (the gaps between armed ranges, and mappings that replaced armed memory:
+    /// see [`UffdTracker::replaced`]) instead of failing on it.
+    pub fn take_written_span(
+        &mut self,
+        ranges: &[(u64, u64)],
+        out: &mut Vec<(u64, u64, u64)>,
+    ) -> Result<(), TrackError> {
+        let (Some(first), Some(last)) = (ranges.first(), ranges.last()) else {
+            return Ok(());
+        };
+        let q = Query {
+            flags: PM_SCAN_WP_MATCHING,
+            mask: PAGE_IS_WRITTEN,
+            ret: PAGE_IS_WRITTEN,
+            ..Default::default()
+        };
+        self.scan(first.0, last.1, q, out)
+    }
+
+    /// The armed `ranges` (sorted) that hold memory not registered with our userfaultfd: a
+    /// mapping that replaced armed memory since it was armed (munmap + mmap, `MAP_FIXED`, or
+    /// mremap onto it), even at the same address with the same layout line. `layout` is the
+    /// current layout, read with the process stopped.
+    ///
+    /// Why registration tells: only [`UffdTracker::arm`] registers memory; a new mapping is
+    /// never registered, never merges with a registered one (the kernel merges only mappings
+    /// of the same userfaultfd context), and mremap moving a registered mapping drops its
+    /// registration (we do not ask for `UFFD_FEATURE_EVENT_REMAP`). So a registered mapping
+    /// is memory armed at that very address, possibly split or merged since. Zapping
+    /// (`MADV_DONTNEED`) keeps the mapping: its pages are handled by the scans.
+    ///
+    /// How it is cheap: `PM_SCAN_CHECK_WPASYNC` with a query that requires `PAGE_IS_WPALLOWED`
+    /// inverted fails with `EPERM` on the first mapping that is not registered, and skips every
+    /// registered one before walking its page tables (the kernel tests the mapping first), so
+    /// a check costs a walk of the mappings, not of their pages. Consecutive armed ranges with
+    /// only unmapped gaps between them (nothing in the layout) are checked in one call; when
+    /// that fails, each of its ranges alone.
+    pub fn replaced(
+        &mut self,
+        ranges: &[(u64, u64)],
+        layout: &[MapEntry],
+    ) -> Result<Vec<(u64, u64)>, TrackError> {
+        let mut stale = Vec::new();
+        let mut i = 0;
+        while i < ranges.len() {
+            // The span: ranges[i..j], joined while nothing of the layout lies between two.
+            let mut j = i + 1;
+            while j < ranges.len() && !occupied(layout, ranges[j - 1].1, ranges[j].0) {
+                j += 1;
+            }
+            if !self.registered(ranges[i].0, ranges[j - 1].1)? {
+                for &(s, e) in &ranges[i..j] {
+                    if j - i == 1 || !self.registered(s, e)? {
+                        stale.push((s, e));
+                    }
+                }
+            }
+            i = j;
+        }
+        Ok(stale)
+    }
+
+    /// Whether every mapping in `[start, end)` is registered for async write-protection (see
+    /// [`UffdTracker::replaced`]). Walks no page tables.
+    fn registered(&mut self, start: u64, end: u64) -> Result<bool, TrackError> {
+        let q = Query {
+            flags: PM_SCAN_CHECK_WPASYNC,
+            mask: PAGE_IS_WPALLOWED,
+            inverted: PAGE_IS_WPALLOWED,
+            ret: PAGE_IS_WPALLOWED,
+            ..Default::default()
+        };
+        let mut none = Vec::new();
+        match self.scan(start, end, q, &mut none) {
+            Ok(()) => Ok(true),
+            Err(TrackError::Ioctl { source, .. }) if source.raw_os_error() == Some(libc::EPERM) => {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Counts written pages in `ranges` without protecting them, stopping at `limit`.
     pub fn count_written(&mut self, ranges: &[(u64, u64)], limit: u64) -> u64 {
         let mut out = Vec::new();
@@ -466,6 +589,19 @@ impl Tracker for UffdTracker {
     ) -> Result<Option<()>, TrackError> {
         UffdTracker::take_written(self, start, end, out)
     }
+    fn take_all(
+        &mut self,
+        ranges: &[(u64, u64)],
+        layout: Option<&[MapEntry]>,
+        out: &mut Vec<(u64, u64, u64)>,
+    ) -> Result<Vec<(u64, u64)>, (TrackError, usize)> {
+        let stale = match layout {
+            Some(maps) => self.replaced(ranges, maps).map_err(|e| (e, 0))?,
+            None => Vec::new(),
+        };
+        self.take_written_span(ranges, out).map_err(|e| (e, 0))?;
+        Ok(stale)
+    }
     fn count_written(&mut self, ranges: &[(u64, u64)], limit: u64) -> u64 {
         UffdTracker::count_written(self, ranges, limit)
     }
@@ -477,14 +613,134 @@ impl Tracker for UffdTracker {
     fn precopy_capable(&self) -> bool {
         true
     }
+    fn unprotect_while_running(&self) -> bool {
+        true
+    }
     fn name(&self) -> &'static str {
         "uffd"
     }
 }
 
+/// Whether any mapping of the sorted `layout` intersects `[start, end)`.
+fn occupied(layout: &[MapEntry], start: u64, end: u64) -> bool {
+    let i = layout.partition_point(|m| m.end <= start);
+    layout.get(i).is_some_and(|m| m.start < end)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel behaviour the one-scan take relies on, on this process's own memory: a
+    /// `PM_SCAN_WP_MATCHING` scan across an unmapped gap and an unregistered mapping skips them
+    /// (no error, their written pages not reported); the registration check finds a mapping
+    /// replaced at the same address, and joins ranges separated only by unmapped gaps.
+    #[test]
+    fn one_scan_skips_unregistered_and_check_finds_replaced() {
+        const P: u64 = 4096;
+        // SAFETY: creating a userfaultfd for our own mm; no pointers.
+        let fd =
+            unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        if fd < 0 {
+            eprintln!("skipped: userfaultfd: {}", io::Error::last_os_error());
+            return;
+        }
+        // SAFETY: a descriptor we just created and own.
+        let uffd: OwnedFd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+        let mut api = [
+            UFFD_API,
+            UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED,
+            0,
+        ];
+        // SAFETY: UFFDIO_API reads and writes three u64.
+        let r = unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_API, api.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        let mut t = UffdTracker {
+            uffd,
+            pagemap: std::fs::File::open("/proc/self/pagemap").unwrap(),
+            buf: vec![PageRegion::default(); 16],
+        };
+        // A = pages 0-3 (registered), 4-5 unmapped, C = 6-9 (registered), B = 10-11 (not).
+        // SAFETY: a fresh anonymous mapping of our own, unmapped at the end.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                12 * P as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let b = base as u64;
+        let (a, c, bb) = (
+            (b, b + 4 * P),
+            (b + 6 * P, b + 10 * P),
+            (b + 10 * P, b + 12 * P),
+        );
+        // SAFETY: unmapping part of our own mapping.
+        unsafe { libc::munmap((b + 4 * P) as *mut _, 2 * P as usize) };
+        t.arm(a.0, a.1).unwrap();
+        t.arm(c.0, c.1).unwrap();
+        let write = |addr: u64| {
+            // SAFETY: inside our mapping (mapped, writable).
+            unsafe { std::ptr::write_volatile(addr as *mut u8, 1) }
+        };
+        write(a.0);
+        write(c.0 + P);
+        write(bb.0);
+        let layout = |_: ()| {
+            crate::procfs::Proc::open(std::process::id() as _)
+                .unwrap()
+                .maps()
+                .unwrap()
+        };
+        // One scan over A, the gap, C and B: only A's and C's written pages, no error.
+        let mut out = Vec::new();
+        let q = Query {
+            flags: PM_SCAN_WP_MATCHING,
+            mask: PAGE_IS_WRITTEN,
+            ret: PAGE_IS_WRITTEN,
+            ..Default::default()
+        };
+        t.scan(a.0, bb.1, q, &mut out).unwrap();
+        let pages: Vec<u64> = out
+            .iter()
+            .flat_map(|r| (r.0..r.1).step_by(P as usize))
+            .collect();
+        assert_eq!(pages, vec![a.0, c.0 + P], "regions {out:x?}");
+        // Protected again: a second scan reports nothing.
+        out.clear();
+        t.take_written_span(&[a, c], &mut out).unwrap();
+        assert!(out.is_empty(), "regions {out:x?}");
+        // Nothing replaced yet (A and C are checked in one call across the gap).
+        assert_eq!(t.replaced(&[a, c], &layout(())).unwrap(), vec![]);
+        // B is not registered: as an armed range it reads as replaced.
+        assert_eq!(t.replaced(&[a, c, bb], &layout(())).unwrap(), vec![bb]);
+        // Replace C at the same address with the same size and protection.
+        // SAFETY: mapping over our own mapping.
+        let r = unsafe {
+            libc::mmap(
+                c.0 as *mut _,
+                4 * P as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(r as u64, c.0);
+        write(c.0 + 2 * P);
+        assert_eq!(t.replaced(&[a, c], &layout(())).unwrap(), vec![c]);
+        // The one scan still runs, and skips the replaced memory.
+        out.clear();
+        t.take_written_span(&[a, c], &mut out).unwrap();
+        assert!(out.is_empty(), "regions {out:x?}");
+        t.disarm(a.0, a.1);
+        // SAFETY: unmapping what we mapped.
+        unsafe { libc::munmap(base, 12 * P as usize) };
+    }
 
     /// The copied-on-write query the epoch loop uses, on a private file mapping of our own:
     /// a page only read (file page), a page written (copied on write), a page never touched.

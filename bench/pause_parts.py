@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Median (p99 for the pause) of the pause and each of its parts, per case, from the per-epoch
+JSON lines of bench/epochs.sh (bench/out/epochs-STAMP.jsonl) or from `tardi profile --out DIR`'s
+epochs.json. Usage: bench/pause_parts.py FILE..."""
+import json, sys
+
+PARTS = ["quiesce_us", "take_us", "precheck_us", "hot_us", "cow_us", "scan_us", "copy_us", "layout_us", "meta_checks_us",
+         "meta_threads_us", "meta_process_us", "meta_fds_us", "meta_pending_us", "walk_us",
+         "resume_us"]
+
+def pct(v, p):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(p * len(v)))] if v else 0
+
+def report(case, eps):
+    if not eps:
+        return
+    g = lambda k: [e.get(k, 0) for e in eps]
+    pause = g("pause_us")
+    known = [e["quiesce_us"] + e["scan_us"] + e["copy_us"] + sum(e.get(k, 0) for k in PARTS[7:])
+             for e in eps]
+    other = [p - k for p, k in zip(pause, known)]
+    cols = [("epochs", len(eps)), ("dirty", pct(g("dirty_pages"), .5)),
+            ("pause p50", pct(pause, .5)), ("p90", pct(pause, .9)), ("p99", pct(pause, .99))]
+    cols += [(k[:-3], pct(g(k), .5)) for k in PARTS] + [("unaccounted", pct(other, .5))]
+    print(f"## {case}")
+    print("| " + " | ".join(c for c, _ in cols) + " |")
+    print("|" + "---:|" * len(cols))
+    print("| " + " | ".join(str(int(v)) for _, v in cols) + " |")
+
+for path in sys.argv[1:]:
+    text = open(path).read().strip()
+    cases = {}
+    if text.startswith("["):
+        for e in json.loads(text):
+            if not e.get("summary"):
+                cases.setdefault(path, []).append(e)
+    else:
+        for line in text.splitlines():
+            try:
+                o = json.loads(line)
+            except ValueError:
+                continue
+            if "stats" in o and "case" in o:
+                cases.setdefault(o["case"], []).append(o["stats"])
+    for c, eps in cases.items():
+        report(c, eps)

@@ -66,8 +66,12 @@ struct Opts {
     trials: usize,
     /// `failover`: the dirtier's rate, MB/s.
     failover_rate: f64,
+    /// `failover`: the dirtier's region, MiB.
+    failover_mb: u32,
     /// `failover`: fresh lab per trial instead of restarting the killed machine.
     fresh_lab: bool,
+    /// Before each case, wait up to this many seconds for the CPUs to be at most 20% busy.
+    wait_quiet: u64,
     /// `redis`: requests per test, unpipelined and pipelined.
     redis_n: u64,
     redis_np: u64,
@@ -100,7 +104,9 @@ impl Opts {
             backup_rates: vec![0.0, 12.5, 25.0],
             trials: 20,
             failover_rate: 10.0,
+            failover_mb: 100,
             fresh_lab: false,
+            wait_quiet: 0,
             redis_n: 100_000,
             redis_np: 1_000_000,
             lock_wait: 1800,
@@ -128,6 +134,8 @@ impl Opts {
                 "--backup-rates" => o.backup_rates = list(&v),
                 "--trials" => o.trials = num(&v) as usize,
                 "--failover-rate" => o.failover_rate = num(&v),
+                "--failover-mb" => o.failover_mb = num(&v) as u32,
+                "--wait-quiet" => o.wait_quiet = num(&v) as u64,
                 "--redis-n" => o.redis_n = num(&v) as u64,
                 "--redis-np" => o.redis_np = num(&v) as u64,
                 "--lock-wait" => o.lock_wait = num(&v) as u64,
@@ -142,7 +150,7 @@ impl Opts {
 fn usage() -> ! {
     eprintln!(
         "usage: replication_bench ping|dirty|backups|failover|redis|all [--pings N] [--dirty-pings N] \
-         [--rates MB/s,...] [--backup-rates MB/s,...] [--trials N] [--failover-rate MB/s] [--fresh-lab] \
+         [--rates MB/s,...] [--backup-rates MB/s,...] [--trials N] [--failover-rate MB/s] [--failover-mb MiB] [--fresh-lab] [--wait-quiet S] \
          [--redis-n N] [--redis-np N] [--lock-wait S] [--link 1gbit] [--tardi PATH] [--dirtier PATH] \
          [--out DIR] [--img DIR]"
     );
@@ -192,6 +200,11 @@ impl Env {
     /// A copy of `gramine-manifests/dirtier.manifest` with an absolute entrypoint, `rate` MB/s
     /// and service name `name`.
     fn dirtier_manifest(&self, rate: f64, name: &str) -> PathBuf {
+        self.dirtier_manifest_mb(rate, 100, name)
+    }
+
+    /// As [`Env::dirtier_manifest`], with a region of `mb` MiB.
+    fn dirtier_manifest_mb(&self, rate: f64, mb: u32, name: &str) -> PathBuf {
         let src = root().join("gramine-manifests/dirtier.manifest");
         let text = std::fs::read_to_string(&src).expect("reading dirtier.manifest");
         let mut out = String::new();
@@ -205,7 +218,7 @@ impl Env {
                 entry = true;
             } else if line.starts_with("loader.argv") {
                 out.push_str(&format!(
-                    "loader.argv = [\"dirtier\", \"--port\", \"7100\", \"--mb\", \"100\", \"--rate-mbps\", \"{rate}\"]\n"
+                    "loader.argv = [\"dirtier\", \"--port\", \"7100\", \"--mb\", \"{mb}\", \"--rate-mbps\", \"{rate}\"]\n"
                 ));
                 argv = true;
             } else if line.starts_with("name = ") {
@@ -319,13 +332,29 @@ fn busy_pct(a: (u64, u64), b: (u64, u64)) -> f64 {
     100.0 * b.0.saturating_sub(a.0) as f64 / t as f64
 }
 
+/// `--wait-quiet`, for [`conditions`].
+static WAIT_QUIET_S: AtomicU64 = AtomicU64::new(0);
+
 /// The machine before a case: CPU busy % over 1 s (nothing of the case running yet) and the
-/// load average.
+/// load average. With `--wait-quiet S`, first waits up to S s for the CPUs to be at most 20%
+/// busy (and records how long it waited).
 fn conditions() -> Value {
-    let a = cpu_ticks();
-    std::thread::sleep(Duration::from_secs(1));
-    let b = cpu_ticks();
-    json!({"cpu_busy_before_pct": (busy_pct(a, b) * 10.0).round() / 10.0, "loadavg": loadavg()})
+    let limit = Duration::from_secs(WAIT_QUIET_S.load(Ordering::Relaxed));
+    let t0 = Instant::now();
+    loop {
+        let a = cpu_ticks();
+        std::thread::sleep(Duration::from_secs(1));
+        let b = cpu_ticks();
+        let busy = busy_pct(a, b);
+        if busy <= 20.0 || t0.elapsed() >= limit {
+            return json!({
+                "cpu_busy_before_pct": (busy * 10.0).round() / 10.0,
+                "loadavg": loadavg(),
+                "waited_for_quiet_s": t0.elapsed().as_secs_f64().round() - 1.0,
+            });
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -530,6 +559,17 @@ impl Cluster {
                         .is_some_and(|t| t >= from_us && t <= to_us)
             })
             .collect()
+    }
+
+    /// Copies the daemons' logs (`/run/tardi-lab/logs`) to `dir`/`tag`-NODE.log.
+    fn save_logs(&self, dir: &Path, tag: &str) {
+        let _ = std::fs::create_dir_all(dir);
+        if let Ok(rd) = std::fs::read_dir("/run/tardi-lab/logs") {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                let _ = std::fs::copy(e.path(), dir.join(format!("{tag}-{name}")));
+            }
+        }
     }
 
     /// A UDP socket of the client node.
@@ -1086,7 +1126,7 @@ fn failover_trial(c: &mut Cluster, name: &str, fault: &str, trial: usize) -> (Va
     };
     let to = addr(svc["address"].as_str().expect("address"), 7100);
     let sock = c.client_udp();
-    let pinger = Pinger::start(sock, to, Duration::from_secs(40));
+    let pinger = Pinger::start(sock, to, Duration::from_secs(60));
     // A random moment 0.5–1.5 s in (sub-ms randomness from the clock).
     let jitter = now_unix_us() % 1000;
     std::thread::sleep(Duration::from_millis(500 + jitter));
@@ -1095,32 +1135,44 @@ fn failover_trial(c: &mut Cluster, name: &str, fault: &str, trial: usize) -> (Va
     c.lab.kill(&victim).expect("lab kill");
     let kill_call_ms = t_kill.elapsed().as_secs_f64() * 1e3;
     let k = pinger.since_base(t_kill);
-    // Until replies resume (at most 20 s), then 300 ms more.
+    // Until replies resume (at most 20 s), then until the service is whole again (a new backup
+    // joined: its full checkpoint can stall the primary too), then 500 ms more.
     let t0 = Instant::now();
     while pinger.last.load(Ordering::Relaxed) <= k + 1000 && t0.elapsed() < Duration::from_secs(20)
     {
         std::thread::sleep(Duration::from_millis(5));
     }
-    std::thread::sleep(Duration::from_millis(300));
+    let ready = c.wait_ready(name, 1, Duration::from_secs(30));
+    let whole_after_kill_ms = t_kill.elapsed().as_secs_f64() * 1e3;
+    std::thread::sleep(Duration::from_millis(500));
     let replies = pinger.finish();
     let before_kill = replies.iter().rev().find(|&&t| t <= k).copied();
     let after_kill = replies.iter().find(|&&t| t > k).copied();
-    // The longest silence in [kill - 1 s, end]: the failover's gap (steady state is a few ms).
+    // The gap: the longest silence from 1 s before the kill to the end (steady state: a few
+    // ms between replies), and where it started relative to the kill.
     let mut longest = 0u64;
+    let mut longest_from = 0i64;
     let mut prev: Option<u64> = None;
     for &t in replies.iter().filter(|&&t| t + 1_000_000 >= k) {
-        if let Some(p) = prev {
-            longest = longest.max(t - p);
+        if let Some(p) = prev
+            && t - p > longest
+        {
+            longest = t - p;
+            longest_from = p as i64 - k as i64;
         }
         prev = Some(t);
     }
     let recovered = after_kill.is_some();
-    let gap_ms = match (before_kill, after_kill) {
+    // The silence that spans the kill itself.
+    let spanning_ms = match (before_kill, after_kill) {
         (Some(b), Some(a)) => (a - b) as f64 / 1e3,
         _ => f64::NAN,
     };
-    // The new view(s): wait until the service is whole again, for the history.
-    let ready = c.wait_ready(name, 1, Duration::from_secs(30));
+    let gap_ms = if recovered {
+        longest as f64 / 1e3
+    } else {
+        f64::NAN
+    };
     let svc = c.service(name);
     let history: Vec<Value> = svc["history"]
         .as_array()
@@ -1143,10 +1195,25 @@ fn failover_trial(c: &mut Cluster, name: &str, fault: &str, trial: usize) -> (Va
         .and_then(|h| h["activated_ms"].as_u64())
         .filter(|a| *a > 0)
         .map(|a| a as i64 - kill_unix_ms as i64);
+    // When the primary after the kill logged its first epoch (after its start and full
+    // checkpoint), and that epoch's interval.
+    let new_primary = svc["primary"].as_str().unwrap_or_default().to_string();
+    let first_epoch = c
+        .epochs(name, kill_unix_ms * 1000, now_unix_us())
+        .into_iter()
+        .find(|l| l["machine"] == new_primary.as_str());
+    let first_epoch_ms = first_epoch
+        .as_ref()
+        .and_then(|l| l["unix_us"].as_u64())
+        .map(|u| (u as f64 / 1e3 - kill_unix_ms as f64).round());
     let rec = json!({
+        "first_epoch_after_kill_ms": first_epoch_ms,
+        "first_epoch": first_epoch,
         "trial": trial, "fault": fault, "killed": victim, "primary_before": primary,
         "backup_before": backup, "before": before,
-        "gap_ms": gap_ms, "longest_silence_ms": longest as f64 / 1e3, "recovered": recovered,
+        "gap_ms": gap_ms, "silence_spanning_kill_ms": spanning_ms,
+        "gap_started_after_kill_ms": longest_from as f64 / 1e3, "recovered": recovered,
+        "whole_again_after_kill_ms": whole_after_kill_ms,
         "kill_call_ms": kill_call_ms,
         "replies": replies.len(),
         "primary_after": svc["primary"], "backups_after": svc["backups"],
@@ -1157,8 +1224,8 @@ fn failover_trial(c: &mut Cluster, name: &str, fault: &str, trial: usize) -> (Va
         "ready_again": ready.is_ok(),
     });
     eprintln!(
-        "[bench] failover {fault} #{trial}: killed {victim}, gap {gap_ms:.1} ms (longest silence {:.1} ms), new view proposed {:?} ms / active {:?} ms after the kill, takeover_us {}",
-        longest as f64 / 1e3,
+        "[bench] failover {fault} #{trial}: killed {victim}, gap {gap_ms:.1} ms (starting {:.1} ms after the kill; silence spanning the kill {spanning_ms:.1} ms), new primary's first epoch {first_epoch_ms:?} ms, new view proposed {:?} ms / active {:?} ms after the kill, takeover_us {}",
+        longest_from as f64 / 1e3,
         detect_ms,
         activated_ms,
         svc["primary_report"]["takeover_us"]
@@ -1181,7 +1248,11 @@ fn failover_cluster(env: &Env, manifest: &Path, name: &str, case: &str) -> Clust
 
 fn bench_failover(env: &Env) -> Value {
     let name = "dirtier-failover";
-    let manifest = env.dirtier_manifest(env.o.failover_rate, name);
+    let manifest = env.dirtier_manifest_mb(env.o.failover_rate, env.o.failover_mb, name);
+    let logs = env
+        .o
+        .out
+        .join(format!("replication-failover-{}-logs", env.stamp));
     let mut trials = Vec::new();
     let mut reuse = Vec::new();
     for fault in ["primary", "backup"] {
@@ -1204,31 +1275,42 @@ fn bench_failover(env: &Env) -> Value {
             rec["fresh_lab"] = json!(fresh);
             // Reuse: power the killed machine on again; it rejoins as a spare.
             let t_restart = Instant::now();
-            let ok = !env.o.fresh_lab
-                && rec["ready_again"] == true
-                && c.lab.start(&victim).is_ok()
-                && c.wait(
-                    "the killed machine to rejoin",
-                    Duration::from_secs(30),
-                    |s| {
-                        s["machines"]
-                            .as_array()
-                            .is_some_and(|m| m.iter().filter(|m| m["alive"] == true).count() == 3)
-                    },
-                )
-                .is_ok()
-                && c.wait_ready(name, 1, Duration::from_secs(30)).is_ok();
+            let mut why = String::new();
+            if env.o.fresh_lab {
+                why = "--fresh-lab".into();
+            } else if rec["ready_again"] != true {
+                why = "the service was not whole again within 30 s of the kill".into();
+            } else if let Err(e) = c.lab.start(&victim) {
+                why = format!("lab start {victim}: {e}");
+            } else if let Err(e) = c.wait(
+                "the killed machine to rejoin",
+                Duration::from_secs(30),
+                |s| {
+                    s["machines"]
+                        .as_array()
+                        .is_some_and(|m| m.iter().filter(|m| m["alive"] == true).count() == 3)
+                },
+            ) {
+                why = e;
+            } else if let Err(e) = c.wait_ready(name, 1, Duration::from_secs(30)) {
+                why = e;
+            }
+            let ok = why.is_empty();
             let restart_s = t_restart.elapsed().as_secs_f64();
-            reuse.push(json!({"fault": fault, "trial": trial, "restart_ok": ok, "restart_s": restart_s, "fresh_prep_s": if fresh { json!(prep_s) } else { Value::Null }}));
+            reuse.push(json!({"fault": fault, "trial": trial, "restart_ok": ok, "restart_s": restart_s, "why_not": why, "fresh_prep_s": if fresh { json!(prep_s) } else { Value::Null }}));
             rec["restart_s"] = json!(restart_s);
             rec["restart_ok"] = json!(ok);
             trials.push(rec);
             if ok {
                 cluster = Some(c);
             } else {
-                eprintln!("[bench] failover: rebuilding the lab for the next trial");
+                eprintln!("[bench] failover: rebuilding the lab for the next trial ({why})");
+                c.save_logs(&logs, &format!("{fault}-upto{trial}"));
                 drop(c);
             }
+        }
+        if let Some(c) = &cluster {
+            c.save_logs(&logs, &format!("{fault}-end"));
         }
         drop(cluster);
     }
@@ -1237,9 +1319,9 @@ fn bench_failover(env: &Env) -> Value {
         env.o.trials, env.o.failover_rate
     );
     println!(
-        "| fault | trials (recovered) | gap median ms | p90 | max | min | new view proposed after kill, median ms | active after kill, median ms | takeover_us median (primary) |"
+        "| fault | trials (recovered) | gap median ms | p90 | max | min | new view proposed after kill, median ms | active after kill, median ms | takeover median ms (primary) | new primary's first epoch after kill, median ms |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut by_fault = serde_json::Map::new();
     let mut plot_series = Vec::new();
     for fault in ["primary", "backup"] {
@@ -1265,13 +1347,19 @@ fn bench_failover(env: &Env) -> Value {
                 .filter_map(|t| t["takeover_us"].as_f64())
                 .collect(),
         );
+        let fe = sorted(
+            ts.iter()
+                .filter_map(|t| t["first_epoch_after_kill_ms"].as_f64())
+                .collect(),
+        );
         let s = json!({
             "trials": ts.len(), "recovered": gaps.len(),
             "gap_ms": summary_ms(&gaps), "view_proposed_ms": summary_ms(&det),
             "view_activated_ms": summary_ms(&act), "takeover_ms": summary_ms(&tk.iter().map(|v| v / 1e3).collect::<Vec<_>>()),
+            "first_epoch_after_kill_ms": summary_ms(&fe),
         });
         println!(
-            "| {fault} | {} ({}) | **{:.1}** | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} |",
+            "| {fault} | {} ({}) | **{:.1}** | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {:.0} |",
             ts.len(),
             gaps.len(),
             pct(&gaps, 0.5),
@@ -1281,10 +1369,11 @@ fn bench_failover(env: &Env) -> Value {
             pct(&det, 0.5),
             pct(&act, 0.5),
             if fault == "primary" {
-                format!("{:.0}", pct(&tk, 0.5))
+                format!("{:.0}", pct(&tk, 0.5) / 1e3)
             } else {
                 "-".into()
-            }
+            },
+            pct(&fe, 0.5)
         );
         plot_series.push((format!("{fault} failure ({} trials)", gaps.len()), gaps));
         by_fault.insert(fault.into(), s);
@@ -1498,6 +1587,7 @@ fn wait_tcp(c: &Cluster, a: &str, port: u16) {
 
 fn main() {
     let (cmd, o) = Opts::parse();
+    WAIT_QUIET_S.store(o.wait_quiet, Ordering::Relaxed);
     let env = Env::new(o);
     eprintln!(
         "[bench] commit {}, stamp {}, scratch {}",

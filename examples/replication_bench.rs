@@ -79,6 +79,8 @@ struct Opts {
     lock_wait: u64,
     /// Link bandwidth for `dirty` and `backups`.
     link: String,
+    /// The results' time stamp (default: now, UTC).
+    stamp: Option<String>,
     /// The command line, for the record.
     command: String,
 }
@@ -111,6 +113,7 @@ impl Opts {
             redis_np: 1_000_000,
             lock_wait: 1800,
             link: "1gbit".into(),
+            stamp: None,
             command: std::env::args().collect::<Vec<_>>().join(" "),
         };
         let mut args = std::env::args().skip(1);
@@ -140,6 +143,7 @@ impl Opts {
                 "--redis-np" => o.redis_np = num(&v) as u64,
                 "--lock-wait" => o.lock_wait = num(&v) as u64,
                 "--link" => o.link = v,
+                "--stamp" => o.stamp = Some(v),
                 _ => usage(),
             }
         }
@@ -152,7 +156,7 @@ fn usage() -> ! {
         "usage: replication_bench ping|dirty|backups|failover|redis|all [--pings N] [--dirty-pings N] \
          [--rates MB/s,...] [--backup-rates MB/s,...] [--trials N] [--failover-rate MB/s] [--failover-mb MiB] [--fresh-lab] [--wait-quiet S] \
          [--redis-n N] [--redis-np N] [--lock-wait S] [--link 1gbit] [--tardi PATH] [--dirtier PATH] \
-         [--out DIR] [--img DIR]"
+         [--out DIR] [--img DIR] [--stamp STAMP]"
     );
     std::process::exit(2)
 }
@@ -185,7 +189,10 @@ impl Env {
         );
         std::fs::create_dir_all(&o.out).expect("creating the output directory");
         std::fs::create_dir_all(&o.img).expect("creating the image directory");
-        let stamp = sh("date -u +%Y%m%d-%H%M%S");
+        let stamp = o
+            .stamp
+            .clone()
+            .unwrap_or_else(|| sh("date -u +%Y%m%d-%H%M%S"));
         let tmp = std::env::temp_dir().join(format!("tardi-replbench-{}", std::process::id()));
         std::fs::create_dir_all(&tmp).expect("creating the scratch directory");
         let commit = commit();

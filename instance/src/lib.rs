@@ -169,7 +169,9 @@ fn tardi_orchestrator_url(addr: &str) -> String {
 /// A role this machine plays for one service.
 enum Role {
     Primary(Primary),
-    Backup(Arc<Backup>),
+    /// With the output gate a takeover will use, made in advance (`None` if that failed: the
+    /// takeover makes it then).
+    Backup(Arc<Backup>, Option<Arc<tardi_netfilter::Gate>>),
     /// Assigned primary but could not start: the reason, reported until the view changes.
     Failed {
         view: u64,
@@ -190,7 +192,7 @@ impl Roles {
 
     fn backup(&self, service: &str) -> Option<Arc<Backup>> {
         match self.lock().get(service) {
-            Some(Role::Backup(b)) => Some(b.clone()),
+            Some(Role::Backup(b, _)) => Some(b.clone()),
             _ => None,
         }
     }
@@ -200,7 +202,7 @@ impl Roles {
             .iter()
             .map(|(name, r)| match r {
                 Role::Primary(p) => p.report(),
-                Role::Backup(b) => {
+                Role::Backup(b, _) => {
                     let r = b.report();
                     pb::ServiceReport {
                         service: name.clone(),
@@ -283,13 +285,13 @@ impl Roles {
                 (Some(Role::Failed { view: v, why }), true) if v == view.number => {
                     Role::Failed { view: v, why }
                 }
-                (Some(Role::Backup(b)), true) => self.take_over(&target, &b),
+                (Some(Role::Backup(b, gate)), true) => self.take_over(&target, &b, gate),
                 (other, true) => {
                     if let Some(r) = other {
                         stop(r);
                     }
                     if target.fresh {
-                        self.start_primary(&target, None, BTreeSet::new())
+                        self.start_primary(&target, None, BTreeSet::new(), None)
                     } else {
                         Role::Failed {
                             view: view.number,
@@ -297,19 +299,21 @@ impl Roles {
                         }
                     }
                 }
-                (Some(Role::Backup(b)), false) => {
+                (Some(Role::Backup(b, gate)), false) => {
                     b.enter_view(view.number);
-                    Role::Backup(b)
+                    Role::Backup(b, gate)
                 }
                 (other, false) => {
                     if let Some(r) = other {
                         stop(r);
                     }
-                    Role::Backup(Backup::new(
-                        &s.service,
-                        view.number,
-                        self.ctx.opts.queue_len,
-                    ))
+                    let gate = primary::open_gate(s.link_index)
+                        .inspect_err(|e| tracing::warn!(service = %s.service, error = %e, "cannot prepare the output gate; a takeover will"))
+                        .ok();
+                    Role::Backup(
+                        Backup::new(&s.service, view.number, self.ctx.opts.queue_len),
+                        gate,
+                    )
                 }
             };
             self.lock().insert(s.service.clone(), next);
@@ -317,7 +321,12 @@ impl Roles {
     }
 
     /// A backup becomes primary: finish applying what it acknowledged, restore from the image.
-    fn take_over(&self, t: &Target, b: &Arc<Backup>) -> Role {
+    fn take_over(
+        &self,
+        t: &Target,
+        b: &Arc<Backup>,
+        gate: Option<Arc<tardi_netfilter::Gate>>,
+    ) -> Role {
         let t0 = std::time::Instant::now();
         let (run, image) = match b.finish(t.view.number) {
             Ok(x) => x,
@@ -334,7 +343,7 @@ impl Roles {
         // The view's backups are the survivors of the last active view: they hold every
         // decided checkpoint, so decisions wait for them from the start.
         let survivors = t.view.backups.iter().cloned().collect();
-        self.start_primary(t, Some(full), survivors)
+        self.start_primary(t, Some(full), survivors, gate)
     }
 
     fn start_primary(
@@ -342,8 +351,9 @@ impl Roles {
         t: &Target,
         from: Option<tardi_checkpointer::image::Checkpoint>,
         required: BTreeSet<String>,
+        gate: Option<Arc<tardi_netfilter::Gate>>,
     ) -> Role {
-        match Primary::start(self.ctx.clone(), t, from, required) {
+        match Primary::start(self.ctx.clone(), t, from, required, gate) {
             Ok(p) => Role::Primary(p),
             Err(e) => {
                 let why = format!("{e:#}");
@@ -360,7 +370,7 @@ impl Roles {
 fn stop(r: Role) {
     match r {
         Role::Primary(p) => p.stop(),
-        Role::Backup(b) => b.stop(),
+        Role::Backup(b, _) => b.stop(),
         Role::Failed { .. } => {}
     }
 }

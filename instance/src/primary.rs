@@ -4,7 +4,8 @@
 //! Threads and tasks:
 //! - the *epoch thread* owns the service and its epoch loop. The loop's pause hook marks the
 //!   epoch boundary in the output gate; each checkpoint is then serialised once and appended to
-//!   the shared log;
+//!   the shared log. The gate's reader thread ends an epoch early when output is waiting
+//!   (adaptive epochs), by setting the loop's trigger;
 //! - one *sender* task per backup streams the log to it (after a full checkpoint, which a backup
 //!   needs whenever it joins this primary's run) and reads its acknowledgements;
 //! - acknowledgements update the decision ([`Decision`]); a newly decided epoch is released in
@@ -21,7 +22,7 @@ use crate::throttle::Throttle;
 use crate::{Ctx, Target};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tardi_checkpointer::epoch::{ChainState, EpochConfig, EpochHooks, Epochs};
 use tardi_netfilter::{Gate, GateConfig, announce::ServiceAddress};
@@ -74,11 +75,19 @@ impl Decision {
         }
     }
 
-    /// `b` lost its stream: it must join again with a full checkpoint.
-    fn forget(&mut self, b: &str) {
-        self.required.remove(b);
+    /// `b` lost its stream: it must join again with a full checkpoint. It stays required if it
+    /// was: only a new view may stop decisions from waiting for a backup. (Otherwise a primary
+    /// whose backups all refuse it — because they moved on to a newer view — would find no one
+    /// to wait for and release everything by itself.)
+    fn detach(&mut self, b: &str) {
         self.full_at.remove(b);
         self.acked.remove(b);
+    }
+
+    /// `b` is no longer a backup of the view.
+    fn forget(&mut self, b: &str) {
+        self.detach(b);
+        self.required.remove(b);
     }
 }
 
@@ -180,19 +189,16 @@ impl Primary {
         target: &Target,
         from: Option<tardi_checkpointer::image::Checkpoint>,
         required: BTreeSet<String>,
+        gate: Option<Arc<Gate>>,
     ) -> anyhow::Result<Primary> {
         let t0 = Instant::now();
         let config = ctx.sandbox_config(target)?;
-        let host_if = format!("td{}h", target.link_index);
         // The gate exists before the sandbox: nothing the service sends can pass unheld, and
-        // nothing reaches a half-restored service.
-        // Two queues per gate (output, input), numbered from the link index: unique per
-        // machine.
-        let gate = Arc::new(Gate::new(GateConfig::new(
-            host_if,
-            (2 * target.link_index) as u16,
-        ))?);
-        gate.hold_input(true)?;
+        // nothing reaches a half-restored service. A backup made it in advance.
+        let gate = match gate {
+            Some(g) => g,
+            None => open_gate(target.link_index)?,
+        };
         let shared = Arc::new(Shared {
             name: target.name.clone(),
             machine: ctx.opts.machine.clone(),
@@ -225,11 +231,25 @@ impl Primary {
         });
         let svc = match &from {
             None => Service::start(&target.manifest, &config)?,
-            Some(ck) => Service::restore_checkpoint(ck, config)?.0,
+            Some(ck) => {
+                let (svc, t) = Service::restore_checkpoint(ck, config)?;
+                tracing::warn!(service = %target.name, timings = ?t, "restored from the backup image");
+                svc
+            }
         };
         drop(from);
         let claim = ServiceAddress::claim(svc.address(), &ctx.opts.service_if)?;
-        shared.gate.hold_input(false)?;
+        // Input flows as soon as `hold_input(false)` has flushed what was held; removing the
+        // rule afterwards takes tens of milliseconds and need not delay the epoch loop.
+        {
+            let gate = shared.gate.clone();
+            let name = target.name.clone();
+            std::thread::spawn(move || {
+                if let Err(e) = gate.hold_input(false) {
+                    tracing::error!(service = %name, error = %e, "releasing input failed");
+                }
+            });
+        }
         *shared.address.lock().unwrap_or_else(|e| e.into_inner()) = Some(svc.address().to_string());
         {
             let mut st = shared.lock();
@@ -369,6 +389,20 @@ fn summarize(recent: &VecDeque<(Instant, u64, u64)>) -> (f64, u64, u64, u64) {
     (rate, bytes, pick(0.5), pick(0.99))
 }
 
+/// The output gate of the service on link `link_index`, holding output and input: a sandbox
+/// started behind it sends nothing unheld and receives nothing until [`Gate::hold_input`] is
+/// lifted. Two queues per gate (output, input), numbered from the link index: unique on a
+/// machine. Creating it runs `nft` and `iptables` (tens of milliseconds): backups do it in
+/// advance, off the failover path.
+pub fn open_gate(link_index: u32) -> anyhow::Result<Arc<Gate>> {
+    let gate = Gate::new(GateConfig::new(
+        format!("td{link_index}h"),
+        (2 * link_index) as u16,
+    ))?;
+    gate.hold_input(true)?;
+    Ok(Arc::new(gate))
+}
+
 /// The epoch settings of a manifest's `[tardi.epoch]`.
 fn epoch_config(m: &tardi_manifest::Manifest, svc: &Service) -> EpochConfig {
     let e = &m.tardi.epoch;
@@ -385,19 +419,18 @@ fn epoch_config(m: &tardi_manifest::Manifest, svc: &Service) -> EpochConfig {
 
 /// Runs the epoch loop until the service ends or the primary is stopped.
 fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow::Result<()> {
-    // The pause hook marks the epoch boundary in the gate (one atomic store), and wakes the
-    // relay below so that it waits for the next epoch's first packet.
-    let marked = Arc::new((Mutex::new(0u64), Condvar::new()));
+    // The pause hook marks the epoch boundary in the gate (one atomic store).
     let hooks = {
         let gate = sh.gate.clone();
-        let marked = marked.clone();
-        EpochHooks::on_pause(move |e| {
-            gate.mark(e);
-            *marked.0.lock().unwrap_or_else(|p| p.into_inner()) = e;
-            marked.1.notify_one();
-        })
+        EpochHooks::on_pause(move |e| gate.mark(e))
     };
     let (mut epochs, first, stats) = Epochs::start_with(svc.pid(), cfg, hooks)?;
+    // Adaptive epochs: the gate's reader ends the epoch (after its minimum length) as soon as
+    // its first output packet is queued, without waking another thread first.
+    let trigger = epochs.trigger();
+    if !sh.gate.on_output(Box::new(move || trigger.set())) {
+        tracing::warn!(service = %sh.name, "the gate already has an output callback; epochs are not adaptive");
+    }
     publish(
         sh,
         first.epoch,
@@ -412,30 +445,6 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
         .epoch_log
         .as_deref()
         .map(|p| crate::epoch_log::EpochLog::open(p, &sh.name, &sh.machine, sh.run));
-    // Adaptive epochs: the first packet of an epoch ends it early (after the minimum interval).
-    let relay = {
-        let (sh, trigger, marked) = (sh.clone(), epochs.trigger(), marked.clone());
-        std::thread::Builder::new()
-            .name(format!("output-{}", sh.name))
-            .spawn(move || {
-                while !sh.stop.load(Ordering::SeqCst) {
-                    if !sh.gate.wait_output(Duration::from_millis(100)) {
-                        continue;
-                    }
-                    trigger.set();
-                    // Until the pause marks this epoch, the same packets keep it waiting.
-                    let mut m = marked.0.lock().unwrap_or_else(|p| p.into_inner());
-                    let at = *m;
-                    while *m == at && !sh.stop.load(Ordering::SeqCst) {
-                        m = marked
-                            .1
-                            .wait_timeout(m, Duration::from_millis(100))
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0;
-                    }
-                }
-            })?
-    };
     let result = loop {
         if sh.stop.load(Ordering::SeqCst) {
             break Ok(());
@@ -477,8 +486,6 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
         }
     };
     sh.stop.store(true, Ordering::SeqCst);
-    marked.1.notify_all();
-    let _ = relay.join();
     epochs.stop();
     let _ = svc.teardown();
     result
@@ -531,7 +538,7 @@ async fn sender(sh: Arc<Shared>, b: String) {
             Err(e) => {
                 tracing::warn!(service = %sh.name, backup = %b, %e, "checkpoint stream ended; the backup rejoins with a full checkpoint");
                 let mut st = sh.lock();
-                st.decision.forget(&b);
+                st.decision.detach(&b);
                 st.cursors.insert(b.clone(), u64::MAX);
                 sh.advance(&mut st);
             }
@@ -541,7 +548,9 @@ async fn sender(sh: Arc<Shared>, b: String) {
     }
     let mut st = sh.lock();
     st.cursors.remove(&b);
-    st.decision.forget(&b);
+    if !st.view.backups.contains(&b) {
+        st.decision.forget(&b);
+    }
     sh.advance(&mut st);
 }
 
@@ -584,7 +593,7 @@ async fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
                 }
                 let view = st.view.number;
                 if next.is_some() && !st.decision.full_at.contains_key(b) {
-                    // The chain restarted (a broken chain, or this backup was dropped).
+                    // The chain restarted (this backup was detached or dropped).
                     anyhow::bail!("the chain to {b} restarts with a full checkpoint");
                 }
                 match next {
@@ -649,4 +658,69 @@ async fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
         acks_task.abort();
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Decision;
+
+    fn acked(d: &mut Decision, b: &str, e: u64) {
+        d.acked.insert(b.into(), e);
+        d.promote_joined();
+        if let Some(x) = d.decidable() {
+            d.decided = Some(x);
+        }
+    }
+
+    #[test]
+    fn decisions_wait_for_required_backups_even_when_their_streams_break() {
+        let mut d = Decision {
+            required: ["m2".to_string()].into(),
+            produced: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(
+            d.decidable(),
+            None,
+            "a survivor's acknowledgement is awaited"
+        );
+        d.full_at.insert("m2".into(), 0);
+        acked(&mut d, "m2", 3);
+        assert_eq!(d.decided, Some(3));
+        // The stream to m2 breaks (say m2 refuses: it is in a newer view): nothing more is
+        // decided until m2 rejoins or a new view drops it.
+        d.detach("m2");
+        d.produced = Some(9);
+        assert_eq!(d.decidable(), None);
+        d.forget("m2");
+        assert_eq!(
+            d.decidable(),
+            Some(9),
+            "a view without backups decides alone"
+        );
+    }
+
+    #[test]
+    fn a_joining_backup_is_awaited_once_it_caught_up() {
+        let mut d = Decision {
+            produced: Some(10),
+            decided: Some(10),
+            ..Default::default()
+        };
+        d.full_at.insert("m3".into(), 12);
+        d.produced = Some(12);
+        acked(&mut d, "m3", 11);
+        assert!(
+            d.required.is_empty(),
+            "not before it acknowledged its full checkpoint"
+        );
+        acked(&mut d, "m3", 12);
+        assert!(d.required.contains("m3"));
+        d.produced = Some(14);
+        assert_eq!(
+            d.decidable(),
+            Some(12),
+            "from then on its acknowledgements count"
+        );
+    }
 }

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -128,6 +128,9 @@ struct Shared {
     /// Serializes verdicts, so that they reach the kernel in the order the lists were cut.
     sender: Mutex<()>,
     waiters: AtomicUsize,
+    /// Called by the reader on the first output packet of each epoch (see
+    /// [`Gate::on_output`]).
+    on_output: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     wait_lock: Mutex<()>,
     wait_cv: Condvar,
     released_packets: AtomicU64,
@@ -135,6 +138,9 @@ struct Shared {
     input_released: AtomicU64,
     discarded: AtomicU64,
     overflows: AtomicU64,
+    /// Input is no longer held, but the input rule may still queue packets (its removal takes
+    /// tens of milliseconds): the reader accepts them as they come instead of holding them.
+    input_open: AtomicBool,
     verdict_errors: AtomicU64,
     /// Why the reader stopped, if it did.
     reader_error: Mutex<Option<String>>,
@@ -244,6 +250,7 @@ impl Gate {
             held: Mutex::new(Held::default()),
             sender: Mutex::new(()),
             waiters: AtomicUsize::new(0),
+            on_output: std::sync::OnceLock::new(),
             wait_lock: Mutex::new(()),
             wait_cv: Condvar::new(),
             released_packets: AtomicU64::new(0),
@@ -251,6 +258,7 @@ impl Gate {
             input_released: AtomicU64::new(0),
             discarded: AtomicU64::new(0),
             overflows: AtomicU64::new(0),
+            input_open: AtomicBool::new(false),
             verdict_errors: AtomicU64::new(0),
             reader_error: Mutex::new(None),
             stop,
@@ -382,6 +390,14 @@ impl Gate {
         self.shared.output_waiting()
     }
 
+    /// Has the reader thread call `f` when the first output packet of an epoch is queued (the
+    /// moment [`output_waiting`](Gate::output_waiting) turns true), with no hand-off to another
+    /// thread: `f` must be quick and must not block (setting a flag or a condition variable).
+    /// Once per gate; a second call returns `false` and changes nothing.
+    pub fn on_output(&self, f: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.shared.on_output.set(f).is_ok()
+    }
+
     /// Blocks until [`output_waiting`](Gate::output_waiting) or `timeout`; returns the former.
     pub fn wait_output(&self, timeout: Duration) -> bool {
         let s = &self.shared;
@@ -423,11 +439,14 @@ impl Gate {
         }
         let s = &self.shared;
         if hold {
+            s.input_open.store(false, SeqCst);
             c.rules.set_input_hold(true)?;
         } else {
-            // Most packets go before the rule is removed (so that new ones cannot overtake
-            // them), the ones queued meanwhile right after.
+            // What is held goes first (so that new packets cannot overtake it); from then on
+            // the reader accepts input as it arrives, while the rule is being removed; what it
+            // had read but not yet accepted goes right after.
             let (a, _) = s.flush(s.in_queue, NF_ACCEPT)?;
+            s.input_open.store(true, SeqCst);
             c.rules.set_input_hold(false)?;
             let (b, _) = s.flush(s.in_queue, NF_ACCEPT)?;
             s.input_released.fetch_add(a + b, SeqCst);
@@ -614,12 +633,17 @@ impl Shared {
         let epoch = self.marked.load(SeqCst) + 1;
         let now = Instant::now();
         let mut new_out = false;
+        let open = self.input_open.load(SeqCst);
+        let mut pass_in: Option<u32> = None;
         {
             let mut held = lock(&self.held);
             for ev in events {
                 match *ev {
                     Event::Packet { queue, id, len } if queue == self.out_queue => {
                         new_out |= held.out.push(id, epoch, len, now);
+                    }
+                    Event::Packet { queue, id, .. } if queue == self.in_queue && open => {
+                        pass_in = Some(id);
                     }
                     Event::Packet { queue, id, len } if queue == self.in_queue => {
                         held.input.push(id, epoch, len, now);
@@ -639,8 +663,24 @@ impl Shared {
                 }
             }
         }
+        if let Some(id) = pass_in {
+            // Input is open: everything read up to `id` on the input queue goes through (ids
+            // are per queue and increasing, and nothing older is held: `hold_input(false)`
+            // flushed it before opening).
+            let _sending = lock(&self.sender);
+            if let Err(e) = self.sock.verdict_batch(self.in_queue, NF_ACCEPT, id) {
+                tracing::warn!(error = %e, "accepting input failed");
+            } else {
+                self.input_released.fetch_add(1, SeqCst);
+            }
+        }
         if new_out {
-            self.newest_out.fetch_max(epoch, SeqCst);
+            let before = self.newest_out.fetch_max(epoch, SeqCst);
+            if before < epoch
+                && let Some(f) = self.on_output.get()
+            {
+                f();
+            }
             if self.waiters.load(SeqCst) > 0 {
                 let _g = lock(&self.wait_lock);
                 self.wait_cv.notify_all();

@@ -103,6 +103,39 @@ fn wait_output_wakes_on_the_first_packet_of_an_epoch() {
 }
 
 #[test]
+fn on_output_is_called_once_per_epoch_with_output() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let t = Topo::new("onout");
+    let g = gate(&t, Mode::Hold);
+    let (tx, _rx) = (t.sandbox_udp(), t.client_udp(9000));
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    assert!(g.on_output(Box::new(move || {
+        c.fetch_add(1, Ordering::SeqCst);
+    })));
+    assert!(
+        !g.on_output(Box::new(|| {})),
+        "a second callback is refused"
+    );
+    send_seq(&tx, (CLIENT_ADDR, 9000), 0..5);
+    wait_held(&g, 5);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "once for the epoch's first packet"
+    );
+    g.mark(1);
+    send_seq(&tx, (CLIENT_ADDR, 9000), 5..8);
+    wait_held(&g, 8);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "once more in the next epoch"
+    );
+}
+
+#[test]
 fn drop_mode_drops_and_pass_mode_passes() {
     let t = Topo::new("modes");
     let g = gate(&t, Mode::Drop);

@@ -1142,10 +1142,23 @@ fn failover_trial(c: &mut Cluster, name: &str, fault: &str, trial: usize) -> (Va
     c.lab.kill(&victim).expect("lab kill");
     let kill_call_ms = t_kill.elapsed().as_secs_f64() * 1e3;
     let k = pinger.since_base(t_kill);
-    // Until replies resume (at most 20 s), then until the service is whole again (a new backup
-    // joined: its full checkpoint can stall the primary too), then 500 ms more.
+    // The victim is dark once `kill` returned (its processes take a few ms to die: until then
+    // it still answers).
+    let k_done = pinger.since_base(Instant::now());
+    // Until the orchestrator moved to a new view (at most 20 s), replies resume (at most 20 s),
+    // the service is whole again (a new backup joined: its full checkpoint can stall the
+    // primary too; at most 30 s), then 500 ms more.
+    let view_before = svc["view"].as_u64().unwrap_or(0);
+    let changed = c.wait("a new view", Duration::from_secs(20), |s| {
+        s["services"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["name"] == name && x["view"].as_u64().is_some_and(|v| v > view_before))
+        })
+    });
+    let t_changed = pinger.since_base(Instant::now());
     let t0 = Instant::now();
-    while pinger.last.load(Ordering::Relaxed) <= k + 1000 && t0.elapsed() < Duration::from_secs(20)
+    while pinger.last.load(Ordering::Relaxed) <= t_changed.max(k_done)
+        && t0.elapsed() < Duration::from_secs(20)
     {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -1153,8 +1166,8 @@ fn failover_trial(c: &mut Cluster, name: &str, fault: &str, trial: usize) -> (Va
     let whole_after_kill_ms = t_kill.elapsed().as_secs_f64() * 1e3;
     std::thread::sleep(Duration::from_millis(500));
     let replies = pinger.finish();
-    let before_kill = replies.iter().rev().find(|&&t| t <= k).copied();
-    let after_kill = replies.iter().find(|&&t| t > k).copied();
+    let before_kill = replies.iter().rev().find(|&&t| t <= k_done).copied();
+    let after_kill = replies.iter().find(|&&t| t > k_done).copied();
     // The gap: the longest silence from 1 s before the kill to the end (steady state: a few
     // ms between replies), and where it started relative to the kill.
     let mut longest = 0u64;
@@ -1169,7 +1182,7 @@ fn failover_trial(c: &mut Cluster, name: &str, fault: &str, trial: usize) -> (Va
         }
         prev = Some(t);
     }
-    let recovered = after_kill.is_some();
+    let recovered = changed.is_ok() && replies.last().is_some_and(|&t| t > t_changed.max(k_done));
     // The silence that spans the kill itself.
     let spanning_ms = match (before_kill, after_kill) {
         (Some(b), Some(a)) => (a - b) as f64 / 1e3,
@@ -1216,6 +1229,8 @@ fn failover_trial(c: &mut Cluster, name: &str, fault: &str, trial: usize) -> (Va
     let rec = json!({
         "first_epoch_after_kill_ms": first_epoch_ms,
         "first_epoch": first_epoch,
+        "view_before": view_before, "view_changed": changed.is_ok(),
+        "service_lost": history.iter().any(|h| h["reason"].as_str().is_some_and(|r| r.starts_with("lost"))),
         "trial": trial, "fault": fault, "killed": victim, "primary_before": primary,
         "backup_before": backup, "before": before,
         "gap_ms": gap_ms, "silence_spanning_kill_ms": spanning_ms,
@@ -1326,7 +1341,7 @@ fn bench_failover(env: &Env) -> Value {
         env.o.trials, env.o.failover_rate
     );
     println!(
-        "| fault | trials (recovered) | gap median ms | p90 | max | min | new view proposed after kill, median ms | active after kill, median ms | takeover median ms (primary) | new primary's first epoch after kill, median ms |"
+        "| fault | trials (recovered; service lost) | gap median ms | p90 | max | min | new view proposed after kill, median ms | active after kill, median ms | takeover median ms (primary) | new primary's first epoch after kill, median ms |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut by_fault = serde_json::Map::new();
@@ -1359,14 +1374,15 @@ fn bench_failover(env: &Env) -> Value {
                 .filter_map(|t| t["first_epoch_after_kill_ms"].as_f64())
                 .collect(),
         );
+        let lost = ts.iter().filter(|t| t["service_lost"] == true).count();
         let s = json!({
-            "trials": ts.len(), "recovered": gaps.len(),
+            "trials": ts.len(), "recovered": gaps.len(), "service_lost": lost,
             "gap_ms": summary_ms(&gaps), "view_proposed_ms": summary_ms(&det),
             "view_activated_ms": summary_ms(&act), "takeover_ms": summary_ms(&tk.iter().map(|v| v / 1e3).collect::<Vec<_>>()),
             "first_epoch_after_kill_ms": summary_ms(&fe),
         });
         println!(
-            "| {fault} | {} ({}) | **{:.1}** | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {:.0} |",
+            "| {fault} | {} ({}; {lost} lost) | **{:.1}** | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {:.0} |",
             ts.len(),
             gaps.len(),
             pct(&gaps, 0.5),

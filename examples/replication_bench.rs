@@ -153,7 +153,7 @@ impl Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: replication_bench ping|dirty|backups|failover|redis|all [--pings N] [--dirty-pings N] \
+        "usage: replication_bench plot RESULT.json... | replication_bench ping|dirty|backups|failover|redis|all [--pings N] [--dirty-pings N] \
          [--rates MB/s,...] [--backup-rates MB/s,...] [--trials N] [--failover-rate MB/s] [--failover-mb MiB] [--fresh-lab] [--wait-quiet S] \
          [--redis-n N] [--redis-np N] [--lock-wait S] [--link 1gbit] [--tardi PATH] [--dirtier PATH] \
          [--out DIR] [--img DIR] [--stamp STAMP]"
@@ -1345,7 +1345,6 @@ fn bench_failover(env: &Env) -> Value {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut by_fault = serde_json::Map::new();
-    let mut plot_series = Vec::new();
     for fault in ["primary", "backup"] {
         let ts: Vec<&Value> = trials.iter().filter(|t| t["fault"] == fault).collect();
         let gaps = sorted(
@@ -1398,7 +1397,6 @@ fn bench_failover(env: &Env) -> Value {
             },
             pct(&fe, 0.5)
         );
-        plot_series.push((format!("{fault} failure ({} trials)", gaps.len()), gaps));
         by_fault.insert(fault.into(), s);
     }
     let restarts: Vec<f64> = reuse
@@ -1418,20 +1416,80 @@ fn bench_failover(env: &Env) -> Value {
         pct(&sorted(fresh.clone()), 0.5),
         fresh.len()
     );
-    let img = env.o.img.join("replication-failover-cdf.png");
-    plot::cdfs(
-        &img,
-        "Failover: longest silence seen by the client",
-        "gap (ms)",
-        &plot_series,
-    )
-    .expect("plot");
-    eprintln!("[bench] drew {}", img.display());
     let mut v = env.header("failover");
+    v["service"] = json!({"dirtier_mib": env.o.failover_mb, "rate_mbps": env.o.failover_rate, "backups": 1, "machines": 3});
     v["summary"] = Value::Object(by_fault);
     v["trials"] = json!(trials);
     v["lab_reuse"] = json!(reuse);
+    draw_failover(&env.o.img, &v);
     v
+}
+
+/// The failover CDF from a result file's `trials`.
+fn draw_failover(img: &Path, v: &Value) {
+    let mib = v["service"]["dirtier_mib"].as_u64().unwrap_or(100);
+    let rate = v["service"]["rate_mbps"].as_f64().unwrap_or(10.0);
+    let series: Vec<(String, Vec<f64>)> = ["primary", "backup"]
+        .iter()
+        .map(|fault| {
+            let gaps: Vec<f64> = v["trials"]
+                .as_array()
+                .map(|t| {
+                    t.iter()
+                        .filter(|t| t["fault"] == *fault)
+                        .map(|t| f(t, "gap_ms"))
+                        .filter(|g| g.is_finite())
+                        .collect()
+                })
+                .unwrap_or_default();
+            (format!("{fault} failure ({} trials)", gaps.len()), gaps)
+        })
+        .collect();
+    let name = if mib == 100 {
+        "replication-failover-cdf.png".to_string()
+    } else {
+        format!("replication-failover-{mib}mib-cdf.png")
+    };
+    let path = img.join(name);
+    plot::cdfs(
+        &path,
+        &format!(
+            "Failover: longest silence seen by a pinging client (dirtier, {mib} MiB, {rate} MB/s)"
+        ),
+        "gap (ms)",
+        &series,
+    )
+    .expect("plot");
+    eprintln!("[bench] drew {}", path.display());
+}
+
+/// `plot FILE...`: draws the plots again from result files (e.g. after a change of style).
+fn replot(img: &Path, files: &[String]) {
+    for file in files {
+        let text = std::fs::read_to_string(file).expect("reading a result file");
+        let v: Value = serde_json::from_str(&text).expect("a result file");
+        match v["what"].as_str() {
+            Some("failover") => draw_failover(img, &v),
+            Some("ping") => {
+                let g = |k: &str| -> Vec<f64> {
+                    v["raw"][k]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+                        .unwrap_or_default()
+                };
+                let path = img.join("replication-ping-cdf.png");
+                plot::ping_cdf(
+                    &path,
+                    &g("unreplicated_ms"),
+                    &g("replicated_ms"),
+                    &g("epoch_interval_ms"),
+                )
+                .expect("plot");
+                eprintln!("[bench] drew {}", path.display());
+            }
+            other => eprintln!("[bench] {file}: no replot for {other:?}"),
+        }
+    }
 }
 
 // --- redis ------------------------------------------------------------------------------------
@@ -1609,6 +1667,11 @@ fn wait_tcp(c: &Cluster, a: &str, port: u16) {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("plot") {
+        let files: Vec<String> = std::env::args().skip(2).collect();
+        replot(&root().join("docs/img"), &files);
+        return;
+    }
     let (cmd, o) = Opts::parse();
     WAIT_QUIET_S.store(o.wait_quiet, Ordering::Relaxed);
     let env = Env::new(o);
@@ -1701,6 +1764,19 @@ mod plot {
         .clone()
     }
 
+    /// An axis label without needless decimals.
+    fn short(v: f64) -> String {
+        let a = v.abs();
+        if a == 0.0 || a >= 100.0 {
+            format!("{v:.0}")
+        } else if a >= 10.0 {
+            format!("{v:.1}").trim_end_matches(".0").to_string()
+        } else {
+            let s = format!("{v:.2}");
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        }
+    }
+
     fn steps(sorted_v: &[f64], x0: f64) -> Vec<(f64, f64)> {
         let n = sorted_v.len() as f64;
         let mut s = Vec::with_capacity(sorted_v.len() * 2 + 1);
@@ -1749,6 +1825,8 @@ mod plot {
             .configure_mesh()
             .x_desc(x_desc)
             .y_desc("CDF %")
+            .x_label_formatter(&|v| short(*v))
+            .y_label_formatter(&|v| format!("{v:.0}"))
             .axis_desc_style(("sans-serif", 18))
             .label_style(("sans-serif", 14))
             .light_line_style(RGBColor(235, 235, 235))
@@ -1764,8 +1842,9 @@ mod plot {
                 .draw_series(LineSeries::new(pts, color.stroke_width(2)))
                 .map_err(err)?
                 .label(format!(
-                    "{label}: mean {:.2}, p99.9 {:.2}",
+                    "{label}: mean {:.2}, median {:.2}, p99.9 {:.2}",
                     mean(v),
+                    pct(v, 0.5),
                     pct(v, 0.999)
                 ))
                 .legend(move |(x, y)| {
@@ -1911,6 +1990,8 @@ mod plot {
             .configure_mesh()
             .x_desc(x_desc)
             .y_desc(y_desc)
+            .x_label_formatter(&|v| short(*v))
+            .y_label_formatter(&|v| short(*v))
             .axis_desc_style(("sans-serif", 20))
             .label_style(("sans-serif", 16))
             .light_line_style(RGBColor(235, 235, 235))

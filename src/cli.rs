@@ -234,6 +234,11 @@ pub struct InstanceArgs {
     /// timeout).
     #[arg(long, default_value_t = 20)]
     pub heartbeat_ms: u64,
+    /// Append one JSON line per epoch of every primary on this machine to FILE (service,
+    /// machine, epoch, interval_us, pause_us, encoded_bytes, raw_bytes, dirty_pages, ended_by,
+    /// unix_us): the epoch-interval distribution for benchmarks. Buffered, flushed every 100 ms.
+    #[arg(long, value_name = "FILE")]
+    pub epoch_log: Option<PathBuf>,
 }
 
 /// Measure how much a service would cost to replicate: run it in a sandbox and take an

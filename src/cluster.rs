@@ -45,6 +45,7 @@ pub fn instance(a: InstanceArgs) -> anyhow::Result<()> {
         queue_len: a.queue_len,
         link_bandwidth: a.link_bandwidth,
         heartbeat: Duration::from_millis(a.heartbeat_ms),
+        epoch_log: a.epoch_log,
     })
 }
 

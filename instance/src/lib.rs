@@ -13,6 +13,7 @@
 //! it has left).
 
 pub mod backup;
+pub mod epoch_log;
 pub mod primary;
 pub mod throttle;
 
@@ -50,6 +51,8 @@ pub struct Options {
     /// Bits per second for the checkpoint stream (all backups together); `None`: unlimited.
     pub link_bandwidth: Option<u64>,
     pub heartbeat: Duration,
+    /// Append one JSON line per epoch of every primary here ([`epoch_log`]); `None`: no log.
+    pub epoch_log: Option<PathBuf>,
 }
 
 /// One service as assigned to this machine.

@@ -458,6 +458,12 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
         stats.pause_us,
     );
     sh.lock().phase = "running".into();
+    let mut log = sh
+        .ctx
+        .opts
+        .epoch_log
+        .as_deref()
+        .map(|p| crate::epoch_log::EpochLog::open(p, &sh.name, &sh.machine, sh.run));
     let result = loop {
         if sh.stop.load(Ordering::SeqCst) {
             break Ok(());
@@ -479,6 +485,10 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
                     });
                 }
                 publish(sh, inc.epoch, inc.to_bytes().into(), false, pause);
+                // After the publish: off the path from the pause to the send.
+                if let Some(log) = log.as_mut() {
+                    log.record(&out.stats);
+                }
             }
             Err(e) => match e.chain() {
                 ChainState::Intact => {

@@ -1,0 +1,2024 @@
+//! Replication benchmarks on the lab (Tardigrade NSDI'15 §5.2–5.6, Figs. 3–6): each replicated
+//! case against the same service unreplicated (`tardi run` in machine m1), in the same run.
+//!
+//! Subcommands (each writes `bench/out/replication-<what>-<stamp>.json` with every raw figure,
+//! prints markdown tables, and draws `docs/img/replication-*.png` where the paper has a figure):
+//!
+//! - `ping`      UDP ping latency CDF (sequential pings from the client node) with the primary's
+//!   epoch-interval CDF beside it (Fig. 3); the dirtier with `--rate-mbps 0`.
+//! - `dirty`     ping latency p50/p99/p99.9 and checkpoint size against the dirtying rate,
+//!   0–50% of a 1 Gb/s link throttled with `--link-bandwidth 1gbit` (Figs. 4–5).
+//! - `backups`   ping latency with one against two backups, at 0/10/20% dirtying (Fig. 6).
+//! - `failover`  the longest silence a continuously pinging client sees when the primary's (or a
+//!   backup's) machine loses power (`Lab::kill`) at a random moment; with the new primary's
+//!   `takeover_us` and the orchestrator's view history (§5.6).
+//! - `redis`     redis-benchmark, 50 clients, SET/GET, unpipelined and `-P 16`.
+//! - `all`       all of the above, in this order: failover, redis, ping, dirty, backups.
+//!
+//! Every loop is bounded by a count and a time limit. Traffic goes only to the lab's addresses
+//! (10.77.0.0/24 and the services' 10.213.0.0/16 inside the lab's namespaces). The lab is held
+//! only while a case measures (one lab per case, except the failover trials, which reuse one);
+//! if another user's lab is up, it waits (up to `--lock-wait` seconds). Before each case the
+//! CPUs' busy share over 1 s and the load average are recorded; nothing about timings is
+//! asserted.
+//!
+//! Run through `bench/replication.sh` (builds everything first), or:
+//! `cargo run --release --example replication_bench -- SUBCOMMAND [--option value]...`
+//! (options: see `Opts`).
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tardi_lab::{Daemons, Lab, LabError, LabOptions};
+
+// ---------------------------------------------------------------------------------------------
+// Options and environment
+// ---------------------------------------------------------------------------------------------
+
+/// Command-line options (`--name value`).
+#[derive(Debug, Clone)]
+struct Opts {
+    /// The `tardi` binary (default: `release/tardi` beside this example's directory).
+    tardi: PathBuf,
+    /// The dirtier binary (default: `target/tardi-test-programs/dirtier` in the workspace).
+    dirtier: PathBuf,
+    /// Raw results (default `bench/out`).
+    out: PathBuf,
+    /// Plots (default `docs/img`).
+    img: PathBuf,
+    /// `ping`: pings per case.
+    pings: usize,
+    /// `dirty`, `backups`: pings per case.
+    dirty_pings: usize,
+    /// `dirty`: dirtying rates, MB/s.
+    rates: Vec<f64>,
+    /// `backups`: dirtying rates, MB/s.
+    backup_rates: Vec<f64>,
+    /// `failover`: trials per fault.
+    trials: usize,
+    /// `failover`: the dirtier's rate, MB/s.
+    failover_rate: f64,
+    /// `failover`: the dirtier's region, MiB.
+    failover_mb: u32,
+    /// `failover`: fresh lab per trial instead of restarting the killed machine.
+    fresh_lab: bool,
+    /// Before each case, wait up to this many seconds for the CPUs to be at most 20% busy.
+    wait_quiet: u64,
+    /// `redis`: requests per test, unpipelined and pipelined.
+    redis_n: u64,
+    redis_np: u64,
+    /// Seconds to wait for another user's lab to go.
+    lock_wait: u64,
+    /// Link bandwidth for `dirty` and `backups`.
+    link: String,
+    /// The results' time stamp (default: now, UTC).
+    stamp: Option<String>,
+    /// The command line, for the record.
+    command: String,
+}
+
+impl Opts {
+    fn parse() -> (String, Opts) {
+        let root = root();
+        let exe = std::env::current_exe().expect("current exe");
+        // target/release/examples/replication_bench -> target/release/tardi
+        let tardi = exe
+            .parent()
+            .and_then(|p| p.parent())
+            .map(|p| p.join("tardi"))
+            .expect("target directory");
+        let mut o = Opts {
+            tardi,
+            dirtier: root.join("target/tardi-test-programs/dirtier"),
+            out: root.join("bench/out"),
+            img: root.join("docs/img"),
+            pings: 10_000,
+            dirty_pings: 3_000,
+            rates: vec![0.0, 12.5, 25.0, 37.5, 50.0, 62.5],
+            backup_rates: vec![0.0, 12.5, 25.0],
+            trials: 20,
+            failover_rate: 10.0,
+            failover_mb: 100,
+            fresh_lab: false,
+            wait_quiet: 0,
+            redis_n: 100_000,
+            redis_np: 1_000_000,
+            lock_wait: 1800,
+            link: "1gbit".into(),
+            stamp: None,
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+        };
+        let mut args = std::env::args().skip(1);
+        let cmd = args.next().unwrap_or_else(|| usage());
+        while let Some(k) = args.next() {
+            if k == "--fresh-lab" {
+                o.fresh_lab = true;
+                continue;
+            }
+            let v = args.next().unwrap_or_else(|| usage());
+            let num = |v: &str| v.parse::<f64>().unwrap_or_else(|_| usage());
+            let list = |v: &str| v.split(',').map(num).collect::<Vec<f64>>();
+            match k.as_str() {
+                "--tardi" => o.tardi = v.into(),
+                "--dirtier" => o.dirtier = v.into(),
+                "--out" => o.out = v.into(),
+                "--img" => o.img = v.into(),
+                "--pings" => o.pings = num(&v) as usize,
+                "--dirty-pings" => o.dirty_pings = num(&v) as usize,
+                "--rates" => o.rates = list(&v),
+                "--backup-rates" => o.backup_rates = list(&v),
+                "--trials" => o.trials = num(&v) as usize,
+                "--failover-rate" => o.failover_rate = num(&v),
+                "--failover-mb" => o.failover_mb = num(&v) as u32,
+                "--wait-quiet" => o.wait_quiet = num(&v) as u64,
+                "--redis-n" => o.redis_n = num(&v) as u64,
+                "--redis-np" => o.redis_np = num(&v) as u64,
+                "--lock-wait" => o.lock_wait = num(&v) as u64,
+                "--link" => o.link = v,
+                "--stamp" => o.stamp = Some(v),
+                _ => usage(),
+            }
+        }
+        (cmd, o)
+    }
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: replication_bench plot RESULT.json... | replication_bench ping|dirty|backups|failover|redis|all [--pings N] [--dirty-pings N] \
+         [--rates MB/s,...] [--backup-rates MB/s,...] [--trials N] [--failover-rate MB/s] [--failover-mb MiB] [--fresh-lab] [--wait-quiet S] \
+         [--redis-n N] [--redis-np N] [--lock-wait S] [--link 1gbit] [--tardi PATH] [--dirtier PATH] \
+         [--out DIR] [--img DIR] [--stamp STAMP]"
+    );
+    std::process::exit(2)
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// What every case needs.
+struct Env {
+    o: Opts,
+    stamp: String,
+    /// Scratch: manifests, epoch logs.
+    tmp: PathBuf,
+    commit: String,
+}
+
+impl Env {
+    fn new(o: Opts) -> Env {
+        assert!(
+            o.tardi.is_file(),
+            "no tardi binary at {}",
+            o.tardi.display()
+        );
+        assert!(
+            o.dirtier.is_file(),
+            "no dirtier at {} (gcc -O2 -pthread -o {} tests/programs/dirtier.c)",
+            o.dirtier.display(),
+            o.dirtier.display()
+        );
+        std::fs::create_dir_all(&o.out).expect("creating the output directory");
+        std::fs::create_dir_all(&o.img).expect("creating the image directory");
+        let stamp = o
+            .stamp
+            .clone()
+            .unwrap_or_else(|| sh("date -u +%Y%m%d-%H%M%S"));
+        let tmp = std::env::temp_dir().join(format!("tardi-replbench-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).expect("creating the scratch directory");
+        let commit = commit();
+        Env {
+            o,
+            stamp,
+            tmp,
+            commit,
+        }
+    }
+
+    /// A copy of `gramine-manifests/dirtier.manifest` with an absolute entrypoint, `rate` MB/s
+    /// and service name `name`.
+    fn dirtier_manifest(&self, rate: f64, name: &str) -> PathBuf {
+        self.dirtier_manifest_mb(rate, 100, name)
+    }
+
+    /// As [`Env::dirtier_manifest`], with a region of `mb` MiB.
+    fn dirtier_manifest_mb(&self, rate: f64, mb: u32, name: &str) -> PathBuf {
+        let src = root().join("gramine-manifests/dirtier.manifest");
+        let text = std::fs::read_to_string(&src).expect("reading dirtier.manifest");
+        let mut out = String::new();
+        let (mut entry, mut argv, mut named) = (false, false, false);
+        for line in text.lines() {
+            if line.starts_with("libos.entrypoint") {
+                out.push_str(&format!(
+                    "libos.entrypoint = \"{}\"\n",
+                    self.o.dirtier.display()
+                ));
+                entry = true;
+            } else if line.starts_with("loader.argv") {
+                out.push_str(&format!(
+                    "loader.argv = [\"dirtier\", \"--port\", \"7100\", \"--mb\", \"{mb}\", \"--rate-mbps\", \"{rate}\"]\n"
+                ));
+                argv = true;
+            } else if line.starts_with("name = ") {
+                out.push_str(&format!("name = \"{name}\"\n"));
+                named = true;
+            } else {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        assert!(
+            entry && argv && named,
+            "dirtier.manifest changed shape: update dirtier_manifest()"
+        );
+        let p = self.tmp.join(format!("{name}.manifest"));
+        std::fs::write(&p, out).expect("writing a manifest");
+        p
+    }
+
+    fn redis_manifest(&self) -> PathBuf {
+        root().join("gramine-manifests/redis.manifest")
+    }
+
+    /// Writes the raw results of `what`.
+    fn save(&self, what: &str, v: &Value) -> PathBuf {
+        let p = self
+            .o
+            .out
+            .join(format!("replication-{what}-{}.json", self.stamp));
+        std::fs::write(&p, serde_json::to_vec_pretty(v).expect("json")).expect("writing results");
+        eprintln!("[bench] wrote {}", p.display());
+        p
+    }
+
+    /// The header every result file carries.
+    fn header(&self, what: &str) -> Value {
+        json!({
+            "what": what,
+            "stamp": self.stamp,
+            "commit": self.commit,
+            "command": self.o.command,
+            "date_utc": sh("date -u '+%Y-%m-%d %H:%M'"),
+            "nproc": sh("nproc"),
+            "kernel": sh("uname -r"),
+            "loadavg_start": loadavg(),
+        })
+    }
+}
+
+fn sh(cmd: &str) -> String {
+    std::process::Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The commit, plus a note when the tree has uncommitted changes outside `bench/`, `docs/` and
+/// this file (read-only git queries).
+fn commit() -> String {
+    let r = root();
+    let r = r.display();
+    let head = sh(&format!("git -C {r} rev-parse --short HEAD 2>/dev/null"));
+    let dirty = sh(&format!(
+        "git -C {r} --no-optional-locks status --porcelain -- . ':!bench' ':!docs' ':!examples/replication_bench.rs' 2>/dev/null | wc -l"
+    ));
+    if dirty != "0" && !dirty.is_empty() {
+        format!("{head} + {dirty} uncommitted file(s)")
+    } else {
+        head
+    }
+}
+
+fn now_unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// (busy, total) jiffies of all CPUs.
+fn cpu_ticks() -> (u64, u64) {
+    let s = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> = s
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    if v.len() < 5 {
+        return (0, 0);
+    }
+    let total: u64 = v.iter().sum();
+    let idle = v[3] + v[4];
+    (total - idle, total)
+}
+
+fn busy_pct(a: (u64, u64), b: (u64, u64)) -> f64 {
+    let t = b.1.saturating_sub(a.1);
+    if t == 0 {
+        return 0.0;
+    }
+    100.0 * b.0.saturating_sub(a.0) as f64 / t as f64
+}
+
+/// `--wait-quiet`, for [`conditions`].
+static WAIT_QUIET_S: AtomicU64 = AtomicU64::new(0);
+
+/// The machine before a case: CPU busy % over 1 s (nothing of the case running yet) and the
+/// load average. With `--wait-quiet S`, first waits up to S s for the CPUs to be at most 20%
+/// busy (and records how long it waited).
+fn conditions() -> Value {
+    let limit = Duration::from_secs(WAIT_QUIET_S.load(Ordering::Relaxed));
+    let t0 = Instant::now();
+    loop {
+        let a = cpu_ticks();
+        std::thread::sleep(Duration::from_secs(1));
+        let b = cpu_ticks();
+        let busy = busy_pct(a, b);
+        if busy <= 20.0 || t0.elapsed() >= limit {
+            return json!({
+                "cpu_busy_before_pct": (busy * 10.0).round() / 10.0,
+                "loadavg": loadavg(),
+                "waited_for_quiet_s": t0.elapsed().as_secs_f64().round() - 1.0,
+            });
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics
+// ---------------------------------------------------------------------------------------------
+
+/// Nearest-rank percentile of sorted values.
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// mean/p50/p90/p99/p99.9/max of values in ms.
+fn summary_ms(ms: &[f64]) -> Value {
+    let s = sorted(ms.to_vec());
+    let r = |x: f64| (x * 1000.0).round() / 1000.0;
+    json!({
+        "n": s.len(),
+        "mean": r(mean(&s)),
+        "p50": r(pct(&s, 0.5)),
+        "p90": r(pct(&s, 0.9)),
+        "p99": r(pct(&s, 0.99)),
+        "p99_9": r(pct(&s, 0.999)),
+        "max": r(s.last().copied().unwrap_or(f64::NAN)),
+    })
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or(f64::NAN)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The lab
+// ---------------------------------------------------------------------------------------------
+
+/// A lab with the real daemons, every machine registered.
+struct Cluster {
+    lab: Lab,
+    tardi: PathBuf,
+    epoch_log: PathBuf,
+}
+
+impl Cluster {
+    /// `machines` machines, the instances with `--epoch-log` (a fresh file) and `extra`.
+    fn up(env: &Env, machines: usize, extra: &[&str], case: &str) -> Cluster {
+        let epoch_log = env.tmp.join(format!("epochs-{case}.jsonl"));
+        let _ = std::fs::remove_file(&epoch_log);
+        let mut instance = vec!["--epoch-log".to_string(), epoch_log.display().to_string()];
+        instance.extend(extra.iter().map(|s| s.to_string()));
+        let daemons = Daemons::TardiWith {
+            exe: env.o.tardi.clone(),
+            orchestrator: vec![],
+            instance,
+        };
+        let t0 = Instant::now();
+        let limit = Duration::from_secs(env.o.lock_wait);
+        let mut said = false;
+        let lab = loop {
+            let mut opts = LabOptions::new(machines).daemons(daemons.clone());
+            opts.lock_wait = limit
+                .saturating_sub(t0.elapsed())
+                .max(Duration::from_secs(1));
+            match Lab::up(opts) {
+                Ok(l) => break l,
+                Err(LabError::AlreadyUp) if t0.elapsed() < limit => {
+                    if !said {
+                        eprintln!(
+                            "[bench] another lab is up (someone else's); waiting up to {} s for it to go",
+                            env.o.lock_wait
+                        );
+                        said = true;
+                    }
+                    std::thread::sleep(Duration::from_secs(5));
+                }
+                Err(e) => panic!("lab up: {e}"),
+            }
+        };
+        eprintln!(
+            "[bench] {case}: lab up ({machines} machines) in {:.1} s (waited for the lab included)",
+            t0.elapsed().as_secs_f64()
+        );
+        let c = Cluster {
+            lab,
+            tardi: env.o.tardi.clone(),
+            epoch_log,
+        };
+        c.wait("every machine to register", Duration::from_secs(30), |s| {
+            s["machines"]
+                .as_array()
+                .is_some_and(|m| m.iter().filter(|m| m["alive"] == true).count() == machines)
+        })
+        .expect("machines registered");
+        c
+    }
+
+    fn tardi(&self, args: &[&str]) -> Output {
+        let mut argv = vec![self.tardi.display().to_string()];
+        argv.extend(args.iter().map(|s| s.to_string()));
+        self.lab
+            .exec("client", &argv)
+            .expect("running tardi in the client node")
+    }
+
+    fn status(&self) -> Value {
+        let out = self.tardi(&["status", "--json"]);
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    fn service(&self, name: &str) -> Value {
+        self.status()["services"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["name"] == name).cloned())
+            .unwrap_or(Value::Null)
+    }
+
+    fn deploy(&self, manifest: &Path, backups: u32) {
+        let out = self.tardi(&[
+            "deploy",
+            &manifest.display().to_string(),
+            "--backups",
+            &backups.to_string(),
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "deploy failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn wait(
+        &self,
+        what: &str,
+        timeout: Duration,
+        ok: impl Fn(&Value) -> bool,
+    ) -> Result<Value, String> {
+        let t0 = Instant::now();
+        loop {
+            let s = self.status();
+            if ok(&s) {
+                return Ok(s);
+            }
+            if t0.elapsed() > timeout {
+                return Err(format!(
+                    "timed out after {timeout:?} waiting for {what}; last status: {s}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until `name` has an active view with `backups` backups, its primary running and
+    /// every backup required (decided advancing); returns the service's status.
+    fn wait_ready(&self, name: &str, backups: usize, timeout: Duration) -> Result<Value, String> {
+        let s = self.wait(
+            &format!("{name} active with {backups} backup(s)"),
+            timeout,
+            |st| {
+                st["services"].as_array().is_some_and(|a| {
+                    a.iter().any(|x| {
+                        x["name"] == name
+                            && x["active"] == true
+                            && x["backups"].as_array().is_some_and(|b| b.len() == backups)
+                            && x["primary_report"]["state"] == "running"
+                    })
+                })
+            },
+        )?;
+        Ok(s["services"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["name"] == name).cloned())
+            .unwrap_or(Value::Null))
+    }
+
+    /// The epoch log's lines of `service` written in [from_us, to_us] (unix µs).
+    fn epochs(&self, service: &str, from_us: u64, to_us: u64) -> Vec<Value> {
+        // The primary flushes at most every 100 ms.
+        std::thread::sleep(Duration::from_millis(250));
+        let text = std::fs::read_to_string(&self.epoch_log).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| {
+                v["service"] == service
+                    && v["unix_us"]
+                        .as_u64()
+                        .is_some_and(|t| t >= from_us && t <= to_us)
+            })
+            .collect()
+    }
+
+    /// Copies the daemons' logs (`/run/tardi-lab/logs`) to `dir`/`tag`-NODE.log.
+    fn save_logs(&self, dir: &Path, tag: &str) {
+        let _ = std::fs::create_dir_all(dir);
+        if let Ok(rd) = std::fs::read_dir("/run/tardi-lab/logs") {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                let _ = std::fs::copy(e.path(), dir.join(format!("{tag}-{name}")));
+            }
+        }
+    }
+
+    /// A UDP socket of the client node.
+    fn client_udp(&self) -> UdpSocket {
+        self.lab
+            .in_node("client", || UdpSocket::bind("0.0.0.0:0"))
+            .expect("entering the client node")
+            .expect("binding a UDP socket in the client node")
+    }
+
+    /// Starts `tardi run MANIFEST --json` in machine m1 (unreplicated baseline).
+    fn run_unreplicated(&self, manifest: &Path) -> Unreplicated {
+        let mut cmd = self.lab.command("m1", &self.tardi).expect("command in m1");
+        cmd.args(["run", &manifest.display().to_string(), "--json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().expect("starting tardi run in m1");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = r.read_line(&mut line);
+            let _ = tx.send(line);
+            // Keep draining so the service never blocks on its stdout.
+            let mut sink = Vec::new();
+            let _ = r.read_to_end(&mut sink);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("tardi run printed nothing in 30 s");
+        let v: Value = serde_json::from_str(line.trim())
+            .unwrap_or_else(|e| panic!("tardi run's first line {line:?}: {e}"));
+        let address = v["address"]
+            .as_str()
+            .expect("address in tardi run's started event")
+            .to_string();
+        Unreplicated { child, address }
+    }
+}
+
+/// The unreplicated service (`tardi run` in m1); stopped with SIGTERM when dropped.
+struct Unreplicated {
+    child: Child,
+    address: String,
+}
+
+impl Drop for Unreplicated {
+    fn drop(&mut self) {
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: kill(2) on our own child, which has not been reaped yet.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// UDP ping
+// ---------------------------------------------------------------------------------------------
+
+/// Sequential pings (one outstanding): round trips in ms, and how many got no reply in `timeout`.
+struct Pings {
+    rtt_ms: Vec<f64>,
+    lost: usize,
+    from_us: u64,
+    to_us: u64,
+    cpu_busy_pct: f64,
+}
+
+fn ping_series(sock: &UdpSocket, to: SocketAddr, n: usize, limit: Duration) -> Pings {
+    let timeout = Duration::from_secs(1);
+    sock.set_read_timeout(Some(timeout)).expect("timeout");
+    let mut buf = [0u8; 512];
+    let mut rtt_ms = Vec::with_capacity(n);
+    let mut lost = 0;
+    let from_us = now_unix_us();
+    let c0 = cpu_ticks();
+    let t0 = Instant::now();
+    for _ in 0..n {
+        if t0.elapsed() > limit {
+            eprintln!("[bench] ping series stopped at its time limit ({limit:?})");
+            break;
+        }
+        let s = Instant::now();
+        if sock.send_to(b"ping", to).is_err() {
+            lost += 1;
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        match sock.recv_from(&mut buf) {
+            Ok((k, _)) if buf[..k].starts_with(b"pong") => {
+                rtt_ms.push(s.elapsed().as_secs_f64() * 1e3)
+            }
+            _ => {
+                lost += 1;
+                // A late reply must not pass for the next ping's.
+                drain(sock);
+            }
+        }
+    }
+    let c1 = cpu_ticks();
+    Pings {
+        rtt_ms,
+        lost,
+        from_us,
+        to_us: now_unix_us(),
+        cpu_busy_pct: busy_pct(c0, c1),
+    }
+}
+
+fn drain(sock: &UdpSocket) {
+    let mut buf = [0u8; 512];
+    let _ = sock.set_read_timeout(Some(Duration::from_millis(200)));
+    while sock.recv_from(&mut buf).is_ok() {}
+    let _ = sock.set_read_timeout(Some(Duration::from_secs(1)));
+}
+
+/// Pings until a reply comes (the service is up), up to `limit`.
+fn wait_pong(sock: &UdpSocket, to: SocketAddr, limit: Duration) -> bool {
+    sock.set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("timeout");
+    let t0 = Instant::now();
+    let mut buf = [0u8; 512];
+    while t0.elapsed() < limit {
+        let _ = sock.send_to(b"ping", to);
+        if let Ok((k, _)) = sock.recv_from(&mut buf)
+            && buf[..k].starts_with(b"pong")
+        {
+            drain(sock);
+            return true;
+        }
+    }
+    false
+}
+
+fn addr(a: &str, port: u16) -> SocketAddr {
+    format!("{a}:{port}").parse().expect("service address")
+}
+
+/// The epoch log's figures over a window.
+fn epoch_summary(lines: &[Value], window_s: f64) -> Value {
+    let g = |k: &str| -> Vec<f64> { lines.iter().filter_map(|l| l[k].as_f64()).collect() };
+    let interval_ms: Vec<f64> = g("interval_us").iter().map(|v| v / 1e3).collect();
+    let pause_ms: Vec<f64> = g("pause_us").iter().map(|v| v / 1e3).collect();
+    let enc = g("encoded_bytes");
+    let raw = g("raw_bytes");
+    let mut ended: BTreeMap<String, usize> = BTreeMap::new();
+    for l in lines {
+        *ended
+            .entry(l["ended_by"].as_str().unwrap_or("?").to_string())
+            .or_default() += 1;
+    }
+    json!({
+        "epochs": lines.len(),
+        "epochs_per_s": lines.len() as f64 / window_s.max(1e-9),
+        "interval_ms": summary_ms(&interval_ms),
+        "pause_ms": summary_ms(&pause_ms),
+        "encoded_bytes_mean": mean(&enc),
+        "raw_bytes_mean": mean(&raw),
+        "encoded_mb_per_s": enc.iter().sum::<f64>() / 1e6 / window_s.max(1e-9),
+        "raw_mb_per_s": raw.iter().sum::<f64>() / 1e6 / window_s.max(1e-9),
+        "ended_by": ended,
+    })
+}
+
+/// One dirtier case: unreplicated then replicated (`backups`), `pings` pings each, on a fresh
+/// lab with `extra` instance flags. Returns the case's record and the raw round trips.
+struct PingCase {
+    record: Value,
+    unrep_ms: Vec<f64>,
+    rep_ms: Vec<f64>,
+    interval_ms: Vec<f64>,
+}
+
+fn dirtier_case(
+    env: &Env,
+    case: &str,
+    rate: f64,
+    backups: u32,
+    pings: usize,
+    extra: &[&str],
+    baseline: bool,
+) -> PingCase {
+    let machines = (backups as usize + 1).max(2);
+    let before = conditions();
+    eprintln!("[bench] {case}: rate {rate} MB/s, {backups} backup(s); machine before: {before}");
+    let c = Cluster::up(env, machines, extra, case);
+    let name = format!("dirtier{}", case.replace(['.', '_'], "-"));
+    let name = name.chars().take(40).collect::<String>();
+    let manifest = env.dirtier_manifest(rate, &name);
+    let sock = c.client_udp();
+    let limit = Duration::from_secs(60 + pings as u64 / 50);
+    let mut record = json!({"case": case, "rate_mbps": rate, "backups": backups, "before": before});
+
+    let mut unrep_ms = Vec::new();
+    if baseline {
+        let u = c.run_unreplicated(&manifest);
+        let to = addr(&u.address, 7100);
+        assert!(
+            wait_pong(&sock, to, Duration::from_secs(20)),
+            "the unreplicated dirtier does not answer"
+        );
+        // Let it settle (the initial touch of the region).
+        std::thread::sleep(Duration::from_millis(500));
+        let p = ping_series(&sock, to, pings, limit);
+        record["unreplicated"] = json!({
+            "address": u.address, "latency_ms": summary_ms(&p.rtt_ms), "lost": p.lost,
+            "cpu_busy_during_pct": p.cpu_busy_pct, "loadavg_after": loadavg(),
+        });
+        unrep_ms = p.rtt_ms;
+        drop(u);
+    }
+
+    c.deploy(&manifest, backups);
+    let svc = c
+        .wait_ready(&name, backups as usize, Duration::from_secs(90))
+        .expect("replicated dirtier ready");
+    let to = addr(svc["address"].as_str().expect("address"), 7100);
+    assert!(
+        wait_pong(&sock, to, Duration::from_secs(20)),
+        "the replicated dirtier does not answer"
+    );
+    // Past the full checkpoints and the start.
+    std::thread::sleep(Duration::from_secs(2));
+    let p = ping_series(&sock, to, pings, limit);
+    let svc = c.service(&name);
+    let lines = c.epochs(&name, p.from_us, p.to_us);
+    let window = (p.to_us - p.from_us) as f64 / 1e6;
+    let interval_ms: Vec<f64> = lines
+        .iter()
+        .filter_map(|l| l["interval_us"].as_f64())
+        .map(|v| v / 1e3)
+        .collect();
+    record["replicated"] = json!({
+        "address": svc["address"], "primary": svc["primary"], "backups_list": svc["backups"],
+        "latency_ms": summary_ms(&p.rtt_ms), "lost": p.lost,
+        "cpu_busy_during_pct": p.cpu_busy_pct, "loadavg_after": loadavg(),
+        "epochs": epoch_summary(&lines, window),
+        "primary_report": svc["primary_report"],
+    });
+    let rep_ms = p.rtt_ms;
+    drop(c);
+    PingCase {
+        record,
+        unrep_ms,
+        rep_ms,
+        interval_ms,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Subcommands
+// ---------------------------------------------------------------------------------------------
+
+fn bench_ping(env: &Env) -> Value {
+    let pc = dirtier_case(env, "ping", 0.0, 1, env.o.pings, &[], true);
+    let r = &pc.record;
+    let (u, p) = (
+        &r["unreplicated"]["latency_ms"],
+        &r["replicated"]["latency_ms"],
+    );
+    println!(
+        "\n### UDP ping latency, dirtier at 0 MB/s, one backup ({} sequential pings)\n",
+        env.o.pings
+    );
+    println!("| | mean ms | p50 | p99 | p99.9 | max | lost |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (label, v, side) in [
+        ("unreplicated", u, "unreplicated"),
+        ("replicated", p, "replicated"),
+    ] {
+        println!(
+            "| {label} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
+            f(v, "mean"),
+            f(v, "p50"),
+            f(v, "p99"),
+            f(v, "p99_9"),
+            f(v, "max"),
+            r[side]["lost"]
+        );
+    }
+    println!(
+        "| **added** | **{:+.3}** | {:+.3} | {:+.3} | **{:+.3}** | {:+.3} | |",
+        f(p, "mean") - f(u, "mean"),
+        f(p, "p50") - f(u, "p50"),
+        f(p, "p99") - f(u, "p99"),
+        f(p, "p99_9") - f(u, "p99_9"),
+        f(p, "max") - f(u, "max")
+    );
+    let e = &r["replicated"]["epochs"];
+    println!(
+        "\nEpoch interval during the pings: mean {:.3} ms, p50 {:.3}, p99 {:.3}, max {:.3} ({} epochs, {:.0}/s; ended by {}); pause p50 {:.3} ms p99 {:.3} ms.",
+        f(&e["interval_ms"], "mean"),
+        f(&e["interval_ms"], "p50"),
+        f(&e["interval_ms"], "p99"),
+        f(&e["interval_ms"], "max"),
+        e["epochs"],
+        f(e, "epochs_per_s"),
+        e["ended_by"],
+        f(&e["pause_ms"], "p50"),
+        f(&e["pause_ms"], "p99")
+    );
+    println!(
+        "Machine: before {}, CPU busy during: unreplicated {:.0}%, replicated {:.0}%.",
+        r["before"],
+        f(&r["unreplicated"], "cpu_busy_during_pct"),
+        f(&r["replicated"], "cpu_busy_during_pct")
+    );
+    let img = env.o.img.join("replication-ping-cdf.png");
+    plot::ping_cdf(&img, &pc.unrep_ms, &pc.rep_ms, &pc.interval_ms).expect("plot");
+    eprintln!("[bench] drew {}", img.display());
+    let mut v = env.header("ping");
+    v["case"] = pc.record;
+    v["raw"] = json!({"unreplicated_ms": pc.unrep_ms, "replicated_ms": pc.rep_ms, "epoch_interval_ms": pc.interval_ms});
+    v
+}
+
+fn bench_dirty(env: &Env) -> Value {
+    let link = format!("--link-bandwidth={}", env.o.link);
+    let link_mbs = link_mb_per_s(&env.o.link);
+    let mut cases = Vec::new();
+    let mut raws = Vec::new();
+    for &rate in &env.o.rates {
+        let pc = dirtier_case(
+            env,
+            &format!("dirty-{rate}"),
+            rate,
+            1,
+            env.o.dirty_pings,
+            &[&link],
+            true,
+        );
+        raws.push(
+            json!({"rate_mbps": rate, "unreplicated_ms": pc.unrep_ms, "replicated_ms": pc.rep_ms}),
+        );
+        cases.push(pc.record);
+    }
+    println!(
+        "\n### Latency and checkpoint size against the dirtying rate (link throttled to {}, one backup, {} pings per case)\n",
+        env.o.link, env.o.dirty_pings
+    );
+    println!(
+        "| dirtying MB/s | % of link | unrep p50 ms | unrep p99 | rep p50 ms | rep p99 | rep p99.9 | rep mean | epochs/s | mean ckpt KiB (raw) | mean ckpt KiB (encoded) | encoded MB/s | CPU busy before | lost |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for c in &cases {
+        let (u, r, e) = (
+            &c["unreplicated"]["latency_ms"],
+            &c["replicated"]["latency_ms"],
+            &c["replicated"]["epochs"],
+        );
+        println!(
+            "| {} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {:.1} | {:.1} | {:.3} | {}% | {} |",
+            c["rate_mbps"],
+            100.0 * f(c, "rate_mbps") / link_mbs,
+            f(u, "p50"),
+            f(u, "p99"),
+            f(r, "p50"),
+            f(r, "p99"),
+            f(r, "p99_9"),
+            f(r, "mean"),
+            f(e, "epochs_per_s"),
+            f(e, "raw_bytes_mean") / 1024.0,
+            f(e, "encoded_bytes_mean") / 1024.0,
+            f(e, "encoded_mb_per_s"),
+            c["before"]["cpu_busy_before_pct"],
+            c["replicated"]["lost"]
+        );
+    }
+    let img1 = env.o.img.join("replication-dirty-latency.png");
+    let img2 = env.o.img.join("replication-dirty-checkpoint.png");
+    plot::dirty(&img1, &img2, &cases, link_mbs).expect("plot");
+    eprintln!("[bench] drew {} and {}", img1.display(), img2.display());
+    let mut v = env.header("dirty");
+    v["link"] = json!(env.o.link);
+    v["cases"] = json!(cases);
+    v["raw"] = json!(raws);
+    v
+}
+
+fn link_mb_per_s(link: &str) -> f64 {
+    let l = link.to_ascii_lowercase();
+    let (num, mul) = if let Some(n) = l.strip_suffix("gbit") {
+        (n, 1e9)
+    } else if let Some(n) = l.strip_suffix("mbit") {
+        (n, 1e6)
+    } else {
+        (l.as_str(), 1.0)
+    };
+    num.parse::<f64>().unwrap_or(1.0) * mul / 8e6
+}
+
+fn bench_backups(env: &Env) -> Value {
+    let link = format!("--link-bandwidth={}", env.o.link);
+    let link_mbs = link_mb_per_s(&env.o.link);
+    let mut cases = Vec::new();
+    let mut series = Vec::new();
+    for &rate in &env.o.backup_rates {
+        for backups in [1u32, 2] {
+            let pc = dirtier_case(
+                env,
+                &format!("backups{backups}-{rate}"),
+                rate,
+                backups,
+                env.o.dirty_pings,
+                &[&link],
+                backups == 1,
+            );
+            series.push((
+                format!(
+                    "{backups} backup{}, dirtying {:.0}%",
+                    if backups > 1 { "s" } else { "" },
+                    100.0 * rate / link_mbs
+                ),
+                pc.rep_ms.clone(),
+            ));
+            if backups == 1 && rate == 0.0 {
+                series.push(("unreplicated, no dirtying".into(), pc.unrep_ms.clone()));
+            }
+            cases.push(pc.record);
+        }
+    }
+    println!(
+        "\n### One against two backups (link throttled to {}, {} pings per case; machines m1..m3)\n",
+        env.o.link, env.o.dirty_pings
+    );
+    println!(
+        "| dirtying MB/s (% of link) | backups | p50 ms | p90 | p99 | p99.9 | mean | unrep p50 / p99 | encoded MB/s per backup | CPU busy before |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|");
+    for c in &cases {
+        let (r, e) = (&c["replicated"]["latency_ms"], &c["replicated"]["epochs"]);
+        let u = &c["unreplicated"]["latency_ms"];
+        println!(
+            "| {} ({:.0}%) | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {:.3} | {}% |",
+            c["rate_mbps"],
+            100.0 * f(c, "rate_mbps") / link_mbs,
+            c["backups"],
+            f(r, "p50"),
+            f(r, "p90"),
+            f(r, "p99"),
+            f(r, "p99_9"),
+            f(r, "mean"),
+            if u.is_null() {
+                "".to_string()
+            } else {
+                format!("{:.3} / {:.3}", f(u, "p50"), f(u, "p99"))
+            },
+            f(e, "encoded_mb_per_s"),
+            c["before"]["cpu_busy_before_pct"]
+        );
+    }
+    let img = env.o.img.join("replication-backups-cdf.png");
+    plot::cdfs(
+        &img,
+        &format!("Ping latency, one vs two backups (link {})", env.o.link),
+        "latency (ms)",
+        &series,
+    )
+    .expect("plot");
+    eprintln!("[bench] drew {}", img.display());
+    let mut v = env.header("backups");
+    v["link"] = json!(env.o.link);
+    v["cases"] = json!(cases);
+    v["raw"] = json!(
+        series
+            .iter()
+            .map(|(l, s)| json!({"label": l, "ms": s}))
+            .collect::<Vec<_>>()
+    );
+    v
+}
+
+// --- failover ---------------------------------------------------------------------------------
+
+/// A pinger in the client node: a ping every `every` (or at once after a reply), replies'
+/// times recorded, until `stop`.
+struct Pinger {
+    stop: Arc<AtomicBool>,
+    /// µs since `base` of the last reply.
+    last: Arc<AtomicU64>,
+    replies: Arc<Mutex<Vec<u64>>>,
+    base: Instant,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Pinger {
+    fn start(sock: UdpSocket, to: SocketAddr, limit: Duration) -> Pinger {
+        let stop = Arc::new(AtomicBool::new(false));
+        let last = Arc::new(AtomicU64::new(0));
+        let replies = Arc::new(Mutex::new(Vec::new()));
+        let base = Instant::now();
+        let (s2, l2, r2) = (stop.clone(), last.clone(), replies.clone());
+        let thread = std::thread::spawn(move || {
+            let _ = sock.set_read_timeout(Some(Duration::from_millis(10)));
+            let mut buf = [0u8; 512];
+            while !s2.load(Ordering::Relaxed) && base.elapsed() < limit {
+                let _ = sock.send_to(b"ping", to);
+                // Read every reply that came, up to 10 ms for the first.
+                while let Ok((k, _)) = sock.recv_from(&mut buf) {
+                    if buf[..k].starts_with(b"pong") {
+                        let t = base.elapsed().as_micros() as u64;
+                        l2.store(t, Ordering::Relaxed);
+                        r2.lock().unwrap_or_else(|p| p.into_inner()).push(t);
+                    }
+                    let _ = sock.set_read_timeout(Some(Duration::from_micros(200)));
+                }
+                let _ = sock.set_read_timeout(Some(Duration::from_millis(10)));
+            }
+        });
+        Pinger {
+            stop,
+            last,
+            replies,
+            base,
+            thread: Some(thread),
+        }
+    }
+
+    fn since_base(&self, t: Instant) -> u64 {
+        t.duration_since(self.base).as_micros() as u64
+    }
+
+    fn finish(mut self) -> Vec<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        std::mem::take(&mut *self.replies.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// One failover trial on a ready cluster: kill the primary's (`fault` = "primary") or a
+/// backup's machine at a random moment while pinging. Returns the trial's record and the killed
+/// machine.
+fn failover_trial(c: &mut Cluster, name: &str, fault: &str, trial: usize) -> (Value, String) {
+    let before = conditions();
+    let svc = c.service(name);
+    let primary = svc["primary"].as_str().unwrap_or_default().to_string();
+    let backup = svc["backups"][0].as_str().unwrap_or_default().to_string();
+    let victim = if fault == "primary" {
+        primary.clone()
+    } else {
+        backup.clone()
+    };
+    let to = addr(svc["address"].as_str().expect("address"), 7100);
+    let sock = c.client_udp();
+    let pinger = Pinger::start(sock, to, Duration::from_secs(60));
+    // A random moment 0.5–1.5 s in (sub-ms randomness from the clock).
+    let jitter = now_unix_us() % 1000;
+    std::thread::sleep(Duration::from_millis(500 + jitter));
+    let kill_unix_ms = now_unix_us() / 1000;
+    let t_kill = Instant::now();
+    c.lab.kill(&victim).expect("lab kill");
+    let kill_call_ms = t_kill.elapsed().as_secs_f64() * 1e3;
+    let k = pinger.since_base(t_kill);
+    // The victim is dark once `kill` returned (its processes take a few ms to die: until then
+    // it still answers).
+    let k_done = pinger.since_base(Instant::now());
+    // Until the orchestrator moved to a new view (at most 20 s), replies resume (at most 20 s),
+    // the service is whole again (a new backup joined: its full checkpoint can stall the
+    // primary too; at most 30 s), then 500 ms more.
+    let view_before = svc["view"].as_u64().unwrap_or(0);
+    let changed = c.wait("a new view", Duration::from_secs(20), |s| {
+        s["services"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["name"] == name && x["view"].as_u64().is_some_and(|v| v > view_before))
+        })
+    });
+    let t_changed = pinger.since_base(Instant::now());
+    let t0 = Instant::now();
+    while pinger.last.load(Ordering::Relaxed) <= t_changed.max(k_done)
+        && t0.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ready = c.wait_ready(name, 1, Duration::from_secs(30));
+    let whole_after_kill_ms = t_kill.elapsed().as_secs_f64() * 1e3;
+    std::thread::sleep(Duration::from_millis(500));
+    let replies = pinger.finish();
+    let before_kill = replies.iter().rev().find(|&&t| t <= k_done).copied();
+    let after_kill = replies.iter().find(|&&t| t > k_done).copied();
+    // The gap: the longest silence from 1 s before the kill to the end (steady state: a few
+    // ms between replies), and where it started relative to the kill.
+    let mut longest = 0u64;
+    let mut longest_from = 0i64;
+    let mut prev: Option<u64> = None;
+    for &t in replies.iter().filter(|&&t| t + 1_000_000 >= k) {
+        if let Some(p) = prev
+            && t - p > longest
+        {
+            longest = t - p;
+            longest_from = p as i64 - k as i64;
+        }
+        prev = Some(t);
+    }
+    let recovered = changed.is_ok() && replies.last().is_some_and(|&t| t > t_changed.max(k_done));
+    // The silence that spans the kill itself.
+    let spanning_ms = match (before_kill, after_kill) {
+        (Some(b), Some(a)) => (a - b) as f64 / 1e3,
+        _ => f64::NAN,
+    };
+    let gap_ms = if recovered {
+        longest as f64 / 1e3
+    } else {
+        f64::NAN
+    };
+    let svc = c.service(name);
+    let history: Vec<Value> = svc["history"]
+        .as_array()
+        .map(|h| {
+            h.iter()
+                .filter(|x| {
+                    x["proposed_ms"]
+                        .as_u64()
+                        .is_some_and(|p| p + 50 >= kill_unix_ms)
+                })
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    let first = history.first();
+    let detect_ms = first
+        .and_then(|h| h["proposed_ms"].as_u64())
+        .map(|p| p as i64 - kill_unix_ms as i64);
+    let activated_ms = first
+        .and_then(|h| h["activated_ms"].as_u64())
+        .filter(|a| *a > 0)
+        .map(|a| a as i64 - kill_unix_ms as i64);
+    // When the primary after the kill logged its first epoch (after its start and full
+    // checkpoint), and that epoch's interval.
+    let new_primary = svc["primary"].as_str().unwrap_or_default().to_string();
+    let first_epoch = c
+        .epochs(name, kill_unix_ms * 1000, now_unix_us())
+        .into_iter()
+        .find(|l| l["machine"] == new_primary.as_str());
+    let first_epoch_ms = first_epoch
+        .as_ref()
+        .and_then(|l| l["unix_us"].as_u64())
+        .map(|u| (u as f64 / 1e3 - kill_unix_ms as f64).round());
+    let rec = json!({
+        "first_epoch_after_kill_ms": first_epoch_ms,
+        "first_epoch": first_epoch,
+        "view_before": view_before, "view_changed": changed.is_ok(),
+        "service_lost": history.iter().any(|h| h["reason"].as_str().is_some_and(|r| r.starts_with("lost"))),
+        "trial": trial, "fault": fault, "killed": victim, "primary_before": primary,
+        "backup_before": backup, "before": before,
+        "gap_ms": gap_ms, "silence_spanning_kill_ms": spanning_ms,
+        "gap_started_after_kill_ms": longest_from as f64 / 1e3, "recovered": recovered,
+        "whole_again_after_kill_ms": whole_after_kill_ms,
+        "kill_call_ms": kill_call_ms,
+        "replies": replies.len(),
+        "primary_after": svc["primary"], "backups_after": svc["backups"],
+        "takeover_us": svc["primary_report"]["takeover_us"],
+        "view_proposed_after_kill_ms": detect_ms,
+        "view_activated_after_kill_ms": activated_ms,
+        "history_since_kill": history,
+        "ready_again": ready.is_ok(),
+    });
+    eprintln!(
+        "[bench] failover {fault} #{trial}: killed {victim}, gap {gap_ms:.1} ms (starting {:.1} ms after the kill; silence spanning the kill {spanning_ms:.1} ms), new primary's first epoch {first_epoch_ms:?} ms, new view proposed {:?} ms / active {:?} ms after the kill, takeover_us {}",
+        longest_from as f64 / 1e3,
+        detect_ms,
+        activated_ms,
+        svc["primary_report"]["takeover_us"]
+    );
+    (rec, victim)
+}
+
+fn failover_cluster(env: &Env, manifest: &Path, name: &str, case: &str) -> Cluster {
+    let c = Cluster::up(env, 3, &[], case);
+    c.deploy(manifest, 1);
+    c.wait_ready(name, 1, Duration::from_secs(90))
+        .expect("dirtier ready for the failover trials");
+    let to = addr(c.service(name)["address"].as_str().expect("address"), 7100);
+    assert!(
+        wait_pong(&c.client_udp(), to, Duration::from_secs(20)),
+        "no pong"
+    );
+    c
+}
+
+fn bench_failover(env: &Env) -> Value {
+    let name = "dirtier-failover";
+    let manifest = env.dirtier_manifest_mb(env.o.failover_rate, env.o.failover_mb, name);
+    let logs = env
+        .o
+        .out
+        .join(format!("replication-failover-{}-logs", env.stamp));
+    let mut trials = Vec::new();
+    let mut reuse = Vec::new();
+    for fault in ["primary", "backup"] {
+        let mut cluster: Option<Cluster> = None;
+        let t_fault = Instant::now();
+        for trial in 0..env.o.trials {
+            if t_fault.elapsed() > Duration::from_secs(40 * 60) {
+                eprintln!("[bench] failover {fault}: time limit reached after {trial} trials");
+                break;
+            }
+            let t_prep = Instant::now();
+            let fresh = cluster.is_none();
+            let mut c = match cluster.take() {
+                Some(c) => c,
+                None => failover_cluster(env, &manifest, name, &format!("failover-{fault}")),
+            };
+            let prep_s = t_prep.elapsed().as_secs_f64();
+            let (mut rec, victim) = failover_trial(&mut c, name, fault, trial);
+            rec["prep_s"] = json!(prep_s);
+            rec["fresh_lab"] = json!(fresh);
+            // Reuse: power the killed machine on again; it rejoins as a spare.
+            let t_restart = Instant::now();
+            let mut why = String::new();
+            if env.o.fresh_lab {
+                why = "--fresh-lab".into();
+            } else if rec["ready_again"] != true {
+                why = "the service was not whole again within 30 s of the kill".into();
+            } else if let Err(e) = c.lab.start(&victim) {
+                why = format!("lab start {victim}: {e}");
+            } else if let Err(e) = c.wait(
+                "the killed machine to rejoin",
+                Duration::from_secs(30),
+                |s| {
+                    s["machines"]
+                        .as_array()
+                        .is_some_and(|m| m.iter().filter(|m| m["alive"] == true).count() == 3)
+                },
+            ) {
+                why = e;
+            } else if let Err(e) = c.wait_ready(name, 1, Duration::from_secs(30)) {
+                why = e;
+            }
+            let ok = why.is_empty();
+            let restart_s = t_restart.elapsed().as_secs_f64();
+            reuse.push(json!({"fault": fault, "trial": trial, "restart_ok": ok, "restart_s": restart_s, "why_not": why, "fresh_prep_s": if fresh { json!(prep_s) } else { Value::Null }}));
+            rec["restart_s"] = json!(restart_s);
+            rec["restart_ok"] = json!(ok);
+            trials.push(rec);
+            if ok {
+                cluster = Some(c);
+            } else {
+                eprintln!("[bench] failover: rebuilding the lab for the next trial ({why})");
+                c.save_logs(&logs, &format!("{fault}-upto{trial}"));
+                drop(c);
+            }
+        }
+        if let Some(c) = &cluster {
+            c.save_logs(&logs, &format!("{fault}-end"));
+        }
+        drop(cluster);
+    }
+    println!(
+        "\n### Failover: longest silence seen by a pinging client ({} trials per fault; dirtier at {} MB/s, one backup, 3 machines)\n",
+        env.o.trials, env.o.failover_rate
+    );
+    println!(
+        "| fault | trials (recovered; service lost) | gap median ms | p90 | max | min | new view proposed after kill, median ms | active after kill, median ms | takeover median ms (primary) | new primary's first epoch after kill, median ms |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut by_fault = serde_json::Map::new();
+    for fault in ["primary", "backup"] {
+        let ts: Vec<&Value> = trials.iter().filter(|t| t["fault"] == fault).collect();
+        let gaps = sorted(
+            ts.iter()
+                .map(|t| f(t, "gap_ms"))
+                .filter(|g| g.is_finite())
+                .collect(),
+        );
+        let det = sorted(
+            ts.iter()
+                .filter_map(|t| t["view_proposed_after_kill_ms"].as_f64())
+                .collect(),
+        );
+        let act = sorted(
+            ts.iter()
+                .filter_map(|t| t["view_activated_after_kill_ms"].as_f64())
+                .collect(),
+        );
+        let tk = sorted(
+            ts.iter()
+                .filter_map(|t| t["takeover_us"].as_f64())
+                .collect(),
+        );
+        let fe = sorted(
+            ts.iter()
+                .filter_map(|t| t["first_epoch_after_kill_ms"].as_f64())
+                .collect(),
+        );
+        let lost = ts.iter().filter(|t| t["service_lost"] == true).count();
+        let s = json!({
+            "trials": ts.len(), "recovered": gaps.len(), "service_lost": lost,
+            "gap_ms": summary_ms(&gaps), "view_proposed_ms": summary_ms(&det),
+            "view_activated_ms": summary_ms(&act), "takeover_ms": summary_ms(&tk.iter().map(|v| v / 1e3).collect::<Vec<_>>()),
+            "first_epoch_after_kill_ms": summary_ms(&fe),
+        });
+        println!(
+            "| {fault} | {} ({}; {lost} lost) | **{:.1}** | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {:.0} |",
+            ts.len(),
+            gaps.len(),
+            pct(&gaps, 0.5),
+            pct(&gaps, 0.9),
+            gaps.last().copied().unwrap_or(f64::NAN),
+            gaps.first().copied().unwrap_or(f64::NAN),
+            pct(&det, 0.5),
+            pct(&act, 0.5),
+            if fault == "primary" {
+                format!("{:.0}", pct(&tk, 0.5) / 1e3)
+            } else {
+                "-".into()
+            },
+            pct(&fe, 0.5)
+        );
+        by_fault.insert(fault.into(), s);
+    }
+    let restarts: Vec<f64> = reuse
+        .iter()
+        .filter(|r| r["restart_ok"] == true)
+        .filter_map(|r| r["restart_s"].as_f64())
+        .collect();
+    let fresh: Vec<f64> = reuse
+        .iter()
+        .filter_map(|r| r["fresh_prep_s"].as_f64())
+        .collect();
+    println!(
+        "\nReusing the lab: {} of {} restarts of the killed machine worked (median {:.1} s until the service was whole again); a fresh lab + deploy took median {:.1} s ({} times).",
+        restarts.len(),
+        reuse.len(),
+        pct(&sorted(restarts.clone()), 0.5),
+        pct(&sorted(fresh.clone()), 0.5),
+        fresh.len()
+    );
+    let mut v = env.header("failover");
+    v["service"] = json!({"dirtier_mib": env.o.failover_mb, "rate_mbps": env.o.failover_rate, "backups": 1, "machines": 3});
+    v["summary"] = Value::Object(by_fault);
+    v["trials"] = json!(trials);
+    v["lab_reuse"] = json!(reuse);
+    draw_failover(&env.o.img, &v);
+    v
+}
+
+/// The failover CDF from a result file's `trials`.
+fn draw_failover(img: &Path, v: &Value) {
+    let mib = v["service"]["dirtier_mib"].as_u64().unwrap_or(100);
+    let rate = v["service"]["rate_mbps"].as_f64().unwrap_or(10.0);
+    let series: Vec<(String, Vec<f64>)> = ["primary", "backup"]
+        .iter()
+        .map(|fault| {
+            let gaps: Vec<f64> = v["trials"]
+                .as_array()
+                .map(|t| {
+                    t.iter()
+                        .filter(|t| t["fault"] == *fault)
+                        .map(|t| f(t, "gap_ms"))
+                        .filter(|g| g.is_finite())
+                        .collect()
+                })
+                .unwrap_or_default();
+            (format!("{fault} failure ({} trials)", gaps.len()), gaps)
+        })
+        .collect();
+    let name = if mib == 100 {
+        "replication-failover-cdf.png".to_string()
+    } else {
+        format!("replication-failover-{mib}mib-cdf.png")
+    };
+    let path = img.join(name);
+    plot::cdfs(
+        &path,
+        &format!(
+            "Failover: longest silence seen by a pinging client (dirtier, {mib} MiB, {rate} MB/s)"
+        ),
+        "gap (ms)",
+        &series,
+    )
+    .expect("plot");
+    eprintln!("[bench] drew {}", path.display());
+}
+
+/// `plot FILE...`: draws the plots again from result files (e.g. after a change of style).
+fn replot(img: &Path, files: &[String]) {
+    for file in files {
+        let text = std::fs::read_to_string(file).expect("reading a result file");
+        let v: Value = serde_json::from_str(&text).expect("a result file");
+        match v["what"].as_str() {
+            Some("failover") => draw_failover(img, &v),
+            Some("ping") => {
+                let g = |k: &str| -> Vec<f64> {
+                    v["raw"][k]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+                        .unwrap_or_default()
+                };
+                let path = img.join("replication-ping-cdf.png");
+                plot::ping_cdf(
+                    &path,
+                    &g("unreplicated_ms"),
+                    &g("replicated_ms"),
+                    &g("epoch_interval_ms"),
+                )
+                .expect("plot");
+                eprintln!("[bench] drew {}", path.display());
+            }
+            other => eprintln!("[bench] {file}: no replot for {other:?}"),
+        }
+    }
+}
+
+// --- redis ------------------------------------------------------------------------------------
+
+/// Runs redis-benchmark in the client node; returns test → {rps, p50, p99, ...} from `--csv`.
+fn redis_benchmark(c: &Cluster, address: &str, pipeline: u32, n: u64) -> (Value, String) {
+    let argv: Vec<String> = [
+        "redis-benchmark",
+        "-h",
+        address,
+        "-p",
+        "6379",
+        "-c",
+        "50",
+        "-n",
+        &n.to_string(),
+        "-t",
+        "set,get",
+        "-P",
+        &pipeline.to_string(),
+        "--precision",
+        "3",
+        "--csv",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut cmd = c.lab.command("client", &argv[0]).expect("command");
+    cmd.args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("starting redis-benchmark");
+    let mut out = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let t0 = Instant::now();
+    let limit = Duration::from_secs(300);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            _ if t0.elapsed() > limit => {
+                eprintln!("[bench] redis-benchmark ran past {limit:?}; killed");
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+    let text = reader.join().unwrap_or_default();
+    let mut res = serde_json::Map::new();
+    let mut header: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let cells: Vec<String> = line
+            .split(',')
+            .map(|c| c.trim().trim_matches('"').to_string())
+            .collect();
+        if cells.first().is_some_and(|c| c == "test") {
+            header = cells;
+            continue;
+        }
+        if header.is_empty() || cells.len() != header.len() {
+            continue;
+        }
+        let mut m = serde_json::Map::new();
+        for (h, v) in header.iter().zip(&cells).skip(1) {
+            m.insert(h.clone(), v.parse::<f64>().map_or(json!(v), |x| json!(x)));
+        }
+        res.insert(cells[0].clone(), Value::Object(m));
+    }
+    (
+        Value::Object(res),
+        format!("{} ({:.1} s)", argv.join(" "), t0.elapsed().as_secs_f64()),
+    )
+}
+
+fn bench_redis(env: &Env) -> Value {
+    let before = conditions();
+    eprintln!("[bench] redis: machine before: {before}");
+    let c = Cluster::up(env, 2, &[], "redis");
+    let manifest = env.redis_manifest();
+    let cases = [(1u32, env.o.redis_n), (16, env.o.redis_np)];
+    let mut rec = json!({"before": before});
+    let mut cmds = Vec::new();
+    {
+        let u = c.run_unreplicated(&manifest);
+        wait_tcp(&c, &u.address, 6379);
+        let mut m = serde_json::Map::new();
+        for (p, n) in cases {
+            let cb = conditions();
+            let (r, cmd) = redis_benchmark(&c, &u.address, p, n);
+            cmds.push(cmd);
+            m.insert(format!("P{p}"), json!({"results": r, "before": cb}));
+        }
+        rec["unreplicated"] = Value::Object(m);
+    }
+    c.deploy(&manifest, 1);
+    let svc = c
+        .wait_ready("redis", 1, Duration::from_secs(90))
+        .expect("replicated redis ready");
+    let a = svc["address"].as_str().expect("address").to_string();
+    wait_tcp(&c, &a, 6379);
+    std::thread::sleep(Duration::from_secs(1));
+    let mut m = serde_json::Map::new();
+    for (p, n) in cases {
+        let cb = conditions();
+        let from = now_unix_us();
+        let (r, cmd) = redis_benchmark(&c, &a, p, n);
+        let to = now_unix_us();
+        cmds.push(cmd);
+        let lines = c.epochs("redis", from, to);
+        let svc = c.service("redis");
+        m.insert(
+            format!("P{p}"),
+            json!({"results": r, "before": cb, "epochs": epoch_summary(&lines, (to - from) as f64 / 1e6), "primary_report": svc["primary_report"]}),
+        );
+    }
+    rec["replicated"] = Value::Object(m);
+    drop(c);
+    println!(
+        "\n### redis-benchmark, 50 clients, SET/GET (one backup; `-n {}` unpipelined, `-n {}` with `-P 16`)\n",
+        env.o.redis_n, env.o.redis_np
+    );
+    println!(
+        "| test | pipeline | unreplicated req/s | replicated req/s | ratio | unrep p50 / p99 ms | rep p50 / p99 ms | rep pause p50 / p99 ms (epoch log) | rep epochs/s |"
+    );
+    println!("|---|---:|---:|---:|---:|---|---|---|---:|");
+    for (p, _) in cases {
+        for t in ["SET", "GET"] {
+            let u = &rec["unreplicated"][format!("P{p}")]["results"][t];
+            let r = &rec["replicated"][format!("P{p}")]["results"][t];
+            let e = &rec["replicated"][format!("P{p}")]["epochs"];
+            println!(
+                "| {t} | {p} | {:.0} | {:.0} | **{:.1}%** | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} | {:.0} |",
+                f(u, "rps"),
+                f(r, "rps"),
+                100.0 * f(r, "rps") / f(u, "rps"),
+                f(u, "p50_latency_ms"),
+                f(u, "p99_latency_ms"),
+                f(r, "p50_latency_ms"),
+                f(r, "p99_latency_ms"),
+                f(&e["pause_ms"], "p50"),
+                f(&e["pause_ms"], "p99"),
+                f(e, "epochs_per_s")
+            );
+        }
+    }
+    println!("\nCommands (in the client node): {}", cmds.join("; "));
+    let mut v = env.header("redis");
+    v["case"] = rec;
+    v["commands"] = json!(cmds);
+    v
+}
+
+fn wait_tcp(c: &Cluster, a: &str, port: u16) {
+    let to = addr(a, port);
+    let ok = c
+        .lab
+        .in_node("client", || {
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(20) {
+                if std::net::TcpStream::connect_timeout(&to, Duration::from_millis(200)).is_ok() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            false
+        })
+        .expect("client node");
+    assert!(ok, "{to} does not accept connections");
+}
+
+fn main() {
+    if std::env::args().nth(1).as_deref() == Some("plot") {
+        let files: Vec<String> = std::env::args().skip(2).collect();
+        replot(&root().join("docs/img"), &files);
+        return;
+    }
+    let (cmd, o) = Opts::parse();
+    WAIT_QUIET_S.store(o.wait_quiet, Ordering::Relaxed);
+    let env = Env::new(o);
+    eprintln!(
+        "[bench] commit {}, stamp {}, scratch {}",
+        env.commit,
+        env.stamp,
+        env.tmp.display()
+    );
+    let parts: Vec<&str> = match cmd.as_str() {
+        "all" => vec!["failover", "redis", "ping", "dirty", "backups"],
+        "ping" | "dirty" | "backups" | "failover" | "redis" => vec![cmd.as_str()],
+        _ => usage(),
+    };
+    for part in parts {
+        let mut v = match part {
+            "ping" => bench_ping(&env),
+            "dirty" => bench_dirty(&env),
+            "backups" => bench_backups(&env),
+            "failover" => bench_failover(&env),
+            _ => bench_redis(&env),
+        };
+        v["loadavg_end"] = json!(loadavg());
+        env.save(part, &v);
+    }
+    let _ = std::fs::remove_dir_all(&env.tmp);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plots (plotters, bitmap backend, text through ab_glyph with a TTF font found at run time, as
+// src/profile/plot.rs does)
+// ---------------------------------------------------------------------------------------------
+
+mod plot {
+    use super::*;
+
+    const SIZE: (u32, u32) = (1100, 650);
+    const COLORS: [RGBColor; 7] = [
+        RGBColor(31, 119, 180),
+        RGBColor(214, 39, 40),
+        RGBColor(44, 160, 44),
+        RGBColor(255, 127, 14),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(127, 127, 127),
+    ];
+
+    type R = Result<(), String>;
+
+    fn err<E: std::fmt::Display>(e: E) -> String {
+        e.to_string()
+    }
+
+    /// Registers a TrueType font for the plots' text: `$TARDI_PLOT_FONT`, a common sans font,
+    /// what `fc-match` names, or any .ttf under /usr/share/fonts (the approach of
+    /// `src/profile/plot.rs`).
+    fn load_font() -> R {
+        static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+        DONE.get_or_init(|| {
+            let mut c: Vec<PathBuf> = Vec::new();
+            if let Some(p) = std::env::var_os("TARDI_PLOT_FONT") {
+                c.push(p.into());
+            }
+            for p in [
+                "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+                "/usr/share/fonts/TTF/DejaVuSans.ttf",
+                "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+                "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+                "/usr/share/fonts/truetype/noto/NotoSans-Regular.ttf",
+            ] {
+                c.push(p.into());
+            }
+            let fc = sh("fc-match -f '%{file}' sans-serif 2>/dev/null");
+            if !fc.is_empty() {
+                c.push(fc.into());
+            }
+            let found = sh("find /usr/share/fonts -maxdepth 4 -iname '*.ttf' 2>/dev/null | sort");
+            c.extend(found.lines().map(PathBuf::from));
+            for p in c {
+                let Ok(bytes) = std::fs::read(&p) else { continue };
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if ["sans-serif", "serif", "monospace"].iter().all(|fam| {
+                    plotters::style::register_font(fam, FontStyle::Normal, bytes).is_ok()
+                }) {
+                    return Ok(());
+                }
+            }
+            Err("no TrueType font for the plots (apt-get install fonts-dejavu-core, or set TARDI_PLOT_FONT)".into())
+        })
+        .clone()
+    }
+
+    /// An axis label without needless decimals.
+    fn short(v: f64) -> String {
+        let a = v.abs();
+        if a == 0.0 || a >= 100.0 {
+            format!("{v:.0}")
+        } else if a >= 10.0 {
+            format!("{v:.1}").trim_end_matches(".0").to_string()
+        } else {
+            let s = format!("{v:.2}");
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        }
+    }
+
+    fn steps(sorted_v: &[f64], x0: f64) -> Vec<(f64, f64)> {
+        let n = sorted_v.len() as f64;
+        let mut s = Vec::with_capacity(sorted_v.len() * 2 + 1);
+        s.push((x0, 0.0));
+        // At most ~4,000 points: plenty for 1,100 pixels.
+        let stride = (sorted_v.len() / 2000).max(1);
+        for (i, &v) in sorted_v.iter().enumerate() {
+            if i % stride == 0 || i + 1 == sorted_v.len() {
+                s.push((v, i as f64 / n));
+                s.push((v, (i + 1) as f64 / n));
+            }
+        }
+        s
+    }
+
+    /// CDFs of `series` on one chart (x clipped at the largest p99.9 × 1.2 so tails show).
+    fn cdf_on<DB: DrawingBackend>(
+        area: &DrawingArea<DB, Shift>,
+        title: &str,
+        x_desc: &str,
+        series: &[(String, Vec<f64>)],
+        color_from: usize,
+    ) -> R
+    where
+        DB::ErrorType: 'static,
+    {
+        let sorted_series: Vec<(String, Vec<f64>)> = series
+            .iter()
+            .map(|(l, v)| (l.clone(), sorted(v.clone())))
+            .collect();
+        let x_max = sorted_series
+            .iter()
+            .map(|(_, v)| pct(v, 0.999))
+            .filter(|x| x.is_finite())
+            .fold(0.0, f64::max)
+            * 1.2;
+        let x_max = if x_max > 0.0 { x_max } else { 1.0 };
+        let mut chart = ChartBuilder::on(area)
+            .caption(title, ("sans-serif", 22))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..x_max, 0.0..100.0)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc("CDF %")
+            .x_label_formatter(&|v| short(*v))
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .axis_desc_style(("sans-serif", 18))
+            .label_style(("sans-serif", 14))
+            .light_line_style(RGBColor(235, 235, 235))
+            .draw()
+            .map_err(err)?;
+        for (i, (label, v)) in sorted_series.iter().enumerate() {
+            let color = COLORS[(i + color_from) % COLORS.len()];
+            let pts: Vec<(f64, f64)> = steps(v, 0.0)
+                .into_iter()
+                .map(|(x, y)| (x.min(x_max), y * 100.0))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+                .map_err(err)?
+                .label(format!(
+                    "{label}: mean {:.2}, median {:.2}, p99.9 {:.2}",
+                    mean(v),
+                    pct(v, 0.5),
+                    pct(v, 0.999)
+                ))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14))
+            .draw()
+            .map_err(err)
+    }
+
+    /// Fig. 3: ping latency CDFs (unreplicated, replicated) beside the epoch-interval CDF.
+    pub fn ping_cdf(path: &Path, unrep: &[f64], rep: &[f64], interval: &[f64]) -> R {
+        load_font()?;
+        let root = BitMapBackend::new(path, (1600, 650)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let halves = root.split_evenly((1, 2));
+        cdf_on(
+            &halves[0],
+            "UDP ping latency seen by the client",
+            "latency (ms)",
+            &[
+                ("unreplicated".into(), unrep.to_vec()),
+                ("replicated, 1 backup".into(), rep.to_vec()),
+            ],
+            0,
+        )?;
+        cdf_on(
+            &halves[1],
+            "Primary's epoch interval (same run)",
+            "interval (ms)",
+            &[("epoch interval".into(), interval.to_vec())],
+            2,
+        )?;
+        root.present().map_err(err)
+    }
+
+    /// CDFs of several series in one chart.
+    pub fn cdfs(path: &Path, title: &str, x_desc: &str, series: &[(String, Vec<f64>)]) -> R {
+        load_font()?;
+        let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        cdf_on(&root, title, x_desc, series, 0)?;
+        root.present().map_err(err)
+    }
+
+    /// Figs. 4 and 5: latency percentiles, and mean checkpoint size, against the dirtying rate
+    /// (% of the link).
+    pub fn dirty(lat: &Path, size: &Path, cases: &[Value], link_mbs: f64) -> R {
+        load_font()?;
+        let x = |c: &Value| 100.0 * f(c, "rate_mbps") / link_mbs;
+        let x_max = cases.iter().map(x).fold(0.0, f64::max).max(1.0) * 1.05;
+        // Latency.
+        let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+        for (label, side, k) in [
+            ("replicated p50", "replicated", "p50"),
+            ("replicated p99", "replicated", "p99"),
+            ("replicated p99.9", "replicated", "p99_9"),
+            ("unreplicated p99", "unreplicated", "p99"),
+        ] {
+            lines.push((
+                label.into(),
+                cases
+                    .iter()
+                    .map(|c| (x(c), f(&c[side]["latency_ms"], k)))
+                    .collect(),
+            ));
+        }
+        xy(
+            lat,
+            "Ping latency against the dirtying rate (1 backup)",
+            "dirtying rate (% of link bandwidth)",
+            "latency (ms)",
+            x_max,
+            &lines,
+        )?;
+        let sizes = vec![
+            (
+                "raw: dirty pages x 4 KiB".to_string(),
+                cases
+                    .iter()
+                    .map(|c| {
+                        (
+                            x(c),
+                            f(&c["replicated"]["epochs"], "raw_bytes_mean") / 1024.0,
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+            (
+                "encoded (sent to the backup)".to_string(),
+                cases
+                    .iter()
+                    .map(|c| {
+                        (
+                            x(c),
+                            f(&c["replicated"]["epochs"], "encoded_bytes_mean") / 1024.0,
+                        )
+                    })
+                    .collect(),
+            ),
+        ];
+        xy(
+            size,
+            "Mean checkpoint size against the dirtying rate",
+            "dirtying rate (% of link bandwidth)",
+            "KiB per checkpoint",
+            x_max,
+            &sizes,
+        )
+    }
+
+    fn xy(
+        path: &Path,
+        title: &str,
+        x_desc: &str,
+        y_desc: &str,
+        x_max: f64,
+        lines: &[(String, Vec<(f64, f64)>)],
+    ) -> R {
+        let y_max = lines
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|q| q.1))
+            .filter(|v| v.is_finite())
+            .fold(0.0, f64::max)
+            .max(1e-3)
+            * 1.1;
+        let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 24))
+            .margin(20)
+            .x_label_area_size(50)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc(y_desc)
+            .x_label_formatter(&|v| short(*v))
+            .y_label_formatter(&|v| short(*v))
+            .axis_desc_style(("sans-serif", 20))
+            .label_style(("sans-serif", 16))
+            .light_line_style(RGBColor(235, 235, 235))
+            .draw()
+            .map_err(err)?;
+        for (i, (label, pts)) in lines.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let pts: Vec<(f64, f64)> = pts.iter().copied().filter(|p| p.1.is_finite()).collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                .map_err(err)?
+                .label(label.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+                });
+            chart
+                .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 16))
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)
+    }
+}

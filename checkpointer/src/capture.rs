@@ -308,6 +308,8 @@ pub struct MetaCache {
     auxv: Option<Vec<u64>>,
     /// The process carries our own seccomp filter (the mprotect tracker's agent).
     pub(crate) own_filter: bool,
+    /// Credentials with the `status` lines they were read from.
+    creds: Option<(String, Credentials)>,
 }
 
 fn capture_stopped(
@@ -466,6 +468,7 @@ pub(crate) fn capture_meta(
         }
     };
     let fds = fds::capture(proc, Some(&mut cache.sockets))?;
+    let creds = crate::creds::capture(proc, st, maps, &status, &mut cache.creds, refresh)?;
     // Last: a signal that arrived during an injected call was raised again and is pending now.
     check_pending_signals(proc, &st.tids)?;
     Ok(ProcessImage {
@@ -494,6 +497,7 @@ pub(crate) fn capture_meta(
         pages: Vec::new(),
         cow: Vec::new(),
         private_files: Default::default(),
+        creds,
     })
 }
 
@@ -756,14 +760,6 @@ fn check_supported(proc: &Proc, status: &str, tids: &[Pid], own_filter: bool) ->
             "the service installed a seccomp filter; restoring seccomp filters is not supported yet"
                 .into()
         }));
-    }
-    for k in ["Uid", "Gid"] {
-        let v = field(k)?;
-        if v.split_whitespace().any(|x| x != "0") {
-            return Err(CaptureError::Unsupported(format!(
-                "the service changed its credentials ({k}: {v}); restoring credentials other than root is not supported yet"
-            )));
-        }
     }
     let timers = proc.read_string("timers").unwrap_or_default();
     if !timers.trim().is_empty() {

@@ -598,17 +598,17 @@ fn snapshot_refused_as(tag: &str, mode: &str, parts: impl Fn(&Svc, &str) -> Vec<
 }
 
 #[test]
-fn snapshot_refuses_a_unix_domain_socket_and_the_service_keeps_running() {
+fn snapshot_refuses_a_descriptor_in_flight_and_the_service_keeps_running() {
     snapshot_refused("unixsock", |_, pong| {
-        // pong N unixsock fds=3,4
+        // pong N unixsock fds=3,4: the descriptor waits in 4's queue.
         let fd = pong
             .split("fds=")
             .nth(1)
-            .and_then(|f| f.split(',').next())
+            .and_then(|f| f.split(',').nth(1))
             .unwrap()
             .to_string();
         vec![format!(
-            "file descriptor {fd}: a unix-domain socket is not supported yet"
+            "file descriptor {fd}: a unix socket holds file descriptors or credentials in flight"
         )]
     });
 }

@@ -8,7 +8,7 @@
 #![allow(dead_code)]
 
 pub const PLAN_MAGIC: u64 = 0x4e41_4c50_4944_5254; // "TRDIPLAN"
-pub const PLAN_VERSION: u32 = 2;
+pub const PLAN_VERSION: u32 = 3;
 
 /// Size of each restorer thread's private stack inside the hole.
 pub const RESTORER_STACK: u64 = 64 * 1024;
@@ -61,6 +61,28 @@ pub struct PlanHeader {
     pub hold: u32,
     pub _pad: u32,
     pub mm: MmMap,
+    pub creds: CredsDesc,
+}
+
+/// The credentials every thread takes as its last step (`restorer/main.rs`, `drop_creds`).
+/// `groups_off` locates `nr_groups` u32 supplementary groups in the plan.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct CredsDesc {
+    /// Real, effective, saved, file-system.
+    pub uid: [u32; 4],
+    pub gid: [u32; 4],
+    pub groups_off: u32,
+    pub nr_groups: u32,
+    pub cap_inheritable: u64,
+    pub cap_permitted: u64,
+    pub cap_effective: u64,
+    pub cap_bounding: u64,
+    pub cap_ambient: u64,
+    pub securebits: u32,
+    pub no_new_privs: u32,
+    pub dumpable: u32,
+    pub _pad: u32,
 }
 
 /// The kernel's `struct prctl_mm_map` (without the auxv pointer/size and exe_fd, filled in by

@@ -50,6 +50,7 @@ const E_SIGACTION: u64 = 10;
 const E_CLONE: u64 = 11;
 const E_THREAD: u64 = 12;
 const E_RSEQ: u64 = 13;
+const E_CREDS: u64 = 14;
 
 mod nr {
     pub const WRITE: u64 = 1;
@@ -71,6 +72,13 @@ mod nr {
     pub const SET_ROBUST_LIST: u64 = 273;
     pub const RSEQ: u64 = 334;
     pub const CLONE3: u64 = 435;
+    pub const SETGROUPS: u64 = 116;
+    pub const SETRESUID: u64 = 117;
+    pub const SETRESGID: u64 = 119;
+    pub const SETFSUID: u64 = 122;
+    pub const SETFSGID: u64 = 123;
+    pub const CAPGET: u64 = 125;
+    pub const CAPSET: u64 = 126;
 }
 
 
@@ -200,10 +208,15 @@ unsafe extern "C" fn stage0(sp: *const u64) -> ! {
             p = p.add(2);
         }
 
-        let mut hdr = PlanHeader::default();
+        // Not zeroed first: a memset of the header would be a call through the GOT (a
+        // relocation). Used only once pread filled every byte.
+        let mut raw = core::mem::MaybeUninit::<PlanHeader>::uninit();
         let sz = core::mem::size_of::<PlanHeader>() as u64;
-        if sc6(nr::PREAD64, plan_fd, &mut hdr as *mut PlanHeader as u64, sz, 0, 0, 0) != sz as i64
-            || hdr.magic != PLAN_MAGIC
+        if sc6(nr::PREAD64, plan_fd, raw.as_mut_ptr() as u64, sz, 0, 0, 0) != sz as i64 {
+            fail(-1, E_PLAN, 0);
+        }
+        let hdr = raw.assume_init();
+        if hdr.magic != PLAN_MAGIC
             || hdr.version != PLAN_VERSION
         {
             fail(-1, E_PLAN, 0);
@@ -483,6 +496,8 @@ unsafe extern "C" fn stage1(plan: u64, base: u64, total: u64) -> ! {
             let me = sc(39 /* getpid */, 0, 0, 0);
             sc(62 /* kill */, me as u64, 19, 0);
         }
+        // Changing IDs made the process non-dumpable; give it the flag it had.
+        sc(nr::PRCTL, 4 /* PR_SET_DUMPABLE */, hdr(plan).creds.dumpable as u64, 0);
         (*rv).go.store(1, Ordering::Release);
         sc6(nr::FUTEX, &(*rv).go as *const AtomicU32 as u64, 1 /* WAKE */, i32::MAX as u64, 0, 0, 0);
         sigreturn(frame);
@@ -538,6 +553,8 @@ unsafe fn prepare_thread(t: &ThreadDesc, ctx: &Ctx, area: u64) -> u64 {
             }
         }
 
+        drop_creds(ctx.plan, nfd);
+
         // Layout inside `area`: [fpstate (64-aligned) | MAGIC2] ... [ucontext (16-aligned)].
         let fp = round_up(area + 64, 64);
         let xl = t.xstate_len as usize;
@@ -587,6 +604,71 @@ unsafe fn prepare_thread(t: &ThreadDesc, ctx: &Ctx, area: u64) -> u64 {
             fail(nfd, E_THREAD, 0);
         }
         uc
+    }
+}
+
+/// Gives the calling thread the target's credentials (credentials are per thread: every
+/// thread calls this for itself). It runs as root with every capability until here. Order:
+/// bounding set (needs CAP_SETPCAP), groups and group IDs (CAP_SETGID), user IDs with
+/// keep-caps on (so the permitted set survives leaving root), the permitted set raised to
+/// effective again for what follows, inheritable and ambient sets, securebits (CAP_SETPCAP),
+/// then the target's capability sets (only ever lowering them), and `no_new_privs` last.
+unsafe fn drop_creds(plan: u64, nfd: i32) {
+    // SAFETY: plain system calls on this thread; the group list lies inside the plan.
+    unsafe {
+        let c = &hdr(plan).creds;
+        let ck = |r: i64| {
+            if r < 0 {
+                fail(nfd, E_CREDS, r);
+            }
+        };
+        for cap in 0..64u64 {
+            if c.cap_bounding & (1 << cap) != 0 {
+                continue;
+            }
+            let r = sc(nr::PRCTL, 23 /* PR_CAPBSET_READ */, cap, 0);
+            if r < 0 {
+                break; // past the kernel's last capability
+            }
+            if r == 1 {
+                ck(sc(nr::PRCTL, 24 /* PR_CAPBSET_DROP */, cap, 0));
+            }
+        }
+        ck(sc(nr::SETGROUPS, c.nr_groups as u64, plan + c.groups_off as u64, 0));
+        ck(sc(nr::SETRESGID, c.gid[0] as u64, c.gid[1] as u64, c.gid[2] as u64));
+        ck(sc(nr::PRCTL, 8 /* PR_SET_KEEPCAPS */, 1, 0));
+        ck(sc(nr::SETRESUID, c.uid[0] as u64, c.uid[1] as u64, c.uid[2] as u64));
+        sc(nr::SETFSGID, c.gid[3] as u64, 0, 0);
+        sc(nr::SETFSUID, c.uid[3] as u64, 0, 0);
+        // struct __user_cap_header_struct, version 3 (64-bit sets as two 32-bit halves).
+        let head = [0x2008_0522u32, 0];
+        let mut now = [0u32; 6];
+        ck(sc(nr::CAPGET, head.as_ptr() as u64, now.as_mut_ptr() as u64, 0));
+        let lo = |v: u64| v as u32;
+        let hi = |v: u64| (v >> 32) as u32;
+        // {effective, permitted, inheritable} × {low, high}
+        let raised = [now[1], now[1], lo(c.cap_inheritable), now[4], now[4], hi(c.cap_inheritable)];
+        ck(sc(nr::CAPSET, head.as_ptr() as u64, raised.as_ptr() as u64, 0));
+        for cap in 0..64u64 {
+            if c.cap_ambient & (1 << cap) != 0 {
+                ck(sc6(nr::PRCTL, 47 /* PR_CAP_AMBIENT */, 2 /* RAISE */, cap, 0, 0, 0));
+            }
+        }
+        if sc(nr::PRCTL, 27 /* PR_GET_SECUREBITS */, 0, 0) != c.securebits as i64 {
+            ck(sc(nr::PRCTL, 28 /* PR_SET_SECUREBITS */, c.securebits as u64, 0));
+        }
+        let target = [
+            lo(c.cap_effective),
+            lo(c.cap_permitted),
+            lo(c.cap_inheritable),
+            hi(c.cap_effective),
+            hi(c.cap_permitted),
+            hi(c.cap_inheritable),
+        ];
+        ck(sc(nr::CAPSET, head.as_ptr() as u64, target.as_ptr() as u64, 0));
+        if c.no_new_privs != 0 {
+            ck(sc6(nr::PRCTL, 38 /* PR_SET_NO_NEW_PRIVS */, 1, 0, 0, 0, 0));
+        }
     }
 }
 

@@ -308,6 +308,8 @@ pub struct MetaCache {
     auxv: Option<Vec<u64>>,
     /// The process carries our own seccomp filter (the mprotect tracker's agent).
     pub(crate) own_filter: bool,
+    /// Credentials with the `status` lines they were read from.
+    creds: Option<(String, Credentials)>,
     /// Where the last [`capture_meta`] spent its time (for the epoch statistics).
     pub(crate) times: MetaTimes,
 }
@@ -323,7 +325,7 @@ pub(crate) struct MetaTimes {
     pub process: Duration,
     /// The descriptor table.
     pub fds: Duration,
-    /// The final pending-signal check.
+    /// Credentials and the final pending-signal check.
     pub pending: Duration,
 }
 
@@ -488,6 +490,7 @@ pub(crate) fn capture_meta(
     let t3 = Instant::now();
     let fds = fds::capture(proc, Some(&mut cache.sockets))?;
     let t4 = Instant::now();
+    let creds = crate::creds::capture(proc, st, maps, &status, &mut cache.creds, refresh)?;
     // Last: a signal that arrived during an injected call was raised again and is pending now.
     check_pending_signals(proc, &st.tids)?;
     cache.times = MetaTimes {
@@ -523,6 +526,7 @@ pub(crate) fn capture_meta(
         pages: Vec::new(),
         cow: Vec::new(),
         private_files: Default::default(),
+        creds,
     })
 }
 
@@ -798,14 +802,6 @@ fn check_supported(proc: &Proc, status: &str, tids: &[Pid], own_filter: bool) ->
             "the service installed a seccomp filter; restoring seccomp filters is not supported yet"
                 .into()
         }));
-    }
-    for k in ["Uid", "Gid"] {
-        let v = field(k)?;
-        if v.split_whitespace().any(|x| x != "0") {
-            return Err(CaptureError::Unsupported(format!(
-                "the service changed its credentials ({k}: {v}); restoring credentials other than root is not supported yet"
-            )));
-        }
     }
     let timers = proc.read_string("timers").unwrap_or_default();
     if !timers.trim().is_empty() {

@@ -693,7 +693,7 @@ impl<'p> EpochLoop<'p> {
             // by. (The agent pages the commit writes are in the first incremental checkpoint.)
             let (mut ck, files) = capture::full_memory(proc, &maps, meta, buf)?;
             let mut dirs = DirTracker::new(cfg.private_dirs.clone());
-            ck.0.private_files = dirs.changes().map_err(EpochError::Files)?;
+            ck.0.private_files = dirs.changes_mapped(&maps).map_err(EpochError::Files)?;
             let mut armed = Vec::new();
             for m in maps.iter().filter(|m| trackable(m)) {
                 tracker.arm(m.start, m.end)?;
@@ -1406,7 +1406,7 @@ impl<'p> EpochLoop<'p> {
         meta.vmas = vmas;
         // Files last, still inside the pause: consistent with the memory just copied.
         let tw = Instant::now();
-        meta.private_files = self.dirs.changes().map_err(EpochError::Files)?;
+        meta.private_files = self.dirs.changes_mapped(&maps).map_err(EpochError::Files)?;
         parts.walk = tw.elapsed();
         j.walked = true;
         self.fail_at(FailPoint::AfterCopy)?;

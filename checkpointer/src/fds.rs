@@ -53,6 +53,7 @@ pub fn capture(proc: &Proc, mut sockets: Option<&mut SocketCache>) -> Result<Vec
     }
     let pidfd = sys::pidfd_open(pid).map_err(perr(pid, "pidfd".into()))?;
     let mut pipes = HashSet::new();
+    let mut diags = None;
     let mut out = Vec::with_capacity(links.len());
     for (fd, link) in &links {
         let (fd, link) = (*fd, link.as_str());
@@ -75,7 +76,9 @@ pub fn capture(proc: &Proc, mut sockets: Option<&mut SocketCache>) -> Result<Vec
         let flags = all_flags & !libc::O_CLOEXEC;
         let kind = match cached {
             Some(s) => FdKind::Socket(s),
-            None => classify(proc, &pidfd, fd, link, &info, &raw, flags, &mut pipes)?,
+            None => classify(
+                proc, &pidfd, fd, link, &info, &raw, flags, &mut pipes, &mut diags,
+            )?,
         };
         if let (Some(cache), FdKind::Socket(s)) = (sockets.as_deref_mut(), &kind)
             && matches!(
@@ -95,6 +98,9 @@ pub fn capture(proc: &Proc, mut sockets: Option<&mut SocketCache>) -> Result<Vec
     if let Some(cache) = sockets {
         cache.retain(|l, _| links.iter().any(|(_, x)| x == l));
     }
+    if let Some(d) = &diags {
+        crate::unix::check_image(&out, d)?;
+    }
     Ok(out)
 }
 
@@ -108,6 +114,7 @@ fn classify(
     raw: &str,
     flags: i32,
     pipes: &mut HashSet<u64>,
+    diags: &mut Option<HashMap<u64, crate::unix::Diag>>,
 ) -> Result<FdKind> {
     if let Some(path) = link.strip_prefix('/').map(|_| link) {
         if path.starts_with("/memfd:") {
@@ -163,6 +170,23 @@ fn classify(
     }
     if link.starts_with("socket:[") {
         let dup = sys::pidfd_getfd(pidfd, fd).map_err(perr(proc.pid, format!("socket fd {fd}")))?;
+        if sys::getsockopt_int(dup.as_raw_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN)
+            .is_ok_and(|d| d == libc::AF_UNIX)
+        {
+            let ino = link
+                .strip_prefix("socket:[")
+                .and_then(|s| s.strip_suffix(']'))
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            if diags.is_none() {
+                *diags = Some(
+                    crate::unix::diag(proc)
+                        .map_err(perr(proc.pid, "unix socket diagnostics".into()))?,
+                );
+            }
+            let d = diags.as_ref().expect("just set");
+            return crate::unix::capture(fd, dup.as_raw_fd(), ino, d, proc).map(FdKind::Unix);
+        }
         return capture_socket(fd, dup.as_raw_fd()).map(FdKind::Socket);
     }
     match link {
@@ -419,8 +443,14 @@ fn install(fd: RawFd, target: RawFd, floor: RawFd) -> io::Result<()> {
 /// every descriptor the caller still needs.
 pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), RecreateError> {
     let mut pipes_done = HashSet::new();
+    crate::unix::recreate(fds, floor).map_err(|e| RecreateError {
+        fd: e.fd,
+        what: format!("unix socket {}", e.what),
+        source: e.source,
+    })?;
     for f in fds {
         match &f.kind {
+            FdKind::Unix(_) => {}
             FdKind::Path { path, pos, is_dir } => {
                 let mut flags = f.flags & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL);
                 if *is_dir {

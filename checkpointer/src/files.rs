@@ -30,6 +30,8 @@ struct Stamp {
     ctime_ns: i128,
     ino: u64,
     mode: u32,
+    uid: u32,
+    gid: u32,
 }
 
 /// The tracker's memory of the directories between epochs.
@@ -39,9 +41,23 @@ pub struct DirTracker {
     seen: BTreeMap<String, Stamp>,
     /// `seen` before the last walk, for [`DirTracker::undo`].
     prev: Option<BTreeMap<String, Stamp>>,
+    /// Contents hash of files mapped shared and writable, read every walk (writes through a
+    /// mapping change no timestamp on tmpfs), with `hashes` before the last walk.
+    hashes: BTreeMap<String, [u8; 32]>,
+    prev_hashes: Option<BTreeMap<String, [u8; 32]>>,
 }
 
 fn walk(dir: &Path, out: &mut BTreeMap<String, Stamp>) -> io::Result<()> {
+    let dev = match std::fs::metadata(dir) {
+        Ok(m) => m.dev(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    walk_dev(dir, dev, out)
+}
+
+/// [`walk`] within the file system `dev` (another mount below the directory is not its).
+fn walk_dev(dir: &Path, dev: u64, out: &mut BTreeMap<String, Stamp>) -> io::Result<()> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -55,6 +71,9 @@ fn walk(dir: &Path, out: &mut BTreeMap<String, Stamp>) -> io::Result<()> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue, // gone meanwhile
             Err(e) => return Err(e),
         };
+        if m.dev() != dev {
+            continue; // a mount point
+        }
         let stamp = Stamp {
             kind: m.mode() & libc::S_IFMT,
             size: m.size(),
@@ -62,10 +81,12 @@ fn walk(dir: &Path, out: &mut BTreeMap<String, Stamp>) -> io::Result<()> {
             ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
             ino: m.ino(),
             mode: m.mode() & 0o7777,
+            uid: m.uid(),
+            gid: m.gid(),
         };
         out.insert(path.to_string_lossy().into_owned(), stamp);
         if m.is_dir() {
-            walk(&path, out)?;
+            walk_dev(&path, dev, out)?;
         }
     }
     Ok(())
@@ -91,12 +112,45 @@ impl DirTracker {
             dirs,
             seen: BTreeMap::new(),
             prev: None,
+            hashes: BTreeMap::new(),
+            prev_hashes: None,
         }
     }
 
     /// Walks the directories and returns what changed since the last call (everything, the
     /// first time).
     pub fn changes(&mut self) -> io::Result<FileChanges> {
+        self.changes_mapped(&[])
+    }
+
+    /// [`DirTracker::changes`], where the files that `maps` (the process's mappings) maps
+    /// shared and writable are read and compared by content: a write through a shared mapping
+    /// of a tmpfs file changes no timestamp.
+    pub fn changes_mapped(&mut self, maps: &[crate::procfs::MapEntry]) -> io::Result<FileChanges> {
+        let mapped: std::collections::BTreeSet<&str> = maps
+            .iter()
+            .filter(|m| m.shared && m.prot() & libc::PROT_WRITE as u32 != 0)
+            .map(|m| m.name.as_str())
+            .collect();
+        let mut hashes = BTreeMap::new();
+        let ch = self.walk_changes(&mut |path, stamp| {
+            if stamp.kind != libc::S_IFREG || !mapped.contains(path) {
+                return Ok(None);
+            }
+            let content = std::fs::read(path)?;
+            let h = *blake3::hash(&content).as_bytes();
+            hashes.insert(path.to_string(), h);
+            Ok(Some((h, content)))
+        })?;
+        self.prev_hashes = Some(std::mem::replace(&mut self.hashes, hashes));
+        Ok(ch)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn walk_changes(
+        &mut self,
+        read_mapped: &mut dyn FnMut(&str, &Stamp) -> io::Result<Option<([u8; 32], Vec<u8>)>>,
+    ) -> io::Result<FileChanges> {
         let mut now = BTreeMap::new();
         for d in &self.dirs {
             walk(Path::new(d), &mut now)?;
@@ -106,9 +160,23 @@ impl DirTracker {
             ..FileChanges::default()
         };
         for (path, stamp) in &now {
-            if self.seen.get(path) != Some(stamp)
-                && let Some(entry) = read_entry(path, stamp)?
-            {
+            let entry = match read_mapped(path, stamp)? {
+                Some((h, content))
+                    if self.seen.get(path) != Some(stamp) || self.hashes.get(path) != Some(&h) =>
+                {
+                    Some(Entry::File {
+                        mode: stamp.mode,
+                        content,
+                    })
+                }
+                Some(_) => None,
+                None if self.seen.get(path) != Some(stamp) => read_entry(path, stamp)?,
+                None => None,
+            };
+            if let Some(entry) = entry {
+                if (stamp.uid, stamp.gid) != (0, 0) {
+                    ch.owners.push((path.clone(), stamp.uid, stamp.gid));
+                }
                 ch.upsert.push((path.clone(), entry));
             }
         }
@@ -127,6 +195,9 @@ impl DirTracker {
         if let Some(p) = self.prev.take() {
             self.seen = p;
         }
+        if let Some(h) = self.prev_hashes.take() {
+            self.hashes = h;
+        }
     }
 }
 
@@ -135,6 +206,11 @@ impl DirTracker {
 /// are removed, the others written.
 pub fn materialize(tree: &FileChanges) -> io::Result<()> {
     let want: BTreeMap<&str, &Entry> = tree.upsert.iter().map(|(p, e)| (p.as_str(), e)).collect();
+    let owners: BTreeMap<&str, (u32, u32)> = tree
+        .owners
+        .iter()
+        .map(|(p, u, g)| (p.as_str(), (*u, *g)))
+        .collect();
     let mut have = BTreeMap::new();
     for d in &tree.dirs {
         std::fs::create_dir_all(d)?;
@@ -181,6 +257,8 @@ pub fn materialize(tree: &FileChanges) -> io::Result<()> {
                 std::os::unix::fs::symlink(target, &p)?;
             }
         }
+        let (uid, gid) = owners.get(*path).copied().unwrap_or((0, 0));
+        std::os::unix::fs::lchown(&p, Some(uid), Some(gid))?;
     }
     Ok(())
 }
@@ -244,6 +322,7 @@ mod tests {
                 .map(|(p, e)| (p.replacen(&dir, copy.to_str().unwrap(), 1), e))
                 .collect(),
             remove: vec![],
+            owners: vec![],
         };
         std::fs::create_dir_all(copy.join("stale")).unwrap();
         materialize(&mapped).unwrap();

@@ -20,6 +20,7 @@
 pub mod abi;
 pub mod agent;
 pub mod capture;
+pub mod creds;
 pub mod epoch;
 pub mod fds;
 pub mod files;
@@ -28,6 +29,7 @@ pub mod ptrace;
 pub mod restore;
 pub mod sys;
 pub mod track;
+pub mod unix;
 pub mod verify;
 
 pub use tardi_image::{delta, image, store};

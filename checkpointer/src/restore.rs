@@ -13,8 +13,8 @@
 //!    from the restored process once no thread executes in it.
 
 use crate::abi::{
-    self, MmMap, PLAN_MAGIC, PLAN_VERSION, PlanHeader, Regs, SigactionDesc, ThreadDesc, VMA_ANON,
-    VMA_SHARED, VmaDesc, XSTATE_MAX,
+    self, CredsDesc, MmMap, PLAN_MAGIC, PLAN_VERSION, PlanHeader, Regs, SigactionDesc, ThreadDesc,
+    VMA_ANON, VMA_SHARED, VmaDesc, XSTATE_MAX,
 };
 use crate::capture::regs_from_slice;
 use crate::fds;
@@ -71,6 +71,9 @@ pub struct ChildPlan {
     /// First number of the block the child moves its own descriptors to.
     pub base: RawFd,
     pub files: Vec<String>,
+    /// Per file: mapped shared somewhere (opened read-write when it can be, so that the
+    /// mapping may be writable, now or after an `mprotect`).
+    pub shared: Vec<bool>,
     pub exe: String,
     pub fds: Vec<FdImage>,
     pub cwd: String,
@@ -164,6 +167,13 @@ fn prepare_pages(
         inherited: inherit.clone(),
         base,
         files: img.files.iter().map(|f| f.path.clone()).collect(),
+        shared: (0..img.files.len() as u32)
+            .map(|i| {
+                img.vmas.iter().any(|v| {
+                    v.shared && matches!(v.backing, Backing::File { index, .. } if index == i)
+                })
+            })
+            .collect(),
         exe: img.exe.path.clone(),
         fds: img.fds.clone(),
         cwd: img.cwd.clone(),
@@ -188,7 +198,21 @@ fn prepare_pages(
 }
 
 fn verify_files(img: &ProcessImage, host_path: &dyn Fn(&str) -> Option<PathBuf>) -> Result<()> {
-    for f in img.files.iter().chain(std::iter::once(&img.exe)) {
+    // A file the checkpoint's tree carries (a private directory or the sandbox's tmpfs) is
+    // written by the restore itself, with the contents captured in the same pause as the
+    // memory; its hash (taken after the pause) may be of later contents.
+    let in_tree = |p: &str| {
+        img.private_files
+            .upsert
+            .iter()
+            .any(|(q, e)| q == p && matches!(e, crate::files::Entry::File { .. }))
+    };
+    for f in img
+        .files
+        .iter()
+        .chain(std::iter::once(&img.exe))
+        .filter(|f| !in_tree(&f.path))
+    {
         let err = |reason: String| RestoreError::File {
             path: f.path.clone(),
             reason,
@@ -385,6 +409,7 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
     let cloexec_off = section(&cat(&cloexec));
     let close_off = section(&cat(&close));
     let auxv_off = section(&cat(&img.auxv));
+    let groups_off = section(&cat(&img.creds.groups));
     let m = &img.mm;
     let hdr = PlanHeader {
         magic: PLAN_MAGIC,
@@ -425,6 +450,21 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
             arg_end: m.arg_end,
             env_start: m.env_start,
             env_end: m.env_end,
+        },
+        creds: CredsDesc {
+            uid: img.creds.uid,
+            gid: img.creds.gid,
+            groups_off,
+            nr_groups: img.creds.groups.len() as u32,
+            cap_inheritable: img.creds.cap_inheritable,
+            cap_permitted: img.creds.cap_permitted,
+            cap_effective: img.creds.cap_effective,
+            cap_bounding: img.creds.cap_bounding,
+            cap_ambient: img.creds.cap_ambient,
+            securebits: img.creds.securebits,
+            no_new_privs: img.creds.no_new_privs as u32,
+            dumpable: img.creds.dumpable,
+            _pad: 0,
         },
     };
     buf[..std::mem::size_of::<PlanHeader>()].copy_from_slice(as_bytes(&hdr));
@@ -503,7 +543,14 @@ fn child_setup(p: &ChildPlan) -> String {
         };
         // SAFETY: valid C string.
         let open = |flags| unsafe { libc::open(c.as_ptr(), flags) };
-        let mut fd = open(libc::O_RDONLY);
+        let mut fd = if p.shared.get(i).copied().unwrap_or(false) {
+            open(libc::O_RDWR)
+        } else {
+            -1
+        };
+        if fd < 0 {
+            fd = open(libc::O_RDONLY);
+        }
         if fd < 0 && i == n {
             fd = open(libc::O_PATH);
         }
@@ -519,18 +566,18 @@ fn child_setup(p: &ChildPlan) -> String {
             libc::close(fd);
         }
     }
-    // 4. The target's descriptors at their numbers.
-    let floor = p.base + INHERITED as RawFd + n as RawFd + 1;
-    if let Err(e) = fds::recreate(&p.fds, floor) {
-        return e.to_string();
-    }
-    // 5. Working directory, limits, PID cursor.
+    // 4. Working directory (a unix socket may be bound to a relative path).
     let Ok(cwd) = CString::new(p.cwd.as_str()) else {
         return format!("working directory {:?} contains a NUL byte", p.cwd);
     };
     // SAFETY: valid C string.
     if unsafe { libc::chdir(cwd.as_ptr()) } < 0 {
         return step(&format!("chdir {}", p.cwd), io::Error::last_os_error());
+    }
+    // 5. The target's descriptors at their numbers; limits, PID cursor.
+    let floor = p.base + INHERITED as RawFd + n as RawFd + 1;
+    if let Err(e) = fds::recreate(&p.fds, floor) {
+        return e.to_string();
     }
     for &(res, cur, max) in &p.rlimits {
         let lim = libc::rlimit64 {
@@ -683,6 +730,7 @@ fn step_name(step: u64) -> &'static str {
         11 => "creating a thread",
         12 => "setting thread state",
         13 => "registering rseq",
+        14 => "restoring credentials (groups, IDs, capabilities, securebits)",
         _ => "unknown",
     }
 }

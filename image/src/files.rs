@@ -28,6 +28,8 @@ pub struct FileChanges {
     pub dirs: Vec<String>,
     pub upsert: Vec<(String, Entry)>,
     pub remove: Vec<String>,
+    /// Owner (uid, gid) of the upserted entries not owned by root (0, 0).
+    pub owners: Vec<(String, u32, u32)>,
 }
 
 /// The private directories' tree as a receiver keeps it, changes applied in order.
@@ -35,6 +37,8 @@ pub struct FileChanges {
 pub struct Tree {
     pub dirs: Vec<String>,
     pub entries: BTreeMap<String, Entry>,
+    /// Owners of the entries not owned by root.
+    pub owners: BTreeMap<String, (u32, u32)>,
 }
 
 impl Tree {
@@ -51,9 +55,14 @@ impl Tree {
                 self.remove_below(p);
             }
             self.entries.insert(p.clone(), e.clone());
+            self.owners.remove(p);
+        }
+        for (p, uid, gid) in &ch.owners {
+            self.owners.insert(p.clone(), (*uid, *gid));
         }
         for p in &ch.remove {
             self.entries.remove(p);
+            self.owners.remove(p);
             self.remove_below(p);
         }
     }
@@ -71,6 +80,7 @@ impl Tree {
             .collect();
         for k in below {
             self.entries.remove(&k);
+            self.owners.remove(&k);
         }
     }
 
@@ -84,6 +94,11 @@ impl Tree {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             remove: vec![],
+            owners: self
+                .owners
+                .iter()
+                .map(|(k, &(u, g))| (k.clone(), u, g))
+                .collect(),
         }
     }
 }
@@ -120,6 +135,13 @@ impl FileChanges {
             if !below_a_dir(p) {
                 return Err(format!(
                     "private file {p:?} is not inside a private directory"
+                ));
+            }
+        }
+        for (p, _, _) in &self.owners {
+            if !self.upsert.iter().any(|(u, _)| u == p) {
+                return Err(format!(
+                    "owner given for {p:?}, which the changes do not upsert"
                 ));
             }
         }
@@ -183,12 +205,14 @@ mod tests {
                 ("/d/ab".into(), file("sibling")),
             ],
             remove: vec![],
+            owners: vec![],
         });
         // A file in place of a directory drops what was below it, not its siblings.
         t.apply(&FileChanges {
             dirs: vec![],
             upsert: vec![("/d/a".into(), file("now a file"))],
             remove: vec![],
+            owners: vec![],
         });
         let keys: Vec<&str> = t.entries.keys().map(String::as_str).collect();
         assert_eq!(keys, ["/d/a", "/d/a-b", "/d/ab"]);
@@ -200,6 +224,7 @@ mod tests {
                 ("/d/a/n".into(), file("n")),
             ],
             remove: vec!["/d/a".into(), "/d/missing".into()],
+            owners: vec![],
         });
         let keys: Vec<&str> = t.entries.keys().map(String::as_str).collect();
         assert_eq!(keys, ["/d/a-b", "/d/ab"], "a removal takes the subtree");
@@ -212,6 +237,7 @@ mod tests {
             dirs: dirs.iter().map(|d| d.to_string()).collect(),
             upsert: vec![(path.into(), file(""))],
             remove: vec![],
+            owners: vec![],
         };
         assert!(ch(&["/d"], "/d/x").validate(None).is_ok());
         assert!(ch(&["/d/e"], "/d/e/x/y").validate(Some(&[])).is_ok());

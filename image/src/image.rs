@@ -13,8 +13,15 @@ use serde::{Deserialize, Serialize};
 use std::io::{self, Write};
 
 pub const MAGIC: &[u8; 8] = b"TARDICKP";
+
+/// The socket types the format names (Linux's values; this crate does not link libc).
+mod libc_types {
+    pub const SOCK_STREAM: i32 = 1;
+    pub const SOCK_DGRAM: i32 = 2;
+    pub const SOCK_SEQPACKET: i32 = 5;
+}
 /// Version of the encoding; bumped on every incompatible change.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
 /// checkpointer checks equals this).
@@ -114,6 +121,48 @@ pub struct ProcessImage {
     /// tree, an incremental one what changed during the epoch. Empty when the caller declared
     /// none.
     pub private_files: crate::files::FileChanges,
+    /// The process's credentials (every thread has the same ones: capture refuses otherwise).
+    pub creds: Credentials,
+}
+
+/// Who the process is: user and group IDs, capability sets and the flags that go with them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credentials {
+    /// Real, effective, saved and file-system user ID.
+    pub uid: [u32; 4],
+    /// Real, effective, saved and file-system group ID.
+    pub gid: [u32; 4],
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+    pub cap_inheritable: u64,
+    pub cap_permitted: u64,
+    pub cap_effective: u64,
+    pub cap_bounding: u64,
+    pub cap_ambient: u64,
+    /// `prctl(PR_GET_SECUREBITS)`.
+    pub securebits: u32,
+    pub no_new_privs: bool,
+    /// `prctl(PR_GET_DUMPABLE)` (a process that changed its credentials is not dumpable).
+    pub dumpable: u32,
+}
+
+impl Default for Credentials {
+    /// Root with every capability: what a service started by the sandbox as root has.
+    fn default() -> Credentials {
+        Credentials {
+            uid: [0; 4],
+            gid: [0; 4],
+            groups: Vec::new(),
+            cap_inheritable: 0,
+            cap_permitted: u64::MAX,
+            cap_effective: u64::MAX,
+            cap_bounding: u64::MAX,
+            cap_ambient: 0,
+            securebits: 0,
+            no_new_privs: false,
+            dumpable: 1,
+        }
+    }
 }
 
 /// One page of an incremental checkpoint: `enc` tells how its `enc.encoded_len()` bytes at
@@ -265,6 +314,104 @@ pub enum FdKind {
     Epoll {
         interests: Vec<EpollInterest>,
     },
+    /// A unix-domain socket of any type.
+    Unix(UnixSocketImage),
+}
+
+/// A unix-domain socket. Sockets are told apart by `ino` (descriptors of one socket share it);
+/// a connected socket names its peer by `peer_ino`, which is another socket of the image (a
+/// pair restored connected), a connection a listener of the image has not accepted yet
+/// (restored pending in its queue), or something outside the sandbox (restored as a
+/// connection reset by its peer).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnixSocketImage {
+    /// Inode number of the socket at capture (identity within this image only).
+    pub ino: u64,
+    /// SOCK_STREAM, SOCK_DGRAM or SOCK_SEQPACKET.
+    pub ty: i32,
+    pub local: UnixAddr,
+    /// For a socket bound to a path: owner, group and mode of the socket file there; `None`
+    /// when the file was unlinked (the socket keeps its name, nothing can reach it by path).
+    pub path_file: Option<(u32, u32, u32)>,
+    pub state: UnixState,
+    /// Inode of the connected peer, 0 if none.
+    pub peer_ino: u64,
+    /// The peer's address as `getpeername` gave it.
+    pub peer: UnixAddr,
+    /// What waits to be received, in order: one entry per message (datagram, seqpacket) or
+    /// the whole byte stream in one entry (stream).
+    pub queue: Vec<Vec<u8>>,
+    /// `shutdown(2)` bits of this end (1: no more receiving, 2: no more sending).
+    pub shutdown: u8,
+    /// (level, name, value) of the socket options kept.
+    pub options: Vec<(i32, i32, i32)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UnixAddr {
+    Unnamed,
+    /// A file-system path as bound (relative to the working directory if not absolute).
+    Path(String),
+    /// An abstract name, without its leading NUL byte.
+    Abstract(Vec<u8>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UnixState {
+    /// Not connected (possibly bound).
+    Unconnected,
+    /// Listening; `pending` are the inodes of the clients of connections not accepted yet,
+    /// oldest first.
+    Listening { backlog: i32, pending: Vec<u64> },
+    /// Connected to `peer_ino` (or, for a datagram socket, to `peer`).
+    Connected,
+}
+
+impl UnixAddr {
+    /// The `sockaddr_un` bytes (family + name), or `None` for an unnamed address.
+    pub fn to_sockaddr(&self) -> Option<Vec<u8>> {
+        let mut v = (1u16).to_ne_bytes().to_vec(); // AF_UNIX
+        match self {
+            UnixAddr::Unnamed => return None,
+            UnixAddr::Path(p) => {
+                v.extend_from_slice(p.as_bytes());
+                v.push(0);
+            }
+            UnixAddr::Abstract(n) => {
+                v.push(0);
+                v.extend_from_slice(n);
+            }
+        }
+        Some(v)
+    }
+
+    /// Parses `getsockname`/`getpeername` bytes.
+    pub fn from_sockaddr(sa: &[u8]) -> UnixAddr {
+        let name = sa.get(2..).unwrap_or_default();
+        match name.first() {
+            None => UnixAddr::Unnamed,
+            Some(0) => UnixAddr::Abstract(name[1..].to_vec()),
+            Some(_) => {
+                let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+                UnixAddr::Path(String::from_utf8_lossy(&name[..end]).into_owned())
+            }
+        }
+    }
+
+    /// Whether it fits a `sockaddr_un` (108 bytes of name, a path NUL-terminated and without
+    /// NUL bytes).
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            UnixAddr::Unnamed => Ok(()),
+            UnixAddr::Path(p) if p.is_empty() || p.len() > 107 || p.contains('\0') => Err(format!(
+                "unix socket path {p:?} is not a valid socket address"
+            )),
+            UnixAddr::Abstract(n) if n.len() > 107 => {
+                Err(format!("abstract unix socket name of {} bytes", n.len()))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -704,6 +851,30 @@ impl ProcessImage {
                 return bad(format!("{what} {p:?} contains a NUL byte"));
             }
         }
+        for f in &self.fds {
+            if let FdKind::Unix(u) = &f.kind {
+                u.local.check().or_else(bad)?;
+                u.peer.check().or_else(bad)?;
+                if ![
+                    libc_types::SOCK_STREAM,
+                    libc_types::SOCK_DGRAM,
+                    libc_types::SOCK_SEQPACKET,
+                ]
+                .contains(&u.ty)
+                {
+                    return bad(format!(
+                        "unix socket of descriptor {} has type {}",
+                        f.fd, u.ty
+                    ));
+                }
+            }
+        }
+        self.creds
+            .groups
+            .len()
+            .le(&65536)
+            .then_some(())
+            .ok_or_else(|| FormatError::Meta("more than 65,536 supplementary groups".into()))?;
         self.private_files.validate(None).map_err(FormatError::Meta)
     }
 }
@@ -765,6 +936,7 @@ mod tests {
             pages: vec![],
             cow: vec![],
             private_files: Default::default(),
+            creds: Default::default(),
         };
         Checkpoint {
             epoch: 7,

@@ -283,6 +283,7 @@ fn stored_meta(img: &ProcessImage) -> ProcessImage {
         pages: Vec::new(),
         cow: Vec::new(),
         private_files: Default::default(),
+        creds: img.creds.clone(),
     }
 }
 
@@ -352,6 +353,7 @@ mod tests {
             pages: vec![],
             cow: vec![],
             private_files: Default::default(),
+            creds: Default::default(),
         }
     }
 

@@ -192,6 +192,11 @@ pub struct Tardi {
     /// `tardi.private_dirs = ["/var/lib/redis"]`: sandbox paths that are the service's private
     /// writable state (checkpointed with it). Each must also be a mount's path or lie under one.
     pub private_dirs: Vec<PathBuf>,
+    /// `tardi.user = "redis"`: run the service as this user (a name in the sandbox's
+    /// `/etc/passwd`, or a numeric ID) with its groups, instead of root. Checkpoints keep the
+    /// service's credentials whichever way it got them (this option or dropping root itself).
+    #[serde(default)]
+    pub user: Option<String>,
     /// `[tardi.epoch]`.
     pub epoch: Epoch,
     /// `[tardi.network]`.

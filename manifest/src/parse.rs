@@ -54,6 +54,7 @@ const KNOWN_KEYS: &[&str] = &[
     "tardi.name",
     "tardi.ports",
     "tardi.private_dirs",
+    "tardi.user",
     "tardi.epoch",
     "tardi.epoch.interval_ms",
     "tardi.epoch.min_ms",
@@ -71,7 +72,9 @@ fn ignored_reason(key: &str) -> Option<&'static str> {
         "sgx" => "SGX enclave settings; Tardi does not use SGX",
         "loader.entrypoint" => "Gramine's LibOS; Tardi runs libos.entrypoint natively",
         "loader.log_level" | "loader.log_file" => "Gramine's own logging",
-        "loader.uid" | "loader.gid" => "the service runs with the sandbox's credentials",
+        "loader.uid" | "loader.gid" => {
+            "Gramine's in-enclave IDs; use tardi.user = \"NAME\" to run the service as a user"
+        }
         "loader.pal_internal_mem_size" => "Gramine-internal memory",
         "loader.argv_src_file" | "loader.env_src_file" => {
             "not supported; use loader.argv and loader.env"
@@ -125,6 +128,7 @@ struct State {
     ports: Vec<Port>,
     /// (dir, full key of the element, offset).
     private_dirs: Vec<(PathBuf, String, usize)>,
+    user: Option<String>,
     epoch: Epoch,
     interval_at: Option<usize>,
     min_at: Option<usize>,
@@ -160,6 +164,7 @@ pub(crate) fn parse_manifest(text: &str, source: &Path) -> R<(Manifest, Vec<Stri
         name: None,
         ports: Vec::new(),
         private_dirs: Vec::new(),
+        user: None,
         epoch: Epoch::default(),
         interval_at: None,
         min_at: None,
@@ -713,6 +718,13 @@ impl<'t> Ctx<'t> {
                         st.private_dirs.push((dir, el.key.clone(), el.at));
                     }
                 }
+                "user" => {
+                    let u = self.string(&e)?;
+                    if u.is_empty() || u.contains([':', '\0', '\n']) {
+                        return Err(self.invalid(&e, "must be a user name or a numeric user ID"));
+                    }
+                    st.user = Some(u.to_owned());
+                }
                 "epoch" => self.epoch(&e, st)?,
                 "network" => {
                     for f in entries(&e.key, self.table(&e)?) {
@@ -869,6 +881,7 @@ impl<'t> Ctx<'t> {
                 name,
                 ports: st.ports,
                 private_dirs: private,
+                user: st.user,
                 epoch,
                 network: st.network,
             },

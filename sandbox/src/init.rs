@@ -161,14 +161,21 @@ fn run(
         data: cfg.data_limit,
     };
     let main = match &spec.start {
-        Start::Exec { path, argv, env } => spawn_exec(
-            path,
-            argv,
-            env,
-            devnull.as_raw_fd(),
-            log.as_raw_fd(),
-            limits,
-        )?,
+        Start::Exec { path, argv, env } => {
+            let user = match &cfg.user {
+                Some(u) => Some(resolve_user(u)?),
+                None => None,
+            };
+            spawn_exec(
+                path,
+                argv,
+                env,
+                devnull.as_raw_fd(),
+                log.as_raw_fd(),
+                limits,
+                user.as_ref(),
+            )?
+        }
         Start::Restore { pid, fds, .. } => {
             let close = [status.as_raw_fd(), sigfd.as_raw_fd(), spec.lock_fd];
             spawn_restore(*pid, payload, fds, hook, &close, limits)?
@@ -533,6 +540,65 @@ fn resolve_exec(path: &Path, env: &[(String, String)]) -> PathBuf {
         .unwrap_or_else(|| path.to_path_buf())
 }
 
+/// The user the service runs as (`SandboxConfig::user`), resolved in the sandbox's own
+/// `/etc/passwd` and `/etc/group`.
+struct User {
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+}
+
+impl User {
+    /// Groups, then group ID, then user ID (after which none of them could be changed).
+    /// Raw system calls: runs in the forked child.
+    fn become_it(&self) -> io::Result<()> {
+        // SAFETY: plain credential calls on this single-threaded child; `groups` is alive.
+        unsafe {
+            if libc::setgroups(self.groups.len(), self.groups.as_ptr()) < 0
+                || libc::setresgid(self.gid, self.gid, self.gid) < 0
+                || libc::setresuid(self.uid, self.uid, self.uid) < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Finds `name` (a user name, or a numeric user ID) in the sandbox's `/etc/passwd`; its groups
+/// are its primary group and those of `/etc/group` that list it.
+fn resolve_user(name: &str) -> Result<User> {
+    let bad = |why: String| SandboxError::InvalidConfig(format!("tardi.user {name:?}: {why}"));
+    let passwd = fs::read_to_string("/etc/passwd")
+        .map_err(|e| bad(format!("reading the sandbox's /etc/passwd: {e}")))?;
+    let entry = passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() >= 4 && (f[0] == name || f[2] == name))
+            .then(|| Some((f[0].to_string(), f[2].parse().ok()?, f[3].parse().ok()?)))
+            .flatten()
+    });
+    let (login, uid, gid) = match (entry, name.parse::<u32>()) {
+        (Some(e), _) => e,
+        (None, Ok(uid)) => (String::new(), uid, uid),
+        (None, Err(_)) => return Err(bad("no such user in the sandbox's /etc/passwd".into())),
+    };
+    let mut groups = vec![gid];
+    if let Ok(group) = fs::read_to_string("/etc/group") {
+        for l in group.lines() {
+            let f: Vec<&str> = l.split(':').collect();
+            if f.len() >= 4
+                && !login.is_empty()
+                && f[3].split(',').any(|m| m == login)
+                && let Ok(g) = f[2].parse()
+                && !groups.contains(&g)
+            {
+                groups.push(g);
+            }
+        }
+    }
+    Ok(User { uid, gid, groups })
+}
+
 /// Forks the service and execs it; an `execve` failure comes back through a close-on-exec pipe
 /// and becomes [`SandboxError::ServiceExec`].
 fn spawn_exec(
@@ -542,6 +608,7 @@ fn spawn_exec(
     stdin: RawFd,
     log: RawFd,
     limits: Limits,
+    user: Option<&User>,
 ) -> Result<i32> {
     let resolved = resolve_exec(path, env);
     let nul = |what: &str| SandboxError::InvalidConfig(format!("{what} contains a NUL byte"));
@@ -579,7 +646,8 @@ fn spawn_exec(
         let ok = sys::dup2(stdin, 0)
             .and(sys::dup2(log, 1))
             .and(sys::dup2(log, 2))
-            .and(limits.apply());
+            .and(limits.apply())
+            .and(user.map_or(Ok(()), User::become_it));
         // Nothing of the init's reaches the service: every other descriptor closes at exec
         // (CLOSE_RANGE_CLOEXEC keeps the error pipe usable until then).
         // SAFETY: close_range only changes descriptor flags of this child.

@@ -83,6 +83,10 @@ pub struct SandboxConfig {
     /// restored from a checkpoint keeps the address its clients know.
     #[serde(default)]
     pub link_index: Option<u32>,
+    /// Run the service as this user (manifest `tardi.user`: a name or a numeric ID, looked up
+    /// in the sandbox's `/etc/passwd`), with its groups; `None`: as root.
+    #[serde(default)]
+    pub user: Option<String>,
 }
 
 /// How the service process inside the sandbox comes to life.
@@ -190,6 +194,7 @@ impl SandboxConfig {
             stack_size: None,
             data_limit: None,
             link_index: None,
+            user: None,
             name,
         }
     }
@@ -204,6 +209,7 @@ impl SandboxConfig {
         c.subnet = m.tardi.network.subnet;
         c.stack_size = m.sys.stack_size;
         c.data_limit = m.sys.brk_max_size;
+        c.user = m.tardi.user.clone();
         c
     }
 
@@ -304,6 +310,7 @@ mod tests {
                 name: "web".into(),
                 ports: vec![],
                 private_dirs: vec![],
+                user: None,
                 epoch: Epoch {
                     interval_ms: 10.0,
                     min_ms: 1.0,

@@ -194,13 +194,20 @@ impl ServiceHandle {
     }
 }
 
-/// The private directories of a sandbox configuration: its writable binds (a manifest makes a
-/// bind writable exactly when it is, or lies under, one of `tardi.private_dirs`).
+/// The directories a checkpoint carries the files of: the sandbox configuration's writable
+/// binds (a manifest makes a bind writable exactly when it is, or lies under, one of
+/// `tardi.private_dirs`) and its tmpfs mounts (`/tmp`, ...: their contents exist only in the
+/// sandbox, they are the service's state as much as its memory).
 pub fn private_dirs(config: &SandboxConfig) -> Vec<String> {
     config
         .mounts
         .iter()
-        .filter(|m| matches!(m.kind, MountKind::Bind { writable: true, .. }))
+        .filter(|m| {
+            matches!(
+                m.kind,
+                MountKind::Bind { writable: true, .. } | MountKind::Tmpfs
+            )
+        })
         .map(|m| m.path.to_string_lossy().into_owned())
         .collect()
 }

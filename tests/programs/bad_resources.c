@@ -7,7 +7,8 @@
  *
  * MODE (what the process holds while it serves):
  *   none            nothing unusual (a control case: snapshots work)
- *   unixsock        a connected AF_UNIX socketpair with unread data in it
+ *   unixsock        a connected AF_UNIX socketpair with a descriptor in flight in it (SCM_RIGHTS,
+ *                   sent, not received yet)
  *   fork            a forked child process (pauses forever)
  *   orphan          a grandchild process (pauses forever) whose parent, our child, exited: it
  *                   is reparented to the sandbox's init, so it is no child of the service
@@ -56,7 +57,19 @@ int main(int argc, char **argv) {
     } else if (strcmp(mode, "unixsock") == 0) {
         int sv[2];
         if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0) die("socketpair");
-        if (write(sv[0], "unread", 6) != 6) die("write");
+        char byte = 'x';
+        struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+        union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int))]; } c;
+        memset(&c, 0, sizeof c);
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.buf,
+                             .msg_controllen = sizeof c.buf};
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        int passed = 0; /* stdin */
+        memcpy(CMSG_DATA(cm), &passed, sizeof passed);
+        if (sendmsg(sv[0], &msg, 0) != 1) die("sendmsg");
         snprintf(detail, sizeof detail, "fds=%d,%d", sv[0], sv[1]);
     } else if (strcmp(mode, "fork") == 0) {
         pid_t child = fork();

@@ -135,6 +135,21 @@ fn fds() -> Vec<FdImage> {
         ),
         fd(8, FdKind::SignalFd { mask: 1 << 9 }),
         fd(
+            10,
+            FdKind::Unix(UnixSocketImage {
+                ino: 77,
+                ty: 2,
+                local: UnixAddr::Path("/tmp/svc.sock".into()),
+                path_file: Some((100, 101, 0o140755)),
+                state: UnixState::Connected,
+                peer_ino: 78,
+                peer: UnixAddr::Abstract(b"peer".to_vec()),
+                queue: vec![b"one".to_vec(), vec![], b"three".to_vec()],
+                shutdown: 2,
+                options: vec![(1, 16, 1)],
+            }),
+        ),
+        fd(
             9,
             FdKind::Epoll {
                 interests: vec![
@@ -244,6 +259,19 @@ impl Proc {
             pages: vec![],
             cow: vec![],
             private_files: FileChanges::default(),
+            creds: Credentials {
+                uid: [100, 100, 100, 100],
+                gid: [101, 101, 101, 101],
+                groups: vec![101, 4],
+                cap_inheritable: 0,
+                cap_permitted: 0,
+                cap_effective: 0,
+                cap_bounding: (1 << 41) - 1,
+                cap_ambient: 0,
+                securebits: 0,
+                no_new_privs: true,
+                dumpable: 0,
+            },
         }
     }
 
@@ -358,6 +386,7 @@ pub fn build(seed: u64, epochs: usize) -> Chain {
             ),
         ],
         remove: vec![],
+        owners: vec![("/data/db".into(), 100, 101)],
     });
     let sandbox = br#"{"name":"svc","link_index":3}"#.to_vec();
 

@@ -1,0 +1,102 @@
+//! A service run as a user (manifest `tardi.user`): Debian's memcached as `memcache`.
+//! Snapshot → kill → restore; the restored process has the same user, groups, capabilities
+//! and flags (`/proc/PID/status`), and still serves its data.
+
+mod common;
+
+use common::tardi::{Running, Scratch};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+const KEYS: [&str; 9] = [
+    "Uid",
+    "Gid",
+    "Groups",
+    "CapInh",
+    "CapPrm",
+    "CapEff",
+    "CapBnd",
+    "CapAmb",
+    "NoNewPrivs",
+];
+
+/// The credential lines of the sandbox's service process (found by its name among the
+/// processes whose status says they run as `uid`).
+fn creds(uid: u32) -> Vec<String> {
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(s) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let field = |k: &str| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}:")))
+                .map(|v| v.trim().to_string())
+        };
+        if field("Name").as_deref() == Some("memcached")
+            && field("Uid").is_some_and(|u| u.split_whitespace().next() == Some(&uid.to_string()))
+        {
+            return KEYS
+                .iter()
+                .map(|k| format!("{k}: {}", field(k).unwrap()))
+                .collect();
+        }
+    }
+    panic!("no memcached running as uid {uid}");
+}
+
+fn cmd(addr: SocketAddr, line: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+            Ok(mut s) => {
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                s.write_all(line.as_bytes()).unwrap();
+                let mut r = BufReader::new(s);
+                let mut out = String::new();
+                r.read_line(&mut out).unwrap();
+                if out.starts_with("VALUE") {
+                    let mut v = String::new();
+                    r.read_line(&mut v).unwrap();
+                    out.push_str(&v);
+                }
+                return out;
+            }
+            Err(e) if Instant::now() > deadline => panic!("memcached at {addr}: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+#[test]
+fn memcached_as_its_user_keeps_its_credentials() {
+    let scratch = Scratch::new("creds");
+    let name = format!("mc-{}", std::process::id() % 10000);
+    let m = scratch.0.join("mc.manifest");
+    std::fs::write(
+        &m,
+        format!(
+            "libos.entrypoint = \"/usr/bin/memcached\"\n\
+             loader.argv = [\"memcached\", \"-p\", \"11211\", \"-U\", \"0\", \"-t\", \"1\"]\n\n\
+             [tardi]\nname = {name:?}\nuser = \"memcache\"\n"
+        ),
+    )
+    .unwrap();
+    let uid = 103; // memcache (scripts/setup.sh installs memcached, which creates it)
+    let cur = Running::run(&m).expect("tardi run");
+    let addr = SocketAddr::new(cur.address.into(), 11211);
+    assert_eq!(cmd(addr, "set k 0 0 5\r\nhello\r\n"), "STORED\r\n");
+    let before = creds(uid);
+    assert!(
+        before[0].starts_with("Uid: 103\t103\t103\t103"),
+        "{before:?}"
+    );
+    let file = scratch.0.join("mc.tardi");
+    cur.snapshot(&file).expect("snapshot");
+    cur.stop();
+    let cur = Running::restore(&file).expect("restore");
+    let addr = SocketAddr::new(cur.address.into(), 11211);
+    assert_eq!(cmd(addr, "get k\r\n"), "VALUE k 0 5\r\nhello\r\n");
+    assert_eq!(creds(uid), before, "credentials after restore");
+    cur.stop();
+}

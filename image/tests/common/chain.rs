@@ -135,7 +135,7 @@ fn fds() -> Vec<FdImage> {
         ),
         fd(8, FdKind::SignalFd { mask: 1 << 9 }),
         fd(
-            10,
+            11,
             FdKind::Unix(UnixSocketImage {
                 ino: 77,
                 ty: 2,

@@ -79,6 +79,8 @@ struct Opts {
     lock_wait: u64,
     /// Link bandwidth for `dirty` and `backups`.
     link: String,
+    /// The dirtier's `[tardi.epoch] interval_ms` (default: the manifest's, 10).
+    interval_ms: Option<f64>,
     /// The results' time stamp (default: now, UTC).
     stamp: Option<String>,
     /// The command line, for the record.
@@ -114,6 +116,7 @@ impl Opts {
             lock_wait: 1800,
             link: "1gbit".into(),
             stamp: None,
+            interval_ms: None,
             command: std::env::args().collect::<Vec<_>>().join(" "),
         };
         let mut args = std::env::args().skip(1);
@@ -144,6 +147,7 @@ impl Opts {
                 "--lock-wait" => o.lock_wait = num(&v) as u64,
                 "--link" => o.link = v,
                 "--stamp" => o.stamp = Some(v),
+                "--interval-ms" => o.interval_ms = Some(num(&v)),
                 _ => usage(),
             }
         }
@@ -156,7 +160,7 @@ fn usage() -> ! {
         "usage: replication_bench plot RESULT.json... | replication_bench ping|dirty|backups|failover|redis|all [--pings N] [--dirty-pings N] \
          [--rates MB/s,...] [--backup-rates MB/s,...] [--trials N] [--failover-rate MB/s] [--failover-mb MiB] [--fresh-lab] [--wait-quiet S] \
          [--redis-n N] [--redis-np N] [--lock-wait S] [--link 1gbit] [--tardi PATH] [--dirtier PATH] \
-         [--out DIR] [--img DIR] [--stamp STAMP]"
+         [--out DIR] [--img DIR] [--stamp STAMP] [--interval-ms MS]"
     );
     std::process::exit(2)
 }
@@ -172,6 +176,9 @@ struct Env {
     /// Scratch: manifests, epoch logs.
     tmp: PathBuf,
     commit: String,
+    /// When the run started (UTC) and the load average then.
+    started: String,
+    load_at_start: String,
 }
 
 impl Env {
@@ -201,6 +208,8 @@ impl Env {
             stamp,
             tmp,
             commit,
+            started: sh("date -u '+%Y-%m-%d %H:%M'"),
+            load_at_start: loadavg(),
         }
     }
 
@@ -228,6 +237,10 @@ impl Env {
                     "loader.argv = [\"dirtier\", \"--port\", \"7100\", \"--mb\", \"{mb}\", \"--rate-mbps\", \"{rate}\"]\n"
                 ));
                 argv = true;
+            } else if line.starts_with("interval_ms = ")
+                && let Some(ms) = self.o.interval_ms
+            {
+                out.push_str(&format!("interval_ms = {ms}\n"));
             } else if line.starts_with("name = ") {
                 out.push_str(&format!("name = \"{name}\"\n"));
                 named = true;
@@ -267,10 +280,11 @@ impl Env {
             "stamp": self.stamp,
             "commit": self.commit,
             "command": self.o.command,
-            "date_utc": sh("date -u '+%Y-%m-%d %H:%M'"),
+            "started_utc": self.started,
+            "finished_utc": sh("date -u '+%Y-%m-%d %H:%M'"),
             "nproc": sh("nproc"),
             "kernel": sh("uname -r"),
-            "loadavg_start": loadavg(),
+            "loadavg_start": self.load_at_start,
         })
     }
 }
@@ -894,10 +908,14 @@ fn bench_ping(env: &Env) -> Value {
         f(&r["unreplicated"], "cpu_busy_during_pct"),
         f(&r["replicated"], "cpu_busy_during_pct")
     );
-    let img = env.o.img.join("replication-ping-cdf.png");
+    let img = env.o.img.join(match env.o.interval_ms {
+        Some(ms) => format!("replication-ping-cdf-{ms}ms.png"),
+        None => "replication-ping-cdf.png".into(),
+    });
     plot::ping_cdf(&img, &pc.unrep_ms, &pc.rep_ms, &pc.interval_ms).expect("plot");
     eprintln!("[bench] drew {}", img.display());
     let mut v = env.header("ping");
+    v["interval_ms"] = json!(env.o.interval_ms.unwrap_or(10.0));
     v["case"] = pc.record;
     v["raw"] = json!({"unreplicated_ms": pc.unrep_ms, "replicated_ms": pc.rep_ms, "epoch_interval_ms": pc.interval_ms});
     v
@@ -1477,7 +1495,10 @@ fn replot(img: &Path, files: &[String]) {
                         .map(|a| a.iter().filter_map(Value::as_f64).collect())
                         .unwrap_or_default()
                 };
-                let path = img.join("replication-ping-cdf.png");
+                let path = img.join(match v["interval_ms"].as_f64() {
+                    Some(ms) if ms != 10.0 => format!("replication-ping-cdf-{ms}ms.png"),
+                    _ => "replication-ping-cdf.png".into(),
+                });
                 plot::ping_cdf(
                     &path,
                     &g("unreplicated_ms"),

@@ -13,10 +13,11 @@
 //!
 //! Which backups an epoch waits for (`required`): those that already hold decided state when
 //! this primary starts (the survivors of the last active view, at a takeover), and every backup
-//! that has joined this run (acknowledged its full checkpoint and caught up with the decided
-//! epoch). A backup still receiving its full checkpoint is not waited for: until it has joined,
-//! the view that adds it is not active, so it could never be chosen to take over. The view is
-//! activated once every backup in it is required.
+//! that has joined this run (acknowledged its full checkpoint; decisions then wait for it, so
+//! it catches up with the decided epoch). A backup still receiving its full checkpoint is not
+//! waited for: until it has joined and caught up, the view that adds it is not active, so it
+//! could never be chosen to take over. The view is activated once every backup in it is
+//! required and holds every decided epoch.
 
 use crate::throttle::Throttle;
 use crate::{Ctx, Target};
@@ -59,20 +60,28 @@ impl Decision {
             .try_fold(produced, |m, a| a.map(|a| m.min(a)))
     }
 
-    /// Backups that joined (acknowledged their full checkpoint) and caught up with the
-    /// decided epoch become required.
+    /// Backups that joined (acknowledged their full checkpoint) become required: decisions
+    /// wait for them from then on, so they catch up with the decided epoch (which
+    /// [`Decision::holds_decided`] tells; the view is activated only then).
+    ///
+    /// (Waiting for a joiner to catch up *before* requiring it never ends when its
+    /// acknowledgements take longer than an epoch: with no backup required, every produced
+    /// epoch is decided at once, so the decided epoch stays ahead of each acknowledgement.)
     fn promote_joined(&mut self) {
-        let decided = self.decided;
         for (b, &f) in &self.full_at {
-            if !self.required.contains(b)
-                && self
-                    .acked
-                    .get(b)
-                    .is_some_and(|&a| a >= f && decided.is_none_or(|d| a >= d))
-            {
+            if !self.required.contains(b) && self.acked.get(b).is_some_and(|&a| a >= f) {
                 self.required.insert(b.clone());
             }
         }
+    }
+
+    /// Whether `b` is required and holds every decided epoch: it could take over without
+    /// losing released output.
+    fn holds_decided(&self, b: &str) -> bool {
+        self.required.contains(b)
+            && self
+                .decided
+                .is_none_or(|d| self.acked.get(b).is_some_and(|&a| a >= d))
     }
 
     /// `b` lost its stream: it must join again with a full checkpoint. It stays required if it
@@ -150,11 +159,7 @@ impl Shared {
                 tracing::error!(service = %self.name, %e, "releasing output failed");
             }
         }
-        let everyone = st
-            .view
-            .backups
-            .iter()
-            .all(|b| st.decision.required.contains(b));
+        let everyone = st.view.backups.iter().all(|b| st.decision.holds_decided(b));
         if !st.view.active && everyone && st.activation_asked < st.view.number {
             st.activation_asked = st.view.number;
             let me = self.clone();
@@ -697,12 +702,19 @@ async fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
 mod tests {
     use super::Decision;
 
+    /// Decides what can be decided (never going back, as `Shared::advance`).
+    fn decide(d: &mut Decision) {
+        if let Some(x) = d.decidable()
+            && d.decided.is_none_or(|old| x > old)
+        {
+            d.decided = Some(x);
+        }
+    }
+
     fn acked(d: &mut Decision, b: &str, e: u64) {
         d.acked.insert(b.into(), e);
         d.promote_joined();
-        if let Some(x) = d.decidable() {
-            d.decided = Some(x);
-        }
+        decide(d);
     }
 
     #[test]
@@ -755,5 +767,34 @@ mod tests {
             Some(12),
             "from then on its acknowledgements count"
         );
+    }
+
+    /// Each epoch is produced (and, with no backup required yet, decided at once) before the
+    /// joiner's acknowledgement of the previous one arrives: it joins all the same, decisions
+    /// then wait for it, and it holds every decided epoch once it caught up.
+    #[test]
+    fn a_joining_backup_one_epoch_behind_still_joins() {
+        let mut d = Decision {
+            produced: Some(10),
+            decided: Some(10),
+            ..Default::default()
+        };
+        d.full_at.insert("m3".into(), 10);
+        d.produced = Some(11);
+        decide(&mut d);
+        assert_eq!(d.decided, Some(11), "nobody required: decided at once");
+        acked(&mut d, "m3", 10);
+        assert!(d.required.contains("m3"), "joined: decisions wait for it");
+        assert!(!d.holds_decided("m3"), "one epoch behind the decided one");
+        d.produced = Some(12);
+        decide(&mut d);
+        assert_eq!(d.decided, Some(11), "epoch 12 waits for m3");
+        acked(&mut d, "m3", 11);
+        assert!(
+            d.holds_decided("m3"),
+            "caught up: the view may be activated"
+        );
+        acked(&mut d, "m3", 12);
+        assert_eq!(d.decided, Some(12));
     }
 }

@@ -250,7 +250,7 @@ impl Orch {
             .and_then(|id| membership.get_node(&id))
             .map(|l| l.name.clone())
             .unwrap_or_default();
-        let members = membership
+        let mut members: Vec<pb::OrchestratorMember> = membership
             .nodes()
             .map(|(id, n)| pb::OrchestratorMember {
                 name: n.name.clone(),
@@ -269,6 +269,7 @@ impl Orch {
                 },
             })
             .collect();
+        members.sort_by(|a, b| a.name.cmp(&b.name));
         pb::OrchestratorCluster {
             leader,
             from_leader,
@@ -443,6 +444,14 @@ impl pb::orchestrator_server::Orchestrator for Svc {
             Err(e) => return fail(format!("the manifest is not valid: {e}")),
         };
         let name = m.tardi.name.clone();
+        // A new leader knows which machines are alive only once its grace period is over.
+        let since = *self.0.leader.borrow();
+        if let Some(left) =
+            since.and_then(|t| grace(self.0.opts.failure_timeout).checked_sub(t.elapsed()))
+        {
+            tokio::time::sleep(left).await;
+            self.0.check_leader()?;
+        }
         let alive = self.0.alive();
         let placed = self.0.shared.read(|a| a.views.placement(&alive, r.backups));
         let Some((primary, backup_machines)) = placed else {

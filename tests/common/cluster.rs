@@ -104,7 +104,7 @@ impl Cluster {
         let t0 = Instant::now();
         loop {
             // A failed status (e.g. every orchestrator briefly out of reach) is waited out too.
-            let s = self.try_status(&[]).unwrap_or_else(|e| Value::String(e));
+            let s = self.try_status(&[]).unwrap_or_else(Value::String);
             if ok(&s) {
                 return s;
             }

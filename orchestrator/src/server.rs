@@ -662,6 +662,15 @@ fn reply_members(m: Option<openraft::Membership<NodeId, Member>>) -> pb::Members
 
 /// Runs an orchestrator node until the process is told to stop (SIGINT/SIGTERM).
 pub async fn serve(opts: Options) -> Result<(), ServeError> {
+    serve_until(opts, crate::shutdown_signal()).await
+}
+
+/// Runs an orchestrator node until `stop` resolves, then shuts its raft down (its data
+/// directory can then be opened again).
+pub async fn serve_until(
+    opts: Options,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
     let id = consensus::node_id(&opts.name);
     let me = opts
         .peers
@@ -672,6 +681,12 @@ pub async fn serve(opts: Options) -> Result<(), ServeError> {
         return Err(ServeError::NotInPeers(opts.name.clone()));
     }
     let my_addr = me.unwrap_or_else(|| endpoint(&opts.listen.to_string()));
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: opts.listen,
+            source,
+        })?;
     let (log, sm, shared) = store::open(&opts.data_dir)?;
     let reach = Arc::new(Reach::default());
     let config = consensus::config()
@@ -736,8 +751,8 @@ pub async fn serve(opts: Options) -> Result<(), ServeError> {
         reach: reach.clone(),
         opts: opts.clone(),
     });
-    tokio::spawn(orch.clone().follow_leadership());
-    {
+    let leadership = tokio::spawn(orch.clone().follow_leadership());
+    let detector = {
         let orch = orch.clone();
         tokio::spawn(async move {
             // A tenth of the timeout: detection within 1.1 timeouts of the last heartbeat.
@@ -749,14 +764,8 @@ pub async fn serve(opts: Options) -> Result<(), ServeError> {
                 tick.tick().await;
                 orch.detect().await;
             }
-        });
-    }
-    let listener = tokio::net::TcpListener::bind(opts.listen)
-        .await
-        .map_err(|source| ServeError::Listen {
-            addr: opts.listen,
-            source,
-        })?;
+        })
+    };
     tracing::info!(listen = %opts.listen, name = %opts.name, "orchestrator serving");
     println!(
         "orchestrator {} listening on {} (failure timeout {} ms, data in {})",
@@ -778,9 +787,11 @@ pub async fn serve(opts: Options) -> Result<(), ServeError> {
         )
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
-            crate::shutdown_signal(),
+            stop,
         )
         .await;
+    detector.abort();
+    leadership.abort();
     let _ = raft.shutdown().await;
     r.map_err(ServeError::from)
 }

@@ -357,6 +357,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                 snapshot_id,
             };
             let stored = StoredSnapshot { meta, data };
+            tracing::info!(meta = %stored.meta, bytes = stored.data.len(), "snapshot built");
             put_meta(&self.db, &[(KEY_SNAPSHOT, &encode(&stored, "snapshot")?)])?;
             Ok::<_, StoreError>(Snapshot {
                 meta: stored.meta,
@@ -432,6 +433,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let snap = encode(&stored, "snapshot")?;
             put_meta(&self.db, &[(KEY_SM, &sm), (KEY_SNAPSHOT, &snap)])?;
             self.shared.write(|a| *a = applied);
+            tracing::info!(%meta, "snapshot installed");
             Ok::<_, StoreError>(())
         })();
         r.map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e).into())

@@ -206,3 +206,78 @@ fn restarted_orchestrator_rejoins_and_catches_up() {
         "{mine}"
     );
 }
+
+/// The leader orchestrator cut off (alive, no links): the others elect a new leader and the
+/// instances move to it (HTTP/2 keepalive notices the silent node) with no view change; what
+/// the cut-off node proposes meanwhile (it hears no machine, so it suspects them all) is never
+/// applied; healed, it follows the new leader and holds the same views.
+#[test]
+fn partitioned_leader_orchestrator_changes_nothing() {
+    let mut c = Cluster::up_with(2, 3, &[]);
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let view = svc["view"].clone();
+    let history = svc["history"].as_array().map_or(0, Vec::len);
+    let st = c.wait(
+        "a leader with every member reachable",
+        Duration::from_secs(20),
+        |s| settled(s, 3),
+    );
+    let old = st["cluster"]["leader"].as_str().unwrap().to_string();
+    let old_addr = st["cluster"]["members"][&old]["addr"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let unchanged = |c: &Cluster, secs: u64| {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(secs) {
+            let s = c.service("redis");
+            assert_eq!(
+                (&s["view"], s["active"].clone()),
+                (&view, Value::Bool(true)),
+                "the service's view changed: {s}\n{}",
+                c.logs()
+            );
+            assert_eq!(s["history"].as_array().map_or(0, Vec::len), history, "{s}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+
+    c.lab.partition(&old).unwrap();
+    c.wait("a new leader", Duration::from_secs(20), |s| {
+        s["cluster"]["from_leader"] == true
+            && s["cluster"]["leader"].as_str().is_some_and(|l| l != old)
+    });
+    c.wait(
+        "every machine alive at the new leader",
+        Duration::from_secs(10),
+        |s| all_alive(s, 2),
+    );
+    unchanged(&c, 3);
+
+    c.lab.heal(&old).unwrap();
+    c.wait(
+        "the old leader to follow the new one",
+        Duration::from_secs(20),
+        |s| {
+            let cl = &s["cluster"];
+            settled(s, 3)
+                && cl["leader"] != old.as_str()
+                && cl["members"][&old]["log_index"].as_u64() == cl["last_log_index"].as_u64()
+        },
+    );
+    unchanged(&c, 2);
+    let mine = c
+        .try_status(&["--orchestrator", &old_addr, "--any-node"])
+        .expect("status from the old leader");
+    let s = mine["services"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["name"] == "redis").cloned())
+        .unwrap_or(Value::Null);
+    assert_eq!(s["view"], view, "the old leader's own state: {mine}");
+    assert_eq!(
+        s["history"].as_array().map_or(0, Vec::len),
+        history,
+        "{mine}"
+    );
+}

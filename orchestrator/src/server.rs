@@ -57,6 +57,9 @@ pub fn grace(failure_timeout: Duration) -> Duration {
     failure_timeout * 2 + Duration::from_secs(1)
 }
 
+/// How long a write waits to be committed.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(transparent)]
@@ -152,14 +155,21 @@ impl Orch {
         }
     }
 
-    /// Writes `cmd` through the raft log; returns what applying it answered.
+    /// Writes `cmd` through the raft log; returns what applying it answered. A leader cut off
+    /// from the majority commits nothing: it gives up after [`WRITE_TIMEOUT`] (the change may
+    /// still be committed by a later leader; every command is safe to ask for again).
     async fn write(&self, cmd: Command) -> Result<Reply, Status> {
-        match self.raft.client_write(cmd).await {
-            Ok(r) => Ok(r.data),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+        match tokio::time::timeout(WRITE_TIMEOUT, self.raft.client_write(cmd)).await {
+            Err(_) => Err(Status::unavailable(format!(
+                "{} could not commit the change within {} s (cut off from the other orchestrators?)",
+                self.opts.name,
+                WRITE_TIMEOUT.as_secs()
+            ))),
+            Ok(Ok(r)) => Ok(r.data),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
                 Err(self.not_leader(f.leader_node))
             }
-            Err(e) => Err(Status::unavailable(format!(
+            Ok(Err(e)) => Err(Status::unavailable(format!(
                 "the orchestrator cluster could not commit the change: {e}"
             ))),
         }

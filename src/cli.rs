@@ -106,8 +106,20 @@ pub struct RestoreArgs {
     pub json: bool,
 }
 
-/// List the sandboxes running on this machine.
+/// Show replicated services (with an orchestrator), or the sandboxes running on this machine.
+///
+/// With --orchestrator (or TARDI_ORCHESTRATOR): the orchestrator cluster (leader, term, log
+/// index, each member's address, whether it is reachable and, from the leader, its log index),
+/// the machines (alive or not) and, per service, its health, address, view (number, active or
+/// proposed), primary, backups and spares, and what the instances report: epoch and decided
+/// epoch, epochs per second, checkpoint size, pause, backup lag, output held, and the last view
+/// change. The leader's answer is preferred: it alone knows which machines are alive.
+///
+/// Without an orchestrator: the sandboxes `tardi run` / `tardi restore` run on this machine.
+///
+/// Example: tardi status --orchestrator 10.0.0.1:7700 --json
 #[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
 pub struct StatusArgs {
     /// Print JSON: with an orchestrator, one object
     /// {"orchestrator":..,"cluster":{"leader","members":{NAME:{"addr","voter","reachable",

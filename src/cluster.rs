@@ -210,13 +210,14 @@ pub fn status(a: &StatusArgs, addr: &str) -> anyhow::Result<()> {
     for s in &st.services {
         let v = s.view.clone().unwrap_or_default();
         println!(
-            "service {:?} at {}: view {} ({}), primary {}, backups [{}], spares [{}]",
+            "service {:?} at {}: {}; view {} ({}), primary {}, backups [{}], spares [{}]",
             s.name,
             if s.address.is_empty() {
                 "-"
             } else {
                 &s.address
             },
+            s.health,
             v.number,
             if v.active { "active" } else { "proposed" },
             v.primary,
@@ -305,6 +306,7 @@ fn status_json(st: &pb::ClusterStatus) -> serde_json::Value {
             serde_json::json!({
                 "name": s.name,
                 "address": s.address,
+                "health": s.health,
                 "view": v.number,
                 "active": v.active,
                 "primary": v.primary,

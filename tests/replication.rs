@@ -18,6 +18,29 @@ fn manifest(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Writes `PREFIX:i = i` for i in 0..n, each acknowledged (panics otherwise).
+fn set_keys(to: SocketAddr, prefix: &str, n: u64) {
+    let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
+    for i in 0..n {
+        assert_eq!(
+            cn.cmd(&["SET", &format!("{prefix}:{i}"), &i.to_string()])
+                .unwrap(),
+            Reply::Status("OK".into())
+        );
+    }
+}
+
+/// How many of `PREFIX:i = i` for i in 0..n the service holds.
+fn count_keys(to: SocketAddr, prefix: &str, n: u64) -> usize {
+    let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
+    (0..n)
+        .filter(|i| {
+            cn.cmd(&["GET", &format!("{prefix}:{i}")]).ok()
+                == Some(Reply::Bulk(Some(i.to_string().into_bytes())))
+        })
+        .count()
+}
+
 fn addr(svc: &Value, port: u16) -> SocketAddr {
     let a = svc["address"].as_str().expect("service address");
     format!("{a}:{port}").parse().expect("address")
@@ -199,17 +222,7 @@ fn two_backups_survive_a_primary_power_cut() {
     });
     let primary = svc["primary"].as_str().unwrap().to_string();
     let to = addr(&svc, 6379);
-    c.lab
-        .in_node("client", || {
-            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
-            for i in 0..100 {
-                assert_eq!(
-                    cn.cmd(&["SET", &format!("t:{i}"), &i.to_string()]).unwrap(),
-                    Reply::Status("OK".into())
-                );
-            }
-        })
-        .unwrap();
+    c.lab.in_node("client", || set_keys(to, "t", 100)).unwrap();
     c.lab.kill(&primary).unwrap();
     let svc = c.wait_active("redis", Duration::from_secs(20), |s| {
         s["primary"] != primary.as_str() && s["backups"].as_array().is_some_and(|b| b.len() == 1)
@@ -217,15 +230,7 @@ fn two_backups_survive_a_primary_power_cut() {
     assert!(!svc["backups"][0].as_str().unwrap().is_empty());
     let n = c
         .lab
-        .in_node("client", || {
-            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
-            (0..100)
-                .filter(|i| {
-                    cn.cmd(&["GET", &format!("t:{i}")]).ok()
-                        == Some(Reply::Bulk(Some(i.to_string().into_bytes())))
-                })
-                .count()
-        })
+        .in_node("client", || count_keys(to, "t", 100))
         .unwrap();
     assert_eq!(n, 100);
 }
@@ -246,17 +251,7 @@ fn malformed_and_out_of_view_checkpoints_are_refused_with_nothing_applied() {
     let view = svc["view"].as_u64().unwrap();
     let to = addr(&svc, 6379);
     let api = c.lab.api(&backup).unwrap().to_string();
-    c.lab
-        .in_node("client", || {
-            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
-            for i in 0..100 {
-                assert_eq!(
-                    cn.cmd(&["SET", &format!("r:{i}"), &i.to_string()]).unwrap(),
-                    Reply::Status("OK".into())
-                );
-            }
-        })
-        .unwrap();
+    c.lab.in_node("client", || set_keys(to, "r", 100)).unwrap();
     // Sent straight to the backup's Replica service, as a rogue or deposed primary would.
     let errors = c
         .lab
@@ -342,15 +337,7 @@ fn malformed_and_out_of_view_checkpoints_are_refused_with_nothing_applied() {
     });
     let n = c
         .lab
-        .in_node("client", || {
-            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
-            (0..100)
-                .filter(|i| {
-                    cn.cmd(&["GET", &format!("r:{i}")]).ok()
-                        == Some(Reply::Bulk(Some(i.to_string().into_bytes())))
-                })
-                .count()
-        })
+        .in_node("client", || count_keys(to, "r", 100))
         .unwrap();
     assert_eq!(
         n, 100,

@@ -4,7 +4,8 @@
 //! Threads and tasks:
 //! - the *epoch thread* owns the service and its epoch loop. The loop's pause hook marks the
 //!   epoch boundary in the output gate; each checkpoint is then serialised once and appended to
-//!   the shared log;
+//!   the shared log. The gate's reader thread ends an epoch early when output is waiting
+//!   (adaptive epochs), by setting the loop's trigger;
 //! - one *sender* task per backup streams the log to it (after a full checkpoint, which a backup
 //!   needs whenever it joins this primary's run) and reads its acknowledgements;
 //! - acknowledgements update the decision ([`Decision`]); a newly decided epoch is released in
@@ -21,7 +22,7 @@ use crate::throttle::Throttle;
 use crate::{Ctx, Target};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tardi_checkpointer::epoch::{ChainState, EpochConfig, EpochHooks, Epochs};
 use tardi_netfilter::{Gate, GateConfig, announce::ServiceAddress};
@@ -418,19 +419,18 @@ fn epoch_config(m: &tardi_manifest::Manifest, svc: &Service) -> EpochConfig {
 
 /// Runs the epoch loop until the service ends or the primary is stopped.
 fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow::Result<()> {
-    // The pause hook marks the epoch boundary in the gate (one atomic store), and wakes the
-    // relay below so that it waits for the next epoch's first packet.
-    let marked = Arc::new((Mutex::new(0u64), Condvar::new()));
+    // The pause hook marks the epoch boundary in the gate (one atomic store).
     let hooks = {
         let gate = sh.gate.clone();
-        let marked = marked.clone();
-        EpochHooks::on_pause(move |e| {
-            gate.mark(e);
-            *marked.0.lock().unwrap_or_else(|p| p.into_inner()) = e;
-            marked.1.notify_one();
-        })
+        EpochHooks::on_pause(move |e| gate.mark(e))
     };
     let (mut epochs, first, stats) = Epochs::start_with(svc.pid(), cfg, hooks)?;
+    // Adaptive epochs: the gate's reader ends the epoch (after its minimum length) as soon as
+    // its first output packet is queued, without waking another thread first.
+    let trigger = epochs.trigger();
+    if !sh.gate.on_output(Box::new(move || trigger.set())) {
+        tracing::warn!(service = %sh.name, "the gate already has an output callback; epochs are not adaptive");
+    }
     publish(
         sh,
         first.epoch,
@@ -439,30 +439,6 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
         stats.pause_us,
     );
     sh.lock().phase = "running".into();
-    // Adaptive epochs: the first packet of an epoch ends it early (after the minimum interval).
-    let relay = {
-        let (sh, trigger, marked) = (sh.clone(), epochs.trigger(), marked.clone());
-        std::thread::Builder::new()
-            .name(format!("output-{}", sh.name))
-            .spawn(move || {
-                while !sh.stop.load(Ordering::SeqCst) {
-                    if !sh.gate.wait_output(Duration::from_millis(100)) {
-                        continue;
-                    }
-                    trigger.set();
-                    // Until the pause marks this epoch, the same packets keep it waiting.
-                    let mut m = marked.0.lock().unwrap_or_else(|p| p.into_inner());
-                    let at = *m;
-                    while *m == at && !sh.stop.load(Ordering::SeqCst) {
-                        m = marked
-                            .1
-                            .wait_timeout(m, Duration::from_millis(100))
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0;
-                    }
-                }
-            })?
-    };
     let result = loop {
         if sh.stop.load(Ordering::SeqCst) {
             break Ok(());
@@ -500,8 +476,6 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
         }
     };
     sh.stop.store(true, Ordering::SeqCst);
-    marked.1.notify_all();
-    let _ = relay.join();
     epochs.stop();
     let _ = svc.teardown();
     result

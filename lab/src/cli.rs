@@ -274,16 +274,34 @@ fn describe_up(s: &Summary) -> String {
     out.push_str(&format!(
         "\nIn every node TARDI_ORCHESTRATOR={}; daemon logs are in {}.\n\
          Services get addresses from {SERVICE_SUBNET}/{SERVICE_PREFIX}, reachable from the client.\n\n\
-         Next steps:\n  \
-         tardi lab exec client -- redis-cli -h <service address>   run a client\n  \
-         tardi lab exec {machine} -- ip addr                           look inside a machine\n  \
-         tardi lab kill {machine}                                      power cut (tardi lab start {machine} restores)\n  \
-         tardi lab partition {machine}                                 cut its links (tardi lab heal {machine} restores)\n  \
-         tardi lab status                                       what runs\n  \
-         tardi lab down                                         remove everything\n",
+         Next steps:\n",
         s.orchestrator,
         layout::log_dir().display(),
     ));
+    let steps = [
+        (
+            "tardi lab exec client -- redis-cli -h <service address>".to_string(),
+            "run a client".to_string(),
+        ),
+        (
+            format!("tardi lab exec {machine} -- ip addr"),
+            "look inside a machine".into(),
+        ),
+        (
+            format!("tardi lab kill {machine}"),
+            format!("power cut (tardi lab start {machine} powers it on)"),
+        ),
+        (
+            format!("tardi lab partition {machine}"),
+            format!("cut its links (tardi lab heal {machine} restores them)"),
+        ),
+        ("tardi lab status".into(), "what runs".into()),
+        ("tardi lab down".into(), "remove everything".into()),
+    ];
+    let width = steps.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
+    for (cmd, what) in steps {
+        out.push_str(&format!("  {cmd:<width$}   {what}\n"));
+    }
     out
 }
 

@@ -35,6 +35,9 @@ pub struct LabOptions {
     pub lock_wait: Duration,
     /// Print a line per step on stderr (they also go to `tracing` at info level).
     pub progress: bool,
+    /// Put each node's processes in a cgroup (if cgroup2 is there). Without, a kill walks
+    /// `/proc` for the node's processes and their descendants; tests of that path turn it off.
+    pub cgroups: bool,
 }
 
 impl LabOptions {
@@ -48,6 +51,7 @@ impl LabOptions {
             ready_timeout: Duration::from_secs(10),
             lock_wait: Duration::from_secs(30 * 60),
             progress: false,
+            cgroups: true,
         }
     }
 
@@ -127,6 +131,8 @@ pub struct Lab {
     owned: bool,
     progress: bool,
     ready_timeout: Duration,
+    /// Whether `up` may create cgroups.
+    cgroups: bool,
 }
 
 impl Lab {
@@ -144,6 +150,7 @@ impl Lab {
         let state = LabState::new(&layout, Owner::Held, opts.daemons.clone());
         state.save()?;
         let mut lab = Lab {
+            cgroups: opts.cgroups,
             state,
             layout,
             _lock: Some(lock),
@@ -171,6 +178,7 @@ impl Lab {
             owned: false,
             progress: false,
             ready_timeout: Duration::from_secs(10),
+            cgroups: true,
         })
     }
 
@@ -291,6 +299,38 @@ impl Lab {
             .ctx(|| format!("node {name}: starting `{}`", crate::cmd::display(&cmd)))
     }
 
+    /// The pid of node `name`'s daemon (last started), if it has one.
+    pub fn daemon_pid(&self, name: &str) -> Result<Option<u32>> {
+        self.node(name)?;
+        Ok(self
+            .state
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .and_then(|n| n.pid))
+    }
+
+    /// The log of node `name`'s daemon (stdout and stderr).
+    pub fn log_path(&self, name: &str) -> Result<PathBuf> {
+        Ok(self.node(name)?.log_path())
+    }
+
+    /// The last `lines` lines of every daemon's log, each under a header: for failure messages.
+    pub fn logs_tail(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for node in self.layout.nodes() {
+            let path = node.log_path();
+            if path.exists() {
+                out.push_str(&format!(
+                    "--- {} (last {lines} lines)\n{}\n",
+                    path.display(),
+                    daemon::log_tail(&path, lines)
+                ));
+            }
+        }
+        out
+    }
+
     /// The pids in node `name`'s cgroup (empty without cgroups).
     pub fn cgroup_pids(&self, name: &str) -> Result<Vec<u32>> {
         let node = self.node(name)?;
@@ -391,7 +431,9 @@ impl Lab {
             .iter()
             .map(|n| n.name.as_str())
             .collect();
-        self.state.cgroup = cgroup::create(&names)?;
+        if self.cgroups {
+            self.state.cgroup = cgroup::create(&names)?;
+        }
         self.state.save()?;
         self.step(&format!(
             "switch {} (bridge {})",

@@ -118,16 +118,21 @@ struct Shared {
     sock: QueueSocket,
     out_queue: u16,
     in_queue: u16,
-    /// The last epoch marked. A packet read while it is `m` belongs to epoch `m + 1`.
-    marked: AtomicU64,
+    /// The epoch open now: a packet read while it is `n` belongs to epoch `n`. It starts at 0
+    /// and `mark(e)` makes it `e + 1` (so "nothing marked yet" and "epoch 0 marked" differ).
+    open: AtomicU64,
     /// The last epoch released.
     released: AtomicU64,
-    /// The epoch of the newest held output packet (for `output_waiting`).
+    /// One more than the epoch of the newest held output packet; 0: none (for
+    /// `output_waiting`).
     newest_out: AtomicU64,
     held: Mutex<Held>,
     /// Serializes verdicts, so that they reach the kernel in the order the lists were cut.
     sender: Mutex<()>,
     waiters: AtomicUsize,
+    /// Called by the reader on the first output packet of each epoch (see
+    /// [`Gate::on_output`]).
+    on_output: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     wait_lock: Mutex<()>,
     wait_cv: Condvar,
     released_packets: AtomicU64,
@@ -241,12 +246,13 @@ impl Gate {
             sock,
             out_queue: cfg.queue_num,
             in_queue: cfg.input_queue_num,
-            marked: AtomicU64::new(0),
+            open: AtomicU64::new(0),
             released: AtomicU64::new(0),
             newest_out: AtomicU64::new(0),
             held: Mutex::new(Held::default()),
             sender: Mutex::new(()),
             waiters: AtomicUsize::new(0),
+            on_output: std::sync::OnceLock::new(),
             wait_lock: Mutex::new(()),
             wait_cv: Condvar::new(),
             released_packets: AtomicU64::new(0),
@@ -338,7 +344,7 @@ impl Gate {
     /// the next epoch and released one epoch late; a packet sent after the pause is read after
     /// the mark, so it can never be attributed to an earlier epoch.
     pub fn mark(&self, epoch: u64) {
-        self.shared.marked.fetch_max(epoch, SeqCst);
+        self.shared.open.fetch_max(epoch.saturating_add(1), SeqCst);
     }
 
     /// Epoch `decided` and all before it are decided: accepts every held packet of those
@@ -348,7 +354,9 @@ impl Gate {
     pub fn release(&self, decided: u64) -> Result<()> {
         let s = &self.shared;
         s.check_reader()?;
-        let marked = s.marked.load(SeqCst);
+        let Some(marked) = s.open.load(SeqCst).checked_sub(1) else {
+            return Ok(()); // nothing marked yet: no packet belongs to a checkpoint
+        };
         if decided > marked {
             tracing::debug!(
                 decided,
@@ -384,6 +392,14 @@ impl Gate {
     /// Some packet of the current (unmarked) epoch is held.
     pub fn output_waiting(&self) -> bool {
         self.shared.output_waiting()
+    }
+
+    /// Has the reader thread call `f` when the first output packet of an epoch is queued (the
+    /// moment [`output_waiting`](Gate::output_waiting) turns true), with no hand-off to another
+    /// thread: `f` must be quick and must not block (setting a flag or a condition variable).
+    /// Once per gate; a second call returns `false` and changes nothing.
+    pub fn on_output(&self, f: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.shared.on_output.set(f).is_ok()
     }
 
     /// Blocks until [`output_waiting`](Gate::output_waiting) or `timeout`; returns the former.
@@ -492,7 +508,7 @@ impl Gate {
             socket_overflows: s.overflows.load(SeqCst),
             verdict_errors: s.verdict_errors.load(SeqCst),
             dropped_total: discarded + kernel_dropped,
-            last_marked: s.marked.load(SeqCst),
+            last_marked: s.open.load(SeqCst).saturating_sub(1),
             last_released: s.released.load(SeqCst),
         }
     }
@@ -569,7 +585,7 @@ fn parse_proc_queues(text: &str) -> Vec<ProcQueue> {
 
 impl Shared {
     fn output_waiting(&self) -> bool {
-        self.newest_out.load(SeqCst) > self.marked.load(SeqCst)
+        self.newest_out.load(SeqCst) > self.open.load(SeqCst)
     }
 
     fn check_reader(&self) -> Result<()> {
@@ -618,7 +634,7 @@ impl Shared {
     fn take(&self, events: &[Event]) {
         // Loaded after the read: packets read before a mark may get the later epoch (released
         // late, safe), packets sent after a mark cannot get an earlier one.
-        let epoch = self.marked.load(SeqCst) + 1;
+        let epoch = self.open.load(SeqCst);
         let now = Instant::now();
         let mut new_out = false;
         let open = self.input_open.load(SeqCst);
@@ -663,7 +679,12 @@ impl Shared {
             }
         }
         if new_out {
-            self.newest_out.fetch_max(epoch, SeqCst);
+            let before = self.newest_out.fetch_max(epoch + 1, SeqCst);
+            if before < epoch + 1
+                && let Some(f) = self.on_output.get()
+            {
+                f();
+            }
             if self.waiters.load(SeqCst) > 0 {
                 let _g = lock(&self.wait_lock);
                 self.wait_cv.notify_all();
@@ -721,7 +742,7 @@ impl Shared {
         let bytes = list.cut(n);
         list.through = Some(q.id_sequence);
         if queue == self.out_queue {
-            let newest = list.entries.back().map_or(0, |e| e.epoch);
+            let newest = list.entries.back().map_or(0, |e| e.epoch + 1);
             self.newest_out.store(newest, SeqCst);
         }
         Ok((q.total, bytes))

@@ -102,6 +102,68 @@ fn wait_output_wakes_on_the_first_packet_of_an_epoch() {
     assert!(!g.wait_output(Duration::from_millis(50)));
 }
 
+/// The first checkpoint is epoch 0: output sent before its pause is released once epoch 0 is
+/// decided, not an epoch later (a new primary's first replies wait for nothing more).
+#[test]
+fn epoch_zero_releases_what_came_before_the_first_mark() {
+    let t = Topo::new("zero");
+    let g = gate(&t, Mode::Hold);
+    let (tx, rx) = (t.sandbox_udp(), t.client_udp(9000));
+    send_seq(&tx, (CLIENT_ADDR, 9000), 0..10);
+    wait_held(&g, 10);
+    g.release(0).unwrap();
+    assert_eq!(
+        recv_seq(&rx, QUIET),
+        Vec::<u32>::new(),
+        "released before any mark"
+    );
+    g.mark(0);
+    send_seq(&tx, (CLIENT_ADDR, 9000), 10..20);
+    wait_held(&g, 20);
+    g.release(0).unwrap();
+    assert_eq!(
+        recv_seq(&rx, QUIET),
+        (0..10).collect::<Vec<_>>(),
+        "epoch 0 only"
+    );
+    g.mark(1);
+    g.release(1).unwrap();
+    assert_eq!(recv_seq(&rx, QUIET), (10..20).collect::<Vec<_>>());
+}
+
+#[test]
+fn on_output_is_called_once_per_epoch_with_output() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let t = Topo::new("onout");
+    let g = gate(&t, Mode::Hold);
+    let (tx, _rx) = (t.sandbox_udp(), t.client_udp(9000));
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    assert!(g.on_output(Box::new(move || {
+        c.fetch_add(1, Ordering::SeqCst);
+    })));
+    assert!(
+        !g.on_output(Box::new(|| {})),
+        "a second callback is refused"
+    );
+    send_seq(&tx, (CLIENT_ADDR, 9000), 0..5);
+    wait_held(&g, 5);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "once for the epoch's first packet"
+    );
+    g.mark(1);
+    send_seq(&tx, (CLIENT_ADDR, 9000), 5..8);
+    wait_held(&g, 8);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "once more in the next epoch"
+    );
+}
+
 #[test]
 fn drop_mode_drops_and_pass_mode_passes() {
     let t = Topo::new("modes");

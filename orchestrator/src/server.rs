@@ -295,7 +295,6 @@ fn assignments(views: &Views, machine: &str) -> pb::Assignments {
     let services = views
         .services
         .values()
-        .filter(|s| !s.lost)
         .filter_map(|s| {
             let v = s.latest()?;
             v.members().any(|m| m == machine).then(|| pb::Assignment {
@@ -454,16 +453,22 @@ impl pb::orchestrator_server::Orchestrator for Svc {
             Err(e) => return fail(format!("the manifest is not valid: {e}")),
         };
         let name = m.tardi.name.clone();
-        // A new leader knows which machines are alive only once its grace period is over.
-        let since = *self.0.leader.borrow();
-        if let Some(left) =
-            since.and_then(|t| grace(self.0.opts.failure_timeout).checked_sub(t.elapsed()))
-        {
-            tokio::time::sleep(left).await;
-            self.0.check_leader()?;
-        }
-        let alive = self.0.alive();
-        let placed = self.0.shared.read(|a| a.views.placement(&alive, r.backups));
+        // A new leader learns which machines are alive as their sessions reach it: during its
+        // grace period, wait for enough of them rather than refuse.
+        let (alive, placed) = loop {
+            let alive = self.0.alive();
+            let placed = self.0.shared.read(|a| a.views.placement(&alive, r.backups));
+            let in_grace = self
+                .0
+                .leader
+                .borrow()
+                .is_some_and(|t| t.elapsed() < grace(self.0.opts.failure_timeout));
+            if placed.is_some() || !in_grace {
+                break (alive, placed);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        self.0.check_leader()?;
         let Some((primary, backup_machines)) = placed else {
             return fail(format!(
                 "cannot deploy {name:?} with {} backup(s): it needs {} live machines and {} are live ({}); nothing was deployed",
@@ -541,6 +546,7 @@ impl pb::orchestrator_server::Orchestrator for Svc {
                             .unwrap_or_default(),
                         view: v.as_ref().map(to_pb),
                         spares: views.spares(s, &alive),
+                        health: views.health(s, &alive).to_string(),
                         backups_wanted: s.backups_wanted,
                         primary,
                         backup_reports: v

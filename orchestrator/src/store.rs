@@ -553,8 +553,10 @@ mod tests {
             let bad = sm
                 .apply([Entry {
                     log_id: log_id(3, 5),
-                    payload: EntryPayload::Normal(Command::Lost {
+                    payload: EntryPayload::Normal(Command::Activate {
                         service: "nope".into(),
+                        view: 1,
+                        primary: "m1".into(),
                         now_ms: 0,
                     }),
                 }])

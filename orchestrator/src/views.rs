@@ -52,8 +52,6 @@ pub struct Service {
     pub active: Option<View>,
     /// A newer view, proposed and not yet activated.
     pub proposed: Option<View>,
-    /// No member of the last active view survived: the service's state is gone.
-    pub lost: bool,
     pub history: Vec<ViewChange>,
 }
 
@@ -65,6 +63,37 @@ impl Service {
 
     fn next_number(&self) -> u64 {
         self.latest().map_or(1, |v| v.number + 1)
+    }
+}
+
+/// How protected a service is (derived from the state and the live set, never stored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// Its active view's primary and every backup are alive.
+    Protected,
+    /// It runs without a live backup (none wanted, or one is being replaced).
+    Unprotected,
+    /// Its first view is not active yet.
+    Starting,
+    /// A newer view is proposed (a failover or a spare joining).
+    Changing,
+    /// Its primary is suspected failed and a backup holds its state.
+    FailingOver,
+    /// Its primary is suspected failed and no live machine holds its state: it comes back only
+    /// if a member of its active view does.
+    Unavailable,
+}
+
+impl std::fmt::Display for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Health::Protected => "protected",
+            Health::Unprotected => "unprotected (no live backup)",
+            Health::Starting => "starting",
+            Health::Changing => "changing views",
+            Health::FailingOver => "failing over",
+            Health::Unavailable => "unavailable: no live machine holds its state",
+        })
     }
 }
 
@@ -95,8 +124,6 @@ pub enum Command {
         primary: String,
         now_ms: u64,
     },
-    /// The service's state is gone (no member of its active view survived).
-    Lost { service: String, now_ms: u64 },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -179,7 +206,6 @@ impl Views {
                         backups_wanted: *backups,
                         active: None,
                         proposed: Some(view.clone()),
-                        lost: false,
                         history: vec![ViewChange {
                             view,
                             reason: "deployed".into(),
@@ -250,28 +276,10 @@ impl Views {
                 let p = View { active: true, ..p };
                 s.active = Some(p.clone());
                 s.proposed = None;
-                s.lost = false;
                 if let Some(h) = s.history.iter_mut().rev().find(|h| h.view.number == *view) {
                     h.view.active = true;
                     h.activated_ms = *now_ms;
                 }
-            }
-            Command::Lost { service, now_ms } => {
-                let s = self.service_mut(service)?;
-                s.lost = true;
-                s.proposed = None;
-                s.history.push(ViewChange {
-                    view: s.active.clone().unwrap_or(View {
-                        number: 0,
-                        primary: String::new(),
-                        backups: vec![],
-                        active: false,
-                        fresh: false,
-                    }),
-                    reason: "lost: no member of the active view survived".into(),
-                    proposed_ms: *now_ms,
-                    activated_ms: 0,
-                });
             }
         }
         Ok(())
@@ -325,6 +333,31 @@ impl Views {
         Some((primary, backs))
     }
 
+    /// How protected `s` is, given the live set.
+    pub fn health(&self, s: &Service, alive: &BTreeSet<String>) -> Health {
+        let Some(latest) = s.latest() else {
+            return Health::Unavailable;
+        };
+        let holders = |v: &View| v.members().filter(|m| alive.contains(*m)).count();
+        if !alive.contains(&latest.primary) {
+            match &s.active {
+                Some(a) if a.backups.iter().any(|b| alive.contains(b)) => Health::FailingOver,
+                None if holders(latest) > 0 || !alive.is_empty() => Health::Starting,
+                _ => Health::Unavailable,
+            }
+        } else if s.proposed.is_some() {
+            if s.active.is_none() {
+                Health::Starting
+            } else {
+                Health::Changing
+            }
+        } else if latest.backups.iter().all(|b| alive.contains(b)) && !latest.backups.is_empty() {
+            Health::Protected
+        } else {
+            Health::Unprotected
+        }
+    }
+
     /// Live machines of no view of `s`: its spares.
     pub fn spares(&self, s: &Service, alive: &BTreeSet<String>) -> Vec<String> {
         let members: BTreeSet<&String> = s
@@ -348,7 +381,7 @@ impl Views {
         now_ms: u64,
     ) -> Vec<Command> {
         let mut out = Vec::new();
-        for s in self.services.values().filter(|s| !s.lost) {
+        for s in self.services.values() {
             let Some(latest) = s.latest() else { continue };
             let dead: Vec<&String> = latest.members().filter(|m| !alive.contains(*m)).collect();
             let number = s.next_number();
@@ -382,10 +415,10 @@ impl Views {
                             .filter(|b| alive.contains(*b))
                             .collect();
                         if cands.is_empty() {
-                            out.push(Command::Lost {
-                                service: s.name.clone(),
-                                now_ms,
-                            });
+                            // No live machine holds its state. Nothing to propose: a suspicion
+                            // may be false (a primary slow to heartbeat under load), and if it
+                            // is not, only a member of the active view coming back can help.
+                            // The service stays assigned; `health` reports it unavailable.
                             continue;
                         }
                         let rank = |m: &String| {
@@ -569,7 +602,7 @@ mod tests {
     }
 
     #[test]
-    fn backup_failure_keeps_the_primary_and_losing_everyone_is_reported() {
+    fn backup_failure_keeps_the_primary_and_losing_everyone_changes_nothing() {
         let (mut v, mut alive) = cluster(2);
         deploy(&mut v, &alive, 1);
         activate_latest(&mut v);
@@ -580,10 +613,14 @@ mod tests {
         assert_eq!((p.primary.as_str(), p.backups.len()), ("m1", 0));
         activate_latest(&mut v);
         alive.remove("m1");
-        let cmds = v.plan(&alive, &BTreeMap::new(), 4);
-        assert!(matches!(cmds[..], [Command::Lost { .. }]));
-        v.apply(&cmds[0]).unwrap();
-        assert!(v.services["redis"].lost);
+        // No survivor: nothing to propose, and the service stays assigned to its primary (the
+        // suspicion may be false: under load a heartbeat can be late).
+        let before = v.clone();
+        assert!(v.plan(&alive, &BTreeMap::new(), 4).is_empty());
+        assert_eq!(v, before);
+        assert_eq!(v.health(&v.services["redis"], &alive), Health::Unavailable);
+        alive.insert("m1".into());
+        assert_eq!(v.health(&v.services["redis"], &alive), Health::Unprotected);
     }
 
     #[test]

@@ -192,6 +192,13 @@ async fn join_catches_up_from_a_snapshot_leave_and_restart() {
 
     // o1 restarted from its data directory: the same state, leader of its cluster of one again.
     o1.stop().await;
+    // The stopped raft's tasks drop the store's last handles shortly after its shutdown (a
+    // process restart has no such wait).
+    let t0 = Instant::now();
+    while let Err(e) = tardi_orchestrator::store::open(&d1.0) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let o1 = Node::start("o1", a1, &d1.0, false);
     let st = wait(&o1.url, "o1 to lead again after its restart", |s| {
         s.cluster

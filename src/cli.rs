@@ -108,10 +108,12 @@ pub struct RestoreArgs {
 
 /// Show replicated services (with an orchestrator), or the sandboxes running on this machine.
 ///
-/// With --orchestrator (or TARDI_ORCHESTRATOR): the machines (alive or not) and, per service,
-/// its address, view (number, active or proposed), primary, backups and spares, and what the
-/// instances report: epoch and decided epoch, epochs per second, checkpoint size, pause, backup
-/// lag, output held, and the last view change.
+/// With --orchestrator (or TARDI_ORCHESTRATOR): the orchestrator cluster (leader, term, log
+/// index, each member's address, whether it is reachable and, from the leader, its log index),
+/// the machines (alive or not) and, per service, its health, address, view (number, active or
+/// proposed), primary, backups and spares, and what the instances report: epoch and decided
+/// epoch, epochs per second, checkpoint size, pause, backup lag, output held, and the last view
+/// change. The leader's answer is preferred: it alone knows which machines are alive.
 ///
 /// Without an orchestrator: the sandboxes `tardi run` / `tardi restore` run on this machine.
 ///
@@ -120,14 +122,20 @@ pub struct RestoreArgs {
 #[command(verbatim_doc_comment)]
 pub struct StatusArgs {
     /// Print JSON: with an orchestrator, one object
-    /// {"orchestrator":..,"machines":[..],"services":[{"name","address","view","active",
+    /// {"orchestrator":..,"cluster":{"leader","members":{NAME:{"addr","voter","reachable",
+    /// "log_index"}},..},"machines":[..],"services":[{"name","address","view","active",
     /// "primary","backups","spares",..}]}; without, one object per local sandbox.
     #[arg(long)]
     pub json: bool,
-    /// The orchestrator to ask (host:port). Without it (and without TARDI_ORCHESTRATOR), the
-    /// sandboxes running on this machine are listed instead.
+    /// The orchestrators to ask (comma-separated host:port or URLs; the leader's answer is
+    /// preferred). Without it (and without TARDI_ORCHESTRATOR), the sandboxes running on this
+    /// machine are listed instead.
     #[arg(long, env = "TARDI_ORCHESTRATOR")]
     pub orchestrator: Option<String>,
+    /// Take the answer of the first orchestrator that answers, even a follower's (its own
+    /// replicated state, without liveness), instead of the leader's.
+    #[arg(long)]
+    pub any_node: bool,
 }
 
 /// Deploy a replicated service: a primary runs it, backups receive its checkpoints.
@@ -153,7 +161,7 @@ pub struct DeployArgs {
     /// How many backups (each on its own machine).
     #[arg(long, default_value_t = 1)]
     pub backups: u32,
-    /// The orchestrator (host:port).
+    /// The orchestrators (comma-separated host:port or URLs; the leader is found among them).
     #[arg(long, env = "TARDI_ORCHESTRATOR")]
     pub orchestrator: String,
     /// Return once the orchestrator accepted the deployment, without waiting for protection.
@@ -174,21 +182,75 @@ pub struct DeployArgs {
 /// its services (a surviving backup becomes primary; later a spare becomes a backup). A view
 /// becomes active only when its primary asks: the failure detector never decides safety.
 ///
-/// Today this is a cluster of one node (state in memory); the replicated cluster comes next.
+/// Orchestrators form a cluster (Raft, 3 or 5 nodes; one node is a cluster of one) that
+/// replicates the views; its log and state live in --data-dir. The leader serves instances
+/// and writes; the others follow and take over if it fails. With an empty data directory the
+/// node named first in --peers (or a node without --peers) initializes the cluster and the
+/// others wait for it; a node restarted from its data directory rejoins (--peers is then
+/// ignored). `tardi orchestrator join|leave` change the membership.
 ///
-/// Example: tardi orchestrator --listen 10.0.0.1:7700
+/// Examples:
+///   tardi orchestrator --name o1 --listen 10.0.0.1:7700
+///   tardi orchestrator --name o1 --listen 10.0.0.1:7700 \
+///       --peers o1=10.0.0.1:7700,o2=10.0.0.2:7700,o3=10.0.0.3:7700
+///   tardi orchestrator --name o4 --listen 10.0.0.4:7700 --join    # then, anywhere:
+///   tardi orchestrator join --name o4 --addr 10.0.0.4:7700 --orchestrator 10.0.0.1:7700
 #[derive(Args, Debug)]
-#[command(verbatim_doc_comment)]
+#[command(verbatim_doc_comment, args_conflicts_with_subcommands = true)]
 pub struct OrchestratorArgs {
-    /// Address for instances and the CLI.
+    #[command(subcommand)]
+    pub action: Option<OrchestratorAction>,
+    /// Address for instances, the CLI and the other orchestrators.
     #[arg(long, default_value = "0.0.0.0:7700")]
     pub listen: std::net::SocketAddr,
-    /// This node's name (in status and logs).
+    /// This node's name (unique in the orchestrator cluster).
     #[arg(long, default_value = "o1")]
     pub name: String,
+    /// Where the raft log and the replicated state live [default: /var/lib/tardi/orchestrator/NAME].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// The cluster's initial members, NAME=ADDR,... (this node included; ADDR is host:port or
+    /// a URL). Used only to initialize an empty data directory.
+    #[arg(long, value_delimiter = ',')]
+    pub peers: Vec<String>,
+    /// Start with an empty data directory and wait to be added by `tardi orchestrator join`.
+    #[arg(long)]
+    pub join: bool,
     /// An instance silent this long (milliseconds) is suspected failed.
     #[arg(long, default_value_t = 100)]
     pub failure_timeout: u64,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum OrchestratorAction {
+    /// Add a running orchestrator node (started with --join) to the cluster: it catches up as a
+    /// learner, then becomes a voter.
+    Join(JoinArgs),
+    /// Remove an orchestrator node from the cluster.
+    Leave(LeaveArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct JoinArgs {
+    /// The new node's name (its --name).
+    #[arg(long)]
+    pub name: String,
+    /// The new node's address (host:port or URL), as the other nodes reach it.
+    #[arg(long)]
+    pub addr: String,
+    /// The cluster's orchestrators (comma-separated host:port or URLs).
+    #[arg(long, env = "TARDI_ORCHESTRATOR")]
+    pub orchestrator: String,
+}
+
+#[derive(Args, Debug)]
+pub struct LeaveArgs {
+    /// The node to remove.
+    #[arg(long)]
+    pub name: String,
+    /// The cluster's orchestrators (comma-separated host:port or URLs).
+    #[arg(long, env = "TARDI_ORCHESTRATOR")]
+    pub orchestrator: String,
 }
 
 /// Run this machine's instance: primary, backup or spare for each deployed service.
@@ -210,7 +272,7 @@ pub struct InstanceArgs {
     /// Address the checkpoint stream is served on (reachable by the other machines).
     #[arg(long)]
     pub listen: std::net::SocketAddr,
-    /// The orchestrator (host:port).
+    /// The orchestrators (comma-separated host:port or URLs; the session follows the leader).
     #[arg(long, env = "TARDI_ORCHESTRATOR")]
     pub orchestrator: String,
     /// The interface clients reach services through (the service address is claimed there).

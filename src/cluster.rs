@@ -2,7 +2,7 @@
 //! `tardi status` against an orchestrator. The work is in `tardi-orchestrator` and
 //! `tardi-instance`; this module parses, calls and prints.
 
-use crate::cli::{DeployArgs, InstanceArgs, OrchestratorArgs, StatusArgs};
+use crate::cli::{DeployArgs, InstanceArgs, OrchestratorAction, OrchestratorArgs, StatusArgs};
 use anyhow::Context;
 use std::time::Duration;
 use tardi_orchestrator::client;
@@ -15,9 +15,43 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 pub fn orchestrator(a: OrchestratorArgs) -> anyhow::Result<()> {
+    match a.action {
+        Some(OrchestratorAction::Join(j)) => {
+            let r = runtime()?.block_on(client::join(&j.orchestrator, &j.name, &j.addr))?;
+            println!(
+                "{} joined the orchestrator cluster; members: {}",
+                j.name,
+                r.members.join(", ")
+            );
+            return Ok(());
+        }
+        Some(OrchestratorAction::Leave(l)) => {
+            let r = runtime()?.block_on(client::leave(&l.orchestrator, &l.name))?;
+            println!(
+                "{} left the orchestrator cluster; members: {}",
+                l.name,
+                r.members.join(", ")
+            );
+            return Ok(());
+        }
+        None => {}
+    }
     if a.failure_timeout == 0 {
         anyhow::bail!("--failure-timeout must be at least 1 ms");
     }
+    let peers = a
+        .peers
+        .iter()
+        .map(|p| {
+            p.split_once('=')
+                .filter(|(n, addr)| !n.is_empty() && !addr.is_empty())
+                .map(|(n, addr)| (n.to_string(), addr.to_string()))
+                .with_context(|| format!("--peers: {p:?} is not NAME=ADDR"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let data_dir = a
+        .data_dir
+        .unwrap_or_else(|| std::path::Path::new("/var/lib/tardi/orchestrator").join(&a.name));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -27,8 +61,12 @@ pub fn orchestrator(a: OrchestratorArgs) -> anyhow::Result<()> {
             listen: a.listen,
             name: a.name,
             failure_timeout: Duration::from_millis(a.failure_timeout),
+            data_dir,
+            peers,
+            join: a.join,
         },
-    ))
+    ))?;
+    Ok(())
 }
 
 pub fn instance(a: InstanceArgs) -> anyhow::Result<()> {
@@ -113,12 +151,47 @@ pub fn deploy(a: DeployArgs) -> anyhow::Result<()> {
 
 /// `tardi status` with an orchestrator: the cluster's services.
 pub fn status(a: &StatusArgs, addr: &str) -> anyhow::Result<()> {
-    let st = runtime()?.block_on(client::status(addr))?;
+    let st = runtime()?.block_on(client::status_from(addr, !a.any_node))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&status_json(&st))?);
         return Ok(());
     }
-    println!("orchestrator {} at {}", st.orchestrator, addr);
+    let cl = st.cluster.clone().unwrap_or_default();
+    println!(
+        "orchestrator cluster: leader {}, term {}, log index {} (applied {}), answered by {}{}",
+        if cl.leader.is_empty() {
+            "unknown"
+        } else {
+            &cl.leader
+        },
+        cl.term,
+        cl.last_log_index,
+        cl.last_applied,
+        st.orchestrator,
+        if cl.from_leader {
+            ""
+        } else {
+            " (a follower: machines' liveness and reports are the leader's only)"
+        }
+    );
+    for m in &cl.members {
+        println!(
+            "  {:<8} {:<26} {}{}{}",
+            m.name,
+            m.addr,
+            if m.reachable {
+                "reachable"
+            } else {
+                "unreachable"
+            },
+            if m.voter { "" } else { ", learner" },
+            if cl.from_leader {
+                format!(", log index {}", m.matched_index)
+            } else {
+                String::new()
+            }
+        );
+    }
     println!("machines:");
     for m in &st.machines {
         println!(
@@ -198,8 +271,34 @@ fn report_json(r: &pb::ServiceReport) -> serde_json::Value {
 }
 
 fn status_json(st: &pb::ClusterStatus) -> serde_json::Value {
+    let cl = st.cluster.clone().unwrap_or_default();
+    let members: serde_json::Map<String, serde_json::Value> = cl
+        .members
+        .iter()
+        .map(|m| {
+            (
+                m.name.clone(),
+                serde_json::json!({
+                    "addr": m.addr,
+                    "voter": m.voter,
+                    "reachable": m.reachable,
+                    // The leader's view of the member's log (null when a follower answered).
+                    "log_index": cl.from_leader.then_some(m.matched_index),
+                }),
+            )
+        })
+        .collect();
     serde_json::json!({
         "orchestrator": st.orchestrator,
+        "cluster": {
+            "leader": (!cl.leader.is_empty()).then_some(&cl.leader),
+            "from_leader": cl.from_leader,
+            "term": cl.term,
+            "last_log_index": cl.last_log_index,
+            "last_applied": cl.last_applied,
+            "members": members,
+            "unreachable": cl.members.iter().filter(|m| !m.reachable).map(|m| &m.name).collect::<Vec<_>>(),
+        },
         "machines": st.machines.iter().map(|m| serde_json::json!({
             "name": m.name, "api": m.api, "alive": m.alive, "last_seen_ms": m.last_seen_ms,
         })).collect::<Vec<_>>(),

@@ -25,6 +25,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tardi_orchestrator::client::Orchestrators;
 use tardi_proto as pb;
 use tardi_proto::replica_client::ReplicaClient;
 use tardi_sandbox::SandboxConfig;
@@ -38,7 +39,8 @@ pub struct Options {
     pub machine: String,
     /// Where the Replica service listens (other instances send checkpoints here).
     pub listen: SocketAddr,
-    /// The orchestrator (`host:port` or URL).
+    /// The orchestrators (comma-separated `host:port` or URLs): the session and activation
+    /// follow the cluster's leader among them.
     pub orchestrator: String,
     /// The interface clients reach services through: the service address is claimed there.
     pub service_if: String,
@@ -71,6 +73,8 @@ pub struct Ctx {
     machines: Mutex<HashMap<String, String>>,
     clients: Mutex<HashMap<String, ReplicaClient<Channel>>>,
     pub throttle: Option<Arc<throttle::Throttle>>,
+    /// The orchestrator cluster (remembers its leader).
+    orchestrators: Orchestrators,
 }
 
 impl Ctx {
@@ -128,41 +132,26 @@ impl Ctx {
         Ok(c)
     }
 
+    /// Asks the orchestrators' leader to activate `view` (following the leader for up to a
+    /// second: a primary asks again after a refusal).
     pub async fn activate(&self, service: &str, view: u64) -> anyhow::Result<()> {
-        let mut c = orchestrator_client(&self.opts.orchestrator).await?;
-        let r = c
-            .activate(pb::ActivateRequest {
-                service: service.to_string(),
-                view,
-                primary: self.opts.machine.clone(),
+        let req = pb::ActivateRequest {
+            service: service.to_string(),
+            view,
+            primary: self.opts.machine.clone(),
+        };
+        let r = self
+            .orchestrators
+            .call(Duration::from_secs(1), |mut c, _| {
+                let req = req.clone();
+                async move { c.activate(req).await.map(|r| r.into_inner()) }
             })
-            .await?
-            .into_inner();
+            .await?;
         if r.activated {
             Ok(())
         } else {
             anyhow::bail!("{}", r.error)
         }
-    }
-}
-
-async fn orchestrator_client(
-    addr: &str,
-) -> anyhow::Result<pb::orchestrator_client::OrchestratorClient<Channel>> {
-    let ch = tonic::transport::Endpoint::from_shared(tardi_orchestrator_url(addr))?
-        .connect_timeout(Duration::from_millis(500))
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .with_context(|| format!("connecting to the orchestrator at {addr}"))?;
-    Ok(pb::orchestrator_client::OrchestratorClient::new(ch))
-}
-
-fn tardi_orchestrator_url(addr: &str) -> String {
-    if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
     }
 }
 
@@ -440,6 +429,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         rt: rt.handle().clone(),
         machines: Mutex::new(HashMap::new()),
         clients: Mutex::new(HashMap::new()),
+        orchestrators: Orchestrators::new(&opts.orchestrator),
     });
     let roles = Arc::new(Roles {
         ctx: ctx.clone(),
@@ -493,13 +483,25 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     result
 }
 
-/// The session with the orchestrator: heartbeats out, assignments in; reconnects forever.
+/// The session with the orchestrators' leader: heartbeats out, assignments in; reconnects
+/// forever, following the leader (a follower refuses the session and names the leader; a dead
+/// node is noticed by HTTP/2 keepalive within a few hundred ms).
 async fn session(roles: Arc<Roles>, assign: std::sync::mpsc::Sender<pb::Assignments>) {
     let opts = roles.ctx.opts.clone();
+    let orchestrators = &roles.ctx.orchestrators;
     loop {
         let r: anyhow::Result<()> = async {
-            let mut c = orchestrator_client(&opts.orchestrator).await?;
-            let (tx, rx) = tokio::sync::mpsc::channel::<pb::Heartbeat>(4);
+            let (tx, mut incoming, leader) = orchestrators
+                .call(Duration::from_secs(2), |mut c, url| async move {
+                    let (tx, rx) = tokio::sync::mpsc::channel::<pb::Heartbeat>(4);
+                    let incoming = c
+                        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+                        .await?
+                        .into_inner();
+                    Ok((tx, incoming, url))
+                })
+                .await?;
+            tracing::info!(%leader, "session with the orchestrators' leader");
             let hb_roles = roles.clone();
             let hb_opts = opts.clone();
             let beat = tokio::spawn(async move {
@@ -517,10 +519,6 @@ async fn session(roles: Arc<Roles>, assign: std::sync::mpsc::Sender<pb::Assignme
                     }
                 }
             });
-            let mut incoming = c
-                .session(tokio_stream::wrappers::ReceiverStream::new(rx))
-                .await?
-                .into_inner();
             let r = async {
                 while let Some(a) = incoming.message().await? {
                     if assign.send(a).is_err() {
@@ -531,12 +529,14 @@ async fn session(roles: Arc<Roles>, assign: std::sync::mpsc::Sender<pb::Assignme
             }
             .await;
             beat.abort();
+            // A session that ends sends us elsewhere: the node may be dead or a follower now.
+            orchestrators.forget(&leader);
             r
         }
         .await;
         if let Err(e) = r {
             tracing::warn!(error = %e, "orchestrator session lost; reconnecting");
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

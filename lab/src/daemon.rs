@@ -87,6 +87,19 @@ fn tardi_command(exe: &Path, node: &Node, api: SocketAddrV4, layout: &Layout) ->
             api.to_string(),
             "--name".into(),
             node.name.clone(),
+            // Under the lab's state directory, removed with the lab: every lab starts a new
+            // orchestrator cluster, and a restarted node rejoins from its data.
+            "--data-dir".into(),
+            node.state_dir()
+                .join("orchestrator")
+                .to_string_lossy()
+                .into_owned(),
+            "--peers".into(),
+            layout
+                .orchestrators()
+                .filter_map(|o| Some(format!("{}={}", o.name, o.api()?)))
+                .collect::<Vec<_>>()
+                .join(","),
         ],
         Role::Machine | Role::Client => vec![
             exe,
@@ -233,25 +246,22 @@ mod tests {
 
     #[test]
     fn real_daemon_command_lines() {
-        let l = Layout::new(2, 1).unwrap();
+        let l = Layout::new(2, 2).unwrap();
         let d = Daemons::Tardi("/usr/bin/tardi".into());
         assert_eq!(
-            daemon_command(&d, l.node("o1").unwrap(), &l).unwrap(),
-            [
-                "/usr/bin/tardi",
-                "orchestrator",
-                "--listen",
-                "10.77.0.11:7700",
-                "--name",
-                "o1"
-            ]
+            daemon_command(&d, l.node("o2").unwrap(), &l)
+                .unwrap()
+                .join(" "),
+            "/usr/bin/tardi orchestrator --listen 10.77.0.12:7700 --name o2 \
+             --data-dir /var/lib/tardi-lab/o2/orchestrator \
+             --peers o1=10.77.0.11:7700,o2=10.77.0.12:7700"
         );
         assert_eq!(
             daemon_command(&d, l.node("m2").unwrap(), &l)
                 .unwrap()
                 .join(" "),
             "/usr/bin/tardi instance --machine m2 --listen 10.77.0.22:7701 \
-             --orchestrator http://10.77.0.11:7700 --service-if eth0 \
+             --orchestrator http://10.77.0.11:7700,http://10.77.0.12:7700 --service-if eth0 \
              --state-dir /var/lib/tardi-lab/m2 --run-dir /run/tardi-lab/m2/run"
         );
         assert_eq!(daemon_command(&d, l.node("client").unwrap(), &l), None);

@@ -1,19 +1,50 @@
-//! Client calls the CLI makes to an orchestrator (`tardi deploy`, `tardi status`).
+//! Reaching the orchestrator cluster: the CLI's calls (`tardi deploy`, `tardi status`,
+//! `tardi orchestrator join|leave`) and [`Orchestrators`], which instances use too.
+//!
+//! Clients know the orchestrators as a comma-separated list of URLs. Writes go to the leader: a
+//! follower refuses them with `UNAVAILABLE` and the leader's URL in the [`LEADER_KEY`] metadata
+//! key; [`Orchestrators::call`] follows that hint, or tries the next node when one is down or
+//! knows no leader, until its deadline.
 
+use std::future::Future;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tardi_proto as pb;
 use tardi_proto::orchestrator_client::OrchestratorClient;
+use tonic::transport::Channel;
 
-/// Where the CLI finds the orchestrator when `--orchestrator` is not given.
+/// Where the CLI finds the orchestrators when `--orchestrator` is not given.
 pub const ENV: &str = "TARDI_ORCHESTRATOR";
+
+/// The response metadata key naming the leader's URL in a follower's refusal.
+pub const LEADER_KEY: &str = "tardi-leader";
 
 /// `host:port` or a URL → a URL tonic can dial.
 pub fn endpoint(addr: &str) -> String {
+    let addr = addr.trim();
     if addr.starts_with("http://") || addr.starts_with("https://") {
         addr.to_string()
     } else {
         format!("http://{addr}")
     }
+}
+
+/// The URLs of a comma-separated list of orchestrators.
+pub fn urls(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(endpoint)
+        .collect()
+}
+
+/// The leader's URL in a follower's refusal.
+pub fn leader_hint(s: &tonic::Status) -> Option<String> {
+    s.metadata()
+        .get(LEADER_KEY)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_string)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -27,61 +58,212 @@ pub enum ClientError {
     },
     #[error("the orchestrator at {addr} failed the request: {status}")]
     Rpc { addr: String, status: tonic::Status },
+    #[error("no orchestrator named in {0:?} (set --orchestrator or {ENV})")]
+    NoAddress(String),
     #[error("{0}")]
     Refused(String),
     #[error("timed out after {secs} s waiting for {what}")]
     Timeout { secs: u64, what: String },
 }
 
-async fn connect(addr: &str) -> Result<OrchestratorClient<tonic::transport::Channel>, ClientError> {
-    let url = endpoint(addr);
-    let ep = tonic::transport::Endpoint::from_shared(url.clone())
-        .map_err(|source| ClientError::Connect {
-            addr: url.clone(),
-            source,
-        })?
-        .connect_timeout(Duration::from_secs(3));
-    let ch = ep.connect().await.map_err(|source| ClientError::Connect {
-        addr: url.clone(),
+/// Connects to one orchestrator. HTTP/2 keepalive pings (every 100 ms, 200 ms to answer) notice
+/// a dead node fast: an instance's session moves to the new leader within a few hundred ms.
+pub async fn connect(url: &str) -> Result<OrchestratorClient<Channel>, ClientError> {
+    let err = |source| ClientError::Connect {
+        addr: url.to_string(),
         source,
-    })?;
-    Ok(OrchestratorClient::new(ch))
+    };
+    let ch = tonic::transport::Endpoint::from_shared(url.to_string())
+        .map_err(err)?
+        .connect_timeout(Duration::from_millis(300))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_millis(100))
+        .keep_alive_timeout(Duration::from_millis(200))
+        .keep_alive_while_idle(true)
+        .connect()
+        .await
+        .map_err(err)?;
+    Ok(OrchestratorClient::new(ch)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20))
 }
 
-pub async fn status(addr: &str) -> Result<pb::ClusterStatus, ClientError> {
-    let mut c = connect(addr).await?;
-    c.status(pb::StatusRequest {})
-        .await
-        .map(|r| r.into_inner())
-        .map_err(|status| ClientError::Rpc {
-            addr: addr.to_string(),
-            status,
+/// The orchestrator cluster as a client sees it: its URLs and the one that last answered.
+pub struct Orchestrators {
+    urls: Vec<String>,
+    list: String,
+    /// The node to try first (the last that served a call, or the last leader hint).
+    preferred: Mutex<Option<String>>,
+}
+
+impl Orchestrators {
+    pub fn new(list: &str) -> Orchestrators {
+        Orchestrators {
+            urls: urls(list),
+            list: list.to_string(),
+            preferred: Mutex::new(None),
+        }
+    }
+
+    pub fn list(&self) -> &str {
+        &self.list
+    }
+
+    fn preferred(&self) -> Option<String> {
+        self.preferred
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn prefer(&self, url: &str) {
+        *self.preferred.lock().unwrap_or_else(|e| e.into_inner()) = Some(url.to_string());
+    }
+
+    /// Stops preferring `url` (its session ended: it may be dead or a follower now): the next
+    /// call starts with the node after it.
+    pub fn forget(&self, url: &str) {
+        let mut p = self.preferred.lock().unwrap_or_else(|e| e.into_inner());
+        if p.as_deref() == Some(url) {
+            *p = self
+                .urls
+                .iter()
+                .position(|u| u == url)
+                .map(|i| self.urls[(i + 1) % self.urls.len()].clone());
+        }
+    }
+
+    /// Runs `f` against the leader (or, for reads, any node that answers): the preferred node
+    /// first, then leader hints and the other nodes in turn, until `f` succeeds, fails with
+    /// something else than `UNAVAILABLE`, or `within` has passed.
+    pub async fn call<T, F, Fut>(&self, within: Duration, mut f: F) -> Result<T, ClientError>
+    where
+        F: FnMut(OrchestratorClient<Channel>, String) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        if self.urls.is_empty() {
+            return Err(ClientError::NoAddress(self.list.clone()));
+        }
+        let deadline = Instant::now() + within;
+        let start = self
+            .preferred()
+            .and_then(|p| self.urls.iter().position(|u| *u == p))
+            .unwrap_or(0);
+        let mut next = start;
+        let mut target = self.preferred().unwrap_or_else(|| self.urls[0].clone());
+        let mut tried_in_round = 0;
+        let mut hints = 0;
+        loop {
+            let err = match connect(&target).await {
+                Ok(c) => match f(c, target.clone()).await {
+                    Ok(v) => {
+                        self.prefer(&target);
+                        return Ok(v);
+                    }
+                    Err(status) if status.code() == tonic::Code::Unavailable => {
+                        if let Some(h) = leader_hint(&status).filter(|h| *h != target)
+                            && hints < 3
+                        {
+                            hints += 1;
+                            tracing::debug!(from = %target, to = %h, "following the leader hint");
+                            self.prefer(&h);
+                            target = h;
+                            continue;
+                        }
+                        ClientError::Rpc {
+                            addr: target.clone(),
+                            status,
+                        }
+                    }
+                    Err(status) => {
+                        return Err(ClientError::Rpc {
+                            addr: target,
+                            status,
+                        });
+                    }
+                },
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline {
+                return Err(err);
+            }
+            tracing::debug!(error = %err, "orchestrator unavailable; trying the next");
+            tried_in_round += 1;
+            if tried_in_round >= self.urls.len() {
+                // Every node refused or is down (an election is under way): pause briefly.
+                tried_in_round = 0;
+                hints = 0;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            next = (next + 1) % self.urls.len();
+            target = self.urls[next].clone();
+        }
+    }
+}
+
+/// How long the CLI keeps trying to reach the leader (an election takes under a second).
+const CLI_PATIENCE: Duration = Duration::from_secs(5);
+
+/// The cluster's status: from the leader if it can be reached (it alone knows which machines
+/// are alive and their reports), else from any node.
+pub async fn status(list: &str) -> Result<pb::ClusterStatus, ClientError> {
+    status_from(list, true).await
+}
+
+/// The cluster's status from the first node that answers, and with `prefer_leader` from the
+/// leader if that node is a follower and the leader answers within a second.
+pub async fn status_from(
+    list: &str,
+    prefer_leader: bool,
+) -> Result<pb::ClusterStatus, ClientError> {
+    let o = Orchestrators::new(list);
+    let st = o
+        .call(CLI_PATIENCE, |mut c, _| async move {
+            c.status(pb::StatusRequest {}).await.map(|r| r.into_inner())
         })
+        .await?;
+    let cl = st.cluster.clone().unwrap_or_default();
+    if !prefer_leader || cl.from_leader || cl.leader.is_empty() {
+        return Ok(st);
+    }
+    let Some(leader) = cl.members.iter().find(|m| m.name == cl.leader) else {
+        return Ok(st);
+    };
+    let from_leader = async {
+        let mut c = connect(&leader.addr).await.ok()?;
+        c.status(pb::StatusRequest {})
+            .await
+            .ok()
+            .map(|r| r.into_inner())
+    };
+    match tokio::time::timeout(Duration::from_secs(1), from_leader).await {
+        Ok(Some(l)) => Ok(l),
+        _ => Ok(st),
+    }
 }
 
 /// Deploys a manifest; with `wait`, returns once its first view is active (the primary runs the
 /// service and every backup holds its full checkpoint), calling `progress` as things happen.
 pub async fn deploy(
-    addr: &str,
+    list: &str,
     manifest: String,
     manifest_path: String,
     backups: u32,
     wait: Option<Duration>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<pb::DeployReply, ClientError> {
-    let mut c = connect(addr).await?;
-    let reply = c
-        .deploy(pb::DeployRequest {
-            manifest,
-            manifest_path,
-            backups,
+    let o = Orchestrators::new(list);
+    let req = pb::DeployRequest {
+        manifest,
+        manifest_path,
+        backups,
+    };
+    let reply = o
+        .call(CLI_PATIENCE, |mut c, _| {
+            let req = req.clone();
+            async move { c.deploy(req).await.map(|r| r.into_inner()) }
         })
-        .await
-        .map_err(|status| ClientError::Rpc {
-            addr: addr.to_string(),
-            status,
-        })?
-        .into_inner();
+        .await?;
     if !reply.error.is_empty() {
         return Err(ClientError::Refused(reply.error));
     }
@@ -89,7 +271,7 @@ pub async fn deploy(
     let t0 = Instant::now();
     let mut last = String::new();
     loop {
-        let st = status(addr).await?;
+        let st = status(list).await?;
         if let Some(s) = st.services.iter().find(|s| s.name == reply.service) {
             let state = s
                 .primary
@@ -126,5 +308,51 @@ pub async fn deploy(
             });
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Adds a running node (started with `--join`) to the orchestrator cluster: it catches up as a
+/// learner, then becomes a voter.
+pub async fn join(list: &str, name: &str, addr: &str) -> Result<pb::MembershipReply, ClientError> {
+    let req = pb::JoinRequest {
+        name: name.to_string(),
+        addr: endpoint(addr),
+    };
+    Orchestrators::new(list)
+        .call(Duration::from_secs(30), |mut c, _| {
+            let req = req.clone();
+            async move { c.join(req).await.map(|r| r.into_inner()) }
+        })
+        .await
+}
+
+/// Removes a node from the orchestrator cluster.
+pub async fn leave(list: &str, name: &str) -> Result<pb::MembershipReply, ClientError> {
+    let req = pb::LeaveRequest {
+        name: name.to_string(),
+    };
+    Orchestrators::new(list)
+        .call(Duration::from_secs(30), |mut c, _| {
+            let req = req.clone();
+            async move { c.leave(req).await.map(|r| r.into_inner()) }
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_and_hints() {
+        assert_eq!(
+            urls("10.0.0.1:7700, http://10.0.0.2:7700,,"),
+            vec!["http://10.0.0.1:7700", "http://10.0.0.2:7700"]
+        );
+        let mut s = tonic::Status::unavailable("not the leader");
+        assert_eq!(leader_hint(&s), None);
+        s.metadata_mut()
+            .insert(LEADER_KEY, "http://10.0.0.2:7700".parse().unwrap());
+        assert_eq!(leader_hint(&s).as_deref(), Some("http://10.0.0.2:7700"));
     }
 }

@@ -2,16 +2,20 @@
 //! (views), detects failed instances, and activates views.
 //!
 //! Owns: the view manager ([`views`], a deterministic state machine over [`views::Command`]s),
-//! the failure detector and the gRPC control plane ([`server`]), and the CLI's client calls
-//! ([`client`]). Today it runs as a single node; the orchestrator-cluster issue replicates the
-//! same commands with openraft, replacing how commands are applied, not the instances.
+//! its replication across orchestrator nodes with openraft ([`consensus`]: types and timing;
+//! [`store`]: the log and state machine in redb; [`network`]: raft over tonic), the failure
+//! detector and the gRPC control plane ([`server`]), and reaching the cluster's leader from
+//! instances and the CLI ([`client`]). One node is a cluster of one: the same code path.
 //!
 //! Must not touch: a service's memory or checkpoints. It decides roles and views only; safety
 //! never depends on its failure detector (a view is activated only when its primary asks, and
 //! instances refuse checkpoints of views they have left).
 
 pub mod client;
+pub mod consensus;
+pub mod network;
 pub mod server;
+pub mod store;
 pub mod views;
 
 /// Resolves on SIGINT or SIGTERM.

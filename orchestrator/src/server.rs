@@ -1,13 +1,29 @@
-//! The orchestrator's gRPC service: instance sessions (heartbeats in, assignments out), the
-//! failure detector, activation, deploy and status.
+//! An orchestrator node: a member of the orchestrator cluster (openraft over tonic), whose
+//! replicated state machine is the view manager ([`Views`]), and the gRPC service instances and
+//! the CLI use.
 //!
-//! One node today (the cluster of one that the orchestrator-cluster issue replaces by openraft):
-//! every state change is a [`Command`] applied to [`Views`]; the detector and RPCs only issue
-//! commands.
+//! A cluster of one (no `--peers`) runs the same code. Every state change is a [`Command`]
+//! written through the raft log (`client_write`) by the leader; every node applies it to its own
+//! [`Views`]. The leader alone serves instance sessions (heartbeats, assignment pushes),
+//! activation, deployment and membership changes; a follower refuses them with the leader's
+//! URL ([`crate::client::LEADER_KEY`]). Any node answers `Status` from its applied state.
+//!
+//! The failure detector runs on the leader only, from heartbeats it received itself. It only
+//! proposes; safety never depends on it. After an election it waits a grace period
+//! ([`grace`]) before it suspects anyone: instances need that long to find the new leader, and
+//! a machine not heard from yet is not a failed one.
 
+use crate::client::{LEADER_KEY, endpoint};
+use crate::consensus::{self, Member, NodeId, Raft, Reply};
+use crate::network::{Network, RaftSvc, Reach};
+use crate::store::{self, Shared};
 use crate::views::{Command, View, Views};
+use openraft::ChangeMembers;
+use openraft::ServerState;
+use openraft::error::{ClientWriteError, RaftError};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -24,20 +40,59 @@ pub struct Options {
     pub name: String,
     /// An instance silent this long is suspected failed (Tardigrade used 100 ms).
     pub failure_timeout: Duration,
+    /// Where the raft log and the state machine live.
+    pub data_dir: PathBuf,
+    /// The cluster's initial members, name → URL, this node included. With an empty data
+    /// directory, the first of them initializes the cluster; the others wait for it. Empty: a
+    /// cluster of this node alone.
+    pub peers: Vec<(String, String)>,
+    /// Do not initialize anything: wait to be added (`tardi orchestrator join`).
+    pub join: bool,
 }
 
-struct Inner {
-    views: Views,
-    /// Last heartbeat per machine (not replicated state: each node measures its own).
+/// How long a new leader waits before it suspects anyone: twice the failure timeout, plus a
+/// second for instances to notice the old leader's death (HTTP/2 keepalive, 300 ms) and find
+/// the new one among the nodes (a dead node costs a connect timeout).
+pub fn grace(failure_timeout: Duration) -> Duration {
+    failure_timeout * 2 + Duration::from_secs(1)
+}
+
+/// How long a write waits to be committed.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error("starting raft: {0}")]
+    Raft(String),
+    #[error("--peers must name this node ({0:?})")]
+    NotInPeers(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("serving gRPC: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// What the leader measures itself (not replicated: each leader starts afresh).
+#[derive(Default)]
+struct Liveness {
+    /// Last heartbeat per machine.
     seen: HashMap<String, Instant>,
     reports: HashMap<(String, String), pb::ServiceReport>,
-    started: Instant,
 }
 
 struct Orch {
-    inner: Mutex<Inner>,
-    /// Bumped after every state change; sessions push new assignments on change.
-    version: watch::Sender<u64>,
+    id: NodeId,
+    raft: Raft,
+    shared: Arc<Shared>,
+    live: Mutex<Liveness>,
+    /// Since when this node is the leader (`None`: it is not).
+    leader: watch::Sender<Option<Instant>>,
+    reach: Arc<Reach>,
     opts: Options,
 }
 
@@ -48,18 +103,16 @@ fn now_ms() -> u64 {
 }
 
 impl Orch {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // A panic while holding the lock leaves `Views` consistent (commands validate first,
-        // then mutate): keep serving.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn live(&self) -> std::sync::MutexGuard<'_, Liveness> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn bump(&self) {
-        self.version.send_modify(|v| *v += 1);
+    fn is_leader(&self) -> bool {
+        self.leader.borrow().is_some()
     }
 
-    fn alive(&self, inner: &Inner) -> BTreeSet<String> {
-        inner
+    fn alive(&self) -> BTreeSet<String> {
+        self.live()
             .seen
             .iter()
             .filter(|(_, t)| t.elapsed() < self.opts.failure_timeout)
@@ -67,66 +120,201 @@ impl Orch {
             .collect()
     }
 
-    /// One detector round: propose what the live set calls for.
-    fn detect(&self) {
-        let mut inner = self.lock();
-        // A node that just started has not heard from anyone yet: wait one timeout before
-        // suspecting (no false failovers after an orchestrator restart).
-        if inner.started.elapsed() < self.opts.failure_timeout * 2 {
+    /// The leader as this node knows it.
+    fn leader_member(&self) -> Option<Member> {
+        let m = self.raft.metrics().borrow().clone();
+        let id = m.current_leader?;
+        m.membership_config.membership().get_node(&id).cloned()
+    }
+
+    /// A follower's refusal of a write: UNAVAILABLE, with the leader's URL if known.
+    fn not_leader(&self, leader: Option<Member>) -> Status {
+        match leader {
+            Some(l) if l.name != self.opts.name => {
+                let mut s = Status::unavailable(format!(
+                    "{} is not the orchestrators' leader; the leader is {} at {}",
+                    self.opts.name, l.name, l.addr
+                ));
+                if let Ok(v) = l.addr.parse() {
+                    s.metadata_mut().insert(LEADER_KEY, v);
+                }
+                s
+            }
+            _ => Status::unavailable(format!(
+                "{} is not the orchestrators' leader and knows none (an election is under way)",
+                self.opts.name
+            )),
+        }
+    }
+
+    fn check_leader(&self) -> Result<(), Status> {
+        if self.is_leader() {
+            Ok(())
+        } else {
+            Err(self.not_leader(self.leader_member()))
+        }
+    }
+
+    /// Writes `cmd` through the raft log; returns what applying it answered. A leader cut off
+    /// from the majority commits nothing: it gives up after [`WRITE_TIMEOUT`] (the change may
+    /// still be committed by a later leader; every command is safe to ask for again).
+    async fn write(&self, cmd: Command) -> Result<Reply, Status> {
+        match tokio::time::timeout(WRITE_TIMEOUT, self.raft.client_write(cmd)).await {
+            Err(_) => Err(Status::unavailable(format!(
+                "{} could not commit the change within {} s (cut off from the other orchestrators?)",
+                self.opts.name,
+                WRITE_TIMEOUT.as_secs()
+            ))),
+            Ok(Ok(r)) => Ok(r.data),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                Err(self.not_leader(f.leader_node))
+            }
+            Ok(Err(e)) => Err(Status::unavailable(format!(
+                "the orchestrator cluster could not commit the change: {e}"
+            ))),
+        }
+    }
+
+    /// One detector round (leader only): propose what the live set calls for.
+    async fn detect(&self) {
+        let Some(since) = *self.leader.borrow() else {
+            return;
+        };
+        if since.elapsed() < grace(self.opts.failure_timeout) {
             return;
         }
-        let alive = self.alive(&inner);
-        let epochs: BTreeMap<(String, String), (u64, u64)> = inner
+        let alive = self.alive();
+        let epochs: BTreeMap<(String, String), (u64, u64)> = self
+            .live()
             .reports
             .iter()
             .filter(|(_, r)| r.role == pb::Role::Backup as i32)
             .map(|(k, r)| (k.clone(), (r.image_view, r.epoch)))
             .collect();
-        let cmds = inner.views.plan(&alive, &epochs, now_ms());
-        let mut changed = false;
+        let cmds = self
+            .shared
+            .read(|a| a.views.plan(&alive, &epochs, now_ms()));
         for c in cmds {
-            match inner.views.apply(&c) {
-                Ok(()) => {
-                    tracing::warn!(?c, "view change");
-                    changed = true;
+            match self.write(c.clone()).await {
+                Ok(Ok(())) => tracing::warn!(?c, "view change"),
+                Ok(Err(e)) => tracing::error!(%e, ?c, "planned command refused"),
+                Err(e) => {
+                    tracing::warn!(error = %e.message(), ?c, "planned command not committed");
+                    return;
                 }
-                Err(e) => tracing::error!(%e, ?c, "planned command refused"),
             }
-        }
-        drop(inner);
-        if changed {
-            self.bump();
         }
     }
 
     fn assignments(&self, machine: &str) -> pb::Assignments {
-        let inner = self.lock();
-        let services = inner
-            .views
-            .services
-            .values()
-            .filter_map(|s| {
-                let v = s.latest()?;
-                v.members().any(|m| m == machine).then(|| pb::Assignment {
-                    service: s.name.clone(),
-                    manifest: s.manifest.clone(),
-                    manifest_path: s.manifest_path.clone(),
-                    link_index: s.link_index,
-                    view: Some(to_pb(v)),
-                    fresh: v.fresh,
-                    backups_wanted: s.backups_wanted,
-                })
+        self.shared.read(|a| assignments(&a.views, machine))
+    }
+
+    fn heartbeat(&self, hb: &pb::Heartbeat) {
+        let mut live = self.live();
+        live.seen.insert(hb.machine.clone(), Instant::now());
+        for r in &hb.services {
+            live.reports
+                .insert((hb.machine.clone(), r.service.clone()), r.clone());
+        }
+    }
+
+    /// Watches raft's metrics: records leadership changes (a new leader forgets the previous
+    /// one's liveness: it waits for heartbeats of its own).
+    async fn follow_leadership(self: Arc<Self>) {
+        let mut m = self.raft.metrics();
+        loop {
+            let (leader_now, term) = {
+                let x = m.borrow();
+                (
+                    x.state == ServerState::Leader && x.current_leader == Some(self.id),
+                    x.current_term,
+                )
+            };
+            let was = self.is_leader();
+            if leader_now && !was {
+                *self.live() = Liveness::default();
+                self.leader.send_replace(Some(Instant::now()));
+                tracing::warn!(
+                    term,
+                    grace_ms = grace(self.opts.failure_timeout).as_millis() as u64,
+                    "this node is the orchestrators' leader"
+                );
+            } else if !leader_now && was {
+                self.leader.send_replace(None);
+                tracing::warn!(term, "this node is no longer the leader");
+            }
+            if m.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn cluster(&self) -> pb::OrchestratorCluster {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership().clone();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let from_leader = m.state == ServerState::Leader;
+        let leader = m
+            .current_leader
+            .and_then(|id| membership.get_node(&id))
+            .map(|l| l.name.clone())
+            .unwrap_or_default();
+        let mut members: Vec<pb::OrchestratorMember> = membership
+            .nodes()
+            .map(|(id, n)| pb::OrchestratorMember {
+                name: n.name.clone(),
+                addr: n.addr.clone(),
+                voter: voters.contains(id),
+                reachable: *id == self.id || self.reach.recent(*id, Duration::from_secs(1)),
+                matched_index: if !from_leader {
+                    0
+                } else if *id == self.id {
+                    m.last_log_index.unwrap_or(0)
+                } else {
+                    m.replication
+                        .as_ref()
+                        .and_then(|r| r.get(id).cloned().flatten())
+                        .map_or(0, |l| l.index)
+                },
             })
             .collect();
-        pb::Assignments {
-            services,
-            machines: inner
-                .views
-                .machines
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        pb::OrchestratorCluster {
+            leader,
+            from_leader,
+            term: m.current_term,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            last_applied: m.last_applied.map_or(0, |l| l.index),
+            members,
         }
+    }
+}
+
+fn assignments(views: &Views, machine: &str) -> pb::Assignments {
+    let services = views
+        .services
+        .values()
+        .filter_map(|s| {
+            let v = s.latest()?;
+            v.members().any(|m| m == machine).then(|| pb::Assignment {
+                service: s.name.clone(),
+                manifest: s.manifest.clone(),
+                manifest_path: s.manifest_path.clone(),
+                link_index: s.link_index,
+                view: Some(to_pb(v)),
+                fresh: v.fresh,
+                backups_wanted: s.backups_wanted,
+            })
+        })
+        .collect();
+    pb::Assignments {
+        services,
+        machines: views
+            .machines
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     }
 }
 
@@ -152,11 +340,13 @@ impl pb::orchestrator_server::Orchestrator for Svc {
         &self,
         req: Request<Streaming<pb::Heartbeat>>,
     ) -> Result<Response<SessionStream>, Status> {
+        self.0.check_leader()?;
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let orch = self.0.clone();
         tokio::spawn(async move {
-            let mut version = orch.version.subscribe();
+            let mut version = orch.shared.version.subscribe();
+            let mut leader = orch.leader.subscribe();
             let mut machine: Option<String> = None;
             loop {
                 tokio::select! {
@@ -169,24 +359,18 @@ impl pb::orchestrator_server::Orchestrator for Svc {
                             let _ = tx.send(Err(Status::invalid_argument("a heartbeat must name its machine (1-64 bytes)"))).await;
                             break;
                         }
-                        let first = machine.is_none();
-                        let changed = {
-                            let mut inner = orch.lock();
-                            inner.seen.insert(hb.machine.clone(), Instant::now());
-                            for r in hb.services {
-                                inner.reports.insert((hb.machine.clone(), r.service.clone()), r);
+                        orch.heartbeat(&hb);
+                        let known = orch.shared.read(|a| a.views.machines.get(&hb.machine) == Some(&hb.api));
+                        if !known {
+                            match orch.write(Command::Register { machine: hb.machine.clone(), api: hb.api.clone() }).await {
+                                Ok(_) => {}
+                                Err(e) => {
+                                    let _ = tx.send(Err(e)).await;
+                                    break;
+                                }
                             }
-                            if inner.views.machines.get(&hb.machine) != Some(&hb.api) {
-                                let _ = inner.views.apply(&Command::Register { machine: hb.machine.clone(), api: hb.api.clone() });
-                                true
-                            } else {
-                                false
-                            }
-                        };
-                        if changed {
-                            orch.bump();
                         }
-                        if first {
+                        if machine.is_none() {
                             tracing::info!(machine = %hb.machine, api = %hb.api, "instance connected");
                             machine = Some(hb.machine.clone());
                             if tx.send(Ok(orch.assignments(&hb.machine))).await.is_err() {
@@ -199,6 +383,13 @@ impl pb::orchestrator_server::Orchestrator for Svc {
                         if let Some(m) = &machine
                             && tx.send(Ok(orch.assignments(m))).await.is_err()
                         {
+                            break;
+                        }
+                    }
+                    r = leader.changed() => {
+                        // Lost the leadership: send the instance to the new leader.
+                        if r.is_err() || leader.borrow().is_none() {
+                            let _ = tx.send(Err(orch.not_leader(orch.leader_member()))).await;
                             break;
                         }
                     }
@@ -215,25 +406,28 @@ impl pb::orchestrator_server::Orchestrator for Svc {
         &self,
         req: Request<pb::ActivateRequest>,
     ) -> Result<Response<pb::ActivateReply>, Status> {
+        self.0.check_leader()?;
         let r = req.into_inner();
-        let res = self.0.lock().views.apply(&Command::Activate {
-            service: r.service.clone(),
-            view: r.view,
-            primary: r.primary.clone(),
-            now_ms: now_ms(),
-        });
+        let res = self
+            .0
+            .write(Command::Activate {
+                service: r.service.clone(),
+                view: r.view,
+                primary: r.primary.clone(),
+                now_ms: now_ms(),
+            })
+            .await?;
         Ok(Response::new(match res {
             Ok(()) => {
                 tracing::warn!(service = %r.service, view = r.view, primary = %r.primary, "view activated");
-                self.0.bump();
                 pb::ActivateReply {
                     activated: true,
                     error: String::new(),
                 }
             }
-            Err(e) => pb::ActivateReply {
+            Err(error) => pb::ActivateReply {
                 activated: false,
-                error: e.to_string(),
+                error,
             },
         }))
     }
@@ -242,6 +436,7 @@ impl pb::orchestrator_server::Orchestrator for Svc {
         &self,
         req: Request<pb::DeployRequest>,
     ) -> Result<Response<pb::DeployReply>, Status> {
+        self.0.check_leader()?;
         let r = req.into_inner();
         let fail = |error: String| {
             Ok(Response::new(pb::DeployReply {
@@ -258,9 +453,23 @@ impl pb::orchestrator_server::Orchestrator for Svc {
             Err(e) => return fail(format!("the manifest is not valid: {e}")),
         };
         let name = m.tardi.name.clone();
-        let mut inner = self.0.lock();
-        let alive = self.0.alive(&inner);
-        let Some((primary, backup_machines)) = inner.views.placement(&alive, r.backups) else {
+        // A new leader learns which machines are alive as their sessions reach it: during its
+        // grace period, wait for enough of them rather than refuse.
+        let (alive, placed) = loop {
+            let alive = self.0.alive();
+            let placed = self.0.shared.read(|a| a.views.placement(&alive, r.backups));
+            let in_grace = self
+                .0
+                .leader
+                .borrow()
+                .is_some_and(|t| t.elapsed() < grace(self.0.opts.failure_timeout));
+            if placed.is_some() || !in_grace {
+                break (alive, placed);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        self.0.check_leader()?;
+        let Some((primary, backup_machines)) = placed else {
             return fail(format!(
                 "cannot deploy {name:?} with {} backup(s): it needs {} live machines and {} are live ({}); nothing was deployed",
                 r.backups,
@@ -269,20 +478,27 @@ impl pb::orchestrator_server::Orchestrator for Svc {
                 alive.iter().cloned().collect::<Vec<_>>().join(", ")
             ));
         };
-        if let Err(e) = inner.views.apply(&Command::Deploy {
-            name: name.clone(),
-            manifest: r.manifest,
-            manifest_path: r.manifest_path,
-            backups: r.backups,
-            primary,
-            backup_machines,
-            now_ms: now_ms(),
-        }) {
+        let res = self
+            .0
+            .write(Command::Deploy {
+                name: name.clone(),
+                manifest: r.manifest,
+                manifest_path: r.manifest_path,
+                backups: r.backups,
+                primary,
+                backup_machines,
+                now_ms: now_ms(),
+            })
+            .await?;
+        if let Err(e) = res {
             return fail(format!("{e}; nothing was deployed"));
         }
-        let view = inner.views.services[&name].latest().map(to_pb);
-        drop(inner);
-        self.0.bump();
+        let view = self.0.shared.read(|a| {
+            a.views
+                .services
+                .get(&name)
+                .and_then(|s| s.latest().map(to_pb))
+        });
         Ok(Response::new(pb::DeployReply {
             service: name,
             view,
@@ -294,82 +510,265 @@ impl pb::orchestrator_server::Orchestrator for Svc {
         &self,
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::ClusterStatus>, Status> {
-        let inner = self.0.lock();
-        let alive = self.0.alive(&inner);
-        let machines = inner
-            .views
-            .machines
-            .iter()
-            .map(|(name, api)| pb::MachineStatus {
-                name: name.clone(),
-                api: api.clone(),
-                alive: alive.contains(name),
-                last_seen_ms: inner
-                    .seen
-                    .get(name)
-                    .map_or(u64::MAX, |t| t.elapsed().as_millis() as u64),
-            })
-            .collect();
-        let services = inner
-            .views
-            .services
-            .values()
-            .map(|s| {
-                let v = s.latest().cloned();
-                let report = |m: &str| inner.reports.get(&(m.to_string(), s.name.clone())).cloned();
-                let primary = v.as_ref().and_then(|v| report(&v.primary));
-                pb::ServiceStatus {
-                    name: s.name.clone(),
-                    address: primary
-                        .as_ref()
-                        .map(|p| p.address.clone())
-                        .unwrap_or_default(),
-                    view: v.as_ref().map(to_pb),
-                    spares: inner.views.spares(s, &alive),
-                    health: inner.views.health(s, &alive).to_string(),
-                    backups_wanted: s.backups_wanted,
-                    primary,
-                    backup_reports: v
-                        .as_ref()
-                        .map(|v| v.backups.iter().filter_map(|b| report(b)).collect())
-                        .unwrap_or_default(),
-                    history: s
-                        .history
-                        .iter()
-                        .map(|h| pb::ViewChange {
-                            view: h.view.number,
-                            primary: h.view.primary.clone(),
-                            backups: h.view.backups.clone(),
-                            reason: h.reason.clone(),
-                            proposed_ms: h.proposed_ms,
-                            activated_ms: h.activated_ms,
-                        })
-                        .collect(),
+        let orch = &self.0;
+        let leader = orch.is_leader();
+        let alive = orch.alive();
+        let live = orch.live();
+        let cluster = orch.cluster();
+        let st = orch.shared.read(|a| {
+            let views = &a.views;
+            let machines = views
+                .machines
+                .iter()
+                .map(|(name, api)| pb::MachineStatus {
+                    name: name.clone(),
+                    api: api.clone(),
+                    alive: leader && alive.contains(name),
+                    last_seen_ms: live
+                        .seen
+                        .get(name)
+                        .map_or(u64::MAX, |t| t.elapsed().as_millis() as u64),
+                })
+                .collect();
+            let services = views
+                .services
+                .values()
+                .map(|s| {
+                    let v = s.latest().cloned();
+                    let report =
+                        |m: &str| live.reports.get(&(m.to_string(), s.name.clone())).cloned();
+                    let primary = v.as_ref().and_then(|v| report(&v.primary));
+                    pb::ServiceStatus {
+                        name: s.name.clone(),
+                        address: primary
+                            .as_ref()
+                            .map(|p| p.address.clone())
+                            .unwrap_or_default(),
+                        view: v.as_ref().map(to_pb),
+                        spares: views.spares(s, &alive),
+                        health: views.health(s, &alive).to_string(),
+                        backups_wanted: s.backups_wanted,
+                        primary,
+                        backup_reports: v
+                            .as_ref()
+                            .map(|v| v.backups.iter().filter_map(|b| report(b)).collect())
+                            .unwrap_or_default(),
+                        history: s
+                            .history
+                            .iter()
+                            .map(|h| pb::ViewChange {
+                                view: h.view.number,
+                                primary: h.view.primary.clone(),
+                                backups: h.view.backups.clone(),
+                                reason: h.reason.clone(),
+                                proposed_ms: h.proposed_ms,
+                                activated_ms: h.activated_ms,
+                            })
+                            .collect(),
+                    }
+                })
+                .collect();
+            pb::ClusterStatus {
+                machines,
+                services,
+                orchestrator: orch.opts.name.clone(),
+                cluster: Some(cluster),
+            }
+        });
+        Ok(Response::new(st))
+    }
+
+    async fn join(
+        &self,
+        req: Request<pb::JoinRequest>,
+    ) -> Result<Response<pb::MembershipReply>, Status> {
+        self.0.check_leader()?;
+        let r = req.into_inner();
+        if r.name.is_empty() || r.name.len() > 64 || r.addr.is_empty() {
+            return Err(Status::invalid_argument(
+                "join needs a node name (1-64 bytes) and its address",
+            ));
+        }
+        let id = consensus::node_id(&r.name);
+        let member = Member {
+            name: r.name.clone(),
+            addr: endpoint(&r.addr),
+        };
+        let clash = self.0.shared.read(|a| {
+            store::members(a)
+                .into_iter()
+                .any(|(i, m)| i == id && m.name != r.name)
+        });
+        if clash {
+            return Err(Status::already_exists(format!(
+                "{:?} hashes to the id of another member: choose another name",
+                r.name
+            )));
+        }
+        let err = |e: RaftError<NodeId, ClientWriteError<NodeId, Member>>| match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                self.0.not_leader(f.leader_node)
+            }
+            e => Status::failed_precondition(format!("adding {}: {e}", r.name)),
+        };
+        // A learner first: it catches up without counting in quorums; then a voter.
+        self.0
+            .raft
+            .add_learner(id, member, true)
+            .await
+            .map_err(err)?;
+        let res = self
+            .0
+            .raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+            .await
+            .map_err(err)?;
+        tracing::warn!(node = %r.name, addr = %r.addr, "orchestrator joined the cluster");
+        Ok(Response::new(reply_members(res.membership)))
+    }
+
+    async fn leave(
+        &self,
+        req: Request<pb::LeaveRequest>,
+    ) -> Result<Response<pb::MembershipReply>, Status> {
+        self.0.check_leader()?;
+        let r = req.into_inner();
+        let id = consensus::node_id(&r.name);
+        let (voter, known) = self.0.shared.read(|a| {
+            let m = a.membership.membership();
+            (
+                m.voter_ids().any(|v| v == id),
+                m.get_node(&id).is_some_and(|n| n.name == r.name),
+            )
+        });
+        if !known {
+            return Err(Status::not_found(format!(
+                "{:?} is not a member of the orchestrator cluster",
+                r.name
+            )));
+        }
+        let change = if voter {
+            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        };
+        let res = self
+            .0
+            .raft
+            .change_membership(change, false)
+            .await
+            .map_err(|e| match e {
+                RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                    self.0.not_leader(f.leader_node)
                 }
-            })
-            .collect();
-        Ok(Response::new(pb::ClusterStatus {
-            machines,
-            services,
-            orchestrator: self.0.opts.name.clone(),
-        }))
+                e => Status::failed_precondition(format!("removing {}: {e}", r.name)),
+            })?;
+        tracing::warn!(node = %r.name, "orchestrator left the cluster");
+        Ok(Response::new(reply_members(res.membership)))
+    }
+}
+
+fn reply_members(m: Option<openraft::Membership<NodeId, Member>>) -> pb::MembershipReply {
+    pb::MembershipReply {
+        members: m
+            .map(|m| m.nodes().map(|(_, n)| n.name.clone()).collect())
+            .unwrap_or_default(),
     }
 }
 
 /// Runs an orchestrator node until the process is told to stop (SIGINT/SIGTERM).
-pub async fn serve(opts: Options) -> anyhow::Result<()> {
-    let (version, _) = watch::channel(0u64);
+pub async fn serve(opts: Options) -> Result<(), ServeError> {
+    serve_until(opts, crate::shutdown_signal()).await
+}
+
+/// Runs an orchestrator node until `stop` resolves, then shuts its raft down (its data
+/// directory can then be opened again).
+pub async fn serve_until(
+    opts: Options,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let id = consensus::node_id(&opts.name);
+    let me = opts
+        .peers
+        .iter()
+        .find(|(n, _)| *n == opts.name)
+        .map(|(_, a)| endpoint(a));
+    if !opts.peers.is_empty() && me.is_none() {
+        return Err(ServeError::NotInPeers(opts.name.clone()));
+    }
+    let my_addr = me.unwrap_or_else(|| endpoint(&opts.listen.to_string()));
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: opts.listen,
+            source,
+        })?;
+    let (log, sm, shared) = store::open(&opts.data_dir)?;
+    let reach = Arc::new(Reach::default());
+    let config = consensus::config()
+        .validate()
+        .map_err(|e| ServeError::Raft(e.to_string()))?;
+    let raft = Raft::new(
+        id,
+        Arc::new(config),
+        Network {
+            reach: reach.clone(),
+        },
+        log,
+        sm,
+    )
+    .await
+    .map_err(|e| ServeError::Raft(e.to_string()))?;
+    let initialized = raft
+        .is_initialized()
+        .await
+        .map_err(|e| ServeError::Raft(e.to_string()))?;
+    if initialized {
+        tracing::info!(data_dir = %opts.data_dir.display(), "rejoining the cluster from the data directory");
+    } else if opts.join {
+        tracing::info!("waiting to be added (tardi orchestrator join)");
+    } else if opts.peers.first().is_none_or(|(n, _)| *n == opts.name) {
+        let members: BTreeMap<NodeId, Member> = if opts.peers.is_empty() {
+            BTreeMap::from([(
+                id,
+                Member {
+                    name: opts.name.clone(),
+                    addr: my_addr.clone(),
+                },
+            )])
+        } else {
+            opts.peers
+                .iter()
+                .map(|(n, a)| {
+                    (
+                        consensus::node_id(n),
+                        Member {
+                            name: n.clone(),
+                            addr: endpoint(a),
+                        },
+                    )
+                })
+                .collect()
+        };
+        tracing::warn!(members = ?members.values().map(|m| m.name.as_str()).collect::<Vec<_>>(), "initializing the orchestrator cluster");
+        raft.initialize(members)
+            .await
+            .map_err(|e| ServeError::Raft(e.to_string()))?;
+    } else {
+        tracing::info!(first = %opts.peers[0].0, "waiting for the first peer to initialize the cluster");
+    }
+    let (leader, _) = watch::channel(None);
     let orch = Arc::new(Orch {
-        inner: Mutex::new(Inner {
-            views: Views::default(),
-            seen: HashMap::new(),
-            reports: HashMap::new(),
-            started: Instant::now(),
-        }),
-        version,
+        id,
+        raft: raft.clone(),
+        shared,
+        live: Mutex::new(Liveness::default()),
+        leader,
+        reach: reach.clone(),
         opts: opts.clone(),
     });
-    {
+    let leadership = tokio::spawn(orch.clone().follow_leadership());
+    let detector = {
         let orch = orch.clone();
         tokio::spawn(async move {
             // A tenth of the timeout: detection within 1.1 timeouts of the last heartbeat.
@@ -379,27 +778,36 @@ pub async fn serve(opts: Options) -> anyhow::Result<()> {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             loop {
                 tick.tick().await;
-                orch.detect();
+                orch.detect().await;
             }
-        });
-    }
-    let listener = tokio::net::TcpListener::bind(opts.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;
+        })
+    };
     tracing::info!(listen = %opts.listen, name = %opts.name, "orchestrator serving");
     println!(
-        "orchestrator {} listening on {} (failure timeout {} ms)",
+        "orchestrator {} listening on {} (failure timeout {} ms, data in {})",
         opts.name,
         opts.listen,
-        opts.failure_timeout.as_millis()
+        opts.failure_timeout.as_millis(),
+        opts.data_dir.display()
     );
-    tonic::transport::Server::builder()
+    let r = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(pb::orchestrator_server::OrchestratorServer::new(Svc(orch)))
+        .add_service(
+            pb::raft_server::RaftServer::new(RaftSvc {
+                raft: raft.clone(),
+                reach,
+            })
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX),
+        )
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
-            crate::shutdown_signal(),
+            stop,
         )
-        .await?;
-    Ok(())
+        .await;
+    detector.abort();
+    leadership.abort();
+    let _ = raft.shutdown().await;
+    r.map_err(ServeError::from)
 }

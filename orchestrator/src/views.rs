@@ -250,6 +250,15 @@ impl Views {
                 now_ms,
             } => {
                 let s = self.service_mut(service)?;
+                // Asked again for the view already active (the reply to the first request was
+                // lost, e.g. with the leader that committed it): done, nothing changes.
+                if s.proposed.is_none()
+                    && s.active
+                        .as_ref()
+                        .is_some_and(|a| a.number == *view && a.primary == *primary)
+                {
+                    return Ok(());
+                }
                 let Some(p) = s.proposed.clone().filter(|p| p.number == *view) else {
                     return Err(ViewError::NotProposed {
                         service: service.clone(),
@@ -665,5 +674,23 @@ mod tests {
             v.placement(&alive, 3).is_none(),
             "3 backups need 4 machines"
         );
+    }
+
+    #[test]
+    fn activating_the_active_view_again_changes_nothing() {
+        let (mut v, alive) = cluster(2);
+        deploy(&mut v, &alive, 1);
+        activate_latest(&mut v);
+        let before = v.clone();
+        let again = |primary: &str| Command::Activate {
+            service: "redis".into(),
+            view: 1,
+            primary: primary.into(),
+            now_ms: 9,
+        };
+        assert_eq!(v.apply(&again("m1")), Ok(()));
+        assert_eq!(v, before);
+        assert!(v.apply(&again("m2")).is_err(), "not its primary");
+        assert_eq!(v, before);
     }
 }

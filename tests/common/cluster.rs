@@ -22,12 +22,22 @@ impl Cluster {
     /// `machines` machines and one orchestrator; `orchestrator_args` are added to
     /// `tardi orchestrator` (e.g. a longer failure timeout).
     pub fn up(machines: usize, orchestrator_args: &[&str]) -> Cluster {
+        Cluster::up_with(machines, 1, orchestrator_args)
+    }
+
+    /// `machines` machines and an orchestrator cluster of `orchestrators` nodes.
+    pub fn up_with(machines: usize, orchestrators: usize, orchestrator_args: &[&str]) -> Cluster {
         let daemons = Daemons::TardiWith {
             exe: tardi_exe(),
             orchestrator: orchestrator_args.iter().map(|s| s.to_string()).collect(),
             instance: vec![],
         };
-        let lab = Lab::up(LabOptions::new(machines).daemons(daemons)).expect("lab up");
+        let lab = Lab::up(
+            LabOptions::new(machines)
+                .orchestrators(orchestrators)
+                .daemons(daemons),
+        )
+        .expect("lab up");
         let c = Cluster { lab };
         c.wait("every machine to register", Duration::from_secs(20), |s| {
             s["machines"]
@@ -65,13 +75,19 @@ impl Cluster {
     }
 
     pub fn status(&self) -> Value {
-        let out = self.tardi(&["status", "--json"]);
-        assert!(
-            out.status.success(),
-            "status failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("status --json")
+        self.try_status(&[])
+            .unwrap_or_else(|e| panic!("status failed: {e}"))
+    }
+
+    /// `tardi status --json` with `args`, or why it failed.
+    pub fn try_status(&self, args: &[&str]) -> Result<Value, String> {
+        let mut argv = vec!["status", "--json"];
+        argv.extend(args);
+        let out = self.tardi(&argv);
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("status --json: {e}"))
     }
 
     pub fn service(&self, name: &str) -> Value {
@@ -87,7 +103,8 @@ impl Cluster {
     pub fn wait(&self, what: &str, timeout: Duration, ok: impl Fn(&Value) -> bool) -> Value {
         let t0 = Instant::now();
         loop {
-            let s = self.status();
+            // A failed status (e.g. every orchestrator briefly out of reach) is waited out too.
+            let s = self.try_status(&[]).unwrap_or_else(Value::String);
             if ok(&s) {
                 return s;
             }
@@ -124,7 +141,7 @@ impl Cluster {
     /// The tail of every daemon's log, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();
-        for n in ["o1", "m1", "m2", "m3"] {
+        for n in ["o1", "o2", "o3", "m1", "m2", "m3"] {
             let p = format!("/run/tardi-lab/logs/{n}.log");
             if let Ok(t) = std::fs::read_to_string(&p) {
                 let lines: Vec<&str> = t.lines().collect();

@@ -1,0 +1,211 @@
+//! Orchestrator nodes in one process on loopback: a cluster of one that a node joins (catching
+//! up from a snapshot, the log being purged by then) and leaves, and a node restarted from its
+//! data directory with its state. Real gRPC, real redb files.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tardi_orchestrator::client;
+use tardi_orchestrator::server::{Options, serve_until};
+use tardi_proto as pb;
+use tokio::sync::oneshot;
+
+struct Node {
+    url: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Node {
+    fn start(name: &str, addr: SocketAddr, dir: &Path, join: bool) -> Node {
+        let (tx, rx) = oneshot::channel();
+        let opts = Options {
+            listen: addr,
+            name: name.into(),
+            failure_timeout: Duration::from_millis(100),
+            data_dir: dir.to_path_buf(),
+            peers: vec![],
+            join,
+        };
+        let task = tokio::spawn(async move {
+            serve_until(opts, async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("orchestrator node");
+        });
+        Node {
+            url: format!("http://{addr}"),
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.task.await.expect("node task");
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(tag: &str) -> TempDir {
+    let d = std::env::temp_dir().join(format!("tardi-orchestrator-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    TempDir(d)
+}
+
+/// Polls `tardi status` of `url` alone until `ok`.
+async fn wait(url: &str, what: &str, ok: impl Fn(&pb::ClusterStatus) -> bool) -> pb::ClusterStatus {
+    let t0 = Instant::now();
+    loop {
+        let st = client::status_from(url, false).await;
+        if let Ok(st) = &st
+            && ok(st)
+        {
+            return st.clone();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn api_of(st: &pb::ClusterStatus, machine: &str) -> Option<String> {
+    st.machines
+        .iter()
+        .find(|m| m.name == machine)
+        .map(|m| m.api.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_catches_up_from_a_snapshot_leave_and_restart() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("TARDI_LOG"))
+        .with_test_writer()
+        .try_init();
+    let d1 = temp_dir("o1");
+    let d2 = temp_dir("o2");
+    let (a1, a2) = (free_addr(), free_addr());
+    let o1 = Node::start("o1", a1, &d1.0, false);
+    wait(&o1.url, "o1 to lead its cluster of one", |s| {
+        s.cluster.as_ref().is_some_and(|c| c.leader == "o1")
+    })
+    .await;
+
+    // 1,100 registrations of one machine (its address changes each time): more than the
+    // snapshot policy's 1,000 entries, so the log's start is purged.
+    let n = 1100;
+    let mut c = client::connect(&o1.url).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(n);
+    for i in 0..n {
+        tx.send(pb::Heartbeat {
+            machine: "m1".into(),
+            api: format!("10.0.0.1:{i}"),
+            services: vec![],
+        })
+        .await
+        .unwrap();
+    }
+    let last_api = format!("10.0.0.1:{}", n - 1);
+    let mut session = c
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let assigned = session.message().await.unwrap().unwrap();
+    assert!(assigned.services.is_empty());
+    wait(&o1.url, "every registration applied", |s| {
+        api_of(s, "m1").as_ref() == Some(&last_api)
+    })
+    .await;
+    drop(tx);
+
+    // o2 joins: it waits (--join), catches up as a learner (from a snapshot: the log's start is
+    // gone), becomes a voter.
+    let o2 = Node::start("o2", a2, &d2.0, true);
+    let r = client::join(&o1.url, "o2", &a2.to_string()).await.unwrap();
+    let mut members = r.members.clone();
+    members.sort();
+    assert_eq!(members, ["o1", "o2"]);
+    let st = wait(&o2.url, "o2 to hold the replicated state", |s| {
+        api_of(s, "m1").as_ref() == Some(&last_api)
+    })
+    .await;
+    let cl = st.cluster.unwrap();
+    assert_eq!(cl.leader, "o1");
+    assert!(!cl.from_leader);
+    assert!(cl.members.iter().all(|m| m.voter), "{cl:?}");
+
+    // A write through a follower is refused with the leader's address; the client follows it.
+    let err = client::connect(&o2.url)
+        .await
+        .unwrap()
+        .activate(pb::ActivateRequest {
+            service: "none".into(),
+            view: 1,
+            primary: "m1".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert_eq!(client::leader_hint(&err).as_deref(), Some(o1.url.as_str()));
+    let via = client::Orchestrators::new(&format!("{},{}", o2.url, o1.url));
+    let reply = via
+        .call(Duration::from_secs(5), |mut c, _| async move {
+            c.activate(pb::ActivateRequest {
+                service: "none".into(),
+                view: 1,
+                primary: "m1".into(),
+            })
+            .await
+            .map(|r| r.into_inner())
+        })
+        .await
+        .unwrap();
+    assert!(
+        !reply.activated && reply.error.contains("none"),
+        "{reply:?}"
+    );
+
+    // o2 leaves.
+    let r = client::leave(&format!("{},{}", o2.url, o1.url), "o2")
+        .await
+        .unwrap();
+    assert_eq!(r.members, ["o1"]);
+    o2.stop().await;
+
+    // o1 restarted from its data directory: the same state, leader of its cluster of one again.
+    o1.stop().await;
+    // The stopped raft's tasks drop the store's last handles shortly after its shutdown (a
+    // process restart has no such wait).
+    let t0 = Instant::now();
+    while let Err(e) = tardi_orchestrator::store::open(&d1.0) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let o1 = Node::start("o1", a1, &d1.0, false);
+    let st = wait(&o1.url, "o1 to lead again after its restart", |s| {
+        s.cluster
+            .as_ref()
+            .is_some_and(|c| c.leader == "o1" && c.members.len() == 1)
+    })
+    .await;
+    assert_eq!(api_of(&st, "m1"), Some(last_api));
+    o1.stop().await;
+}

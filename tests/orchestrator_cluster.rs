@@ -1,0 +1,283 @@
+//! The orchestrator as a replicated cluster (openraft) on the lab: three `tardi orchestrator`
+//! nodes, real instances and services. A power cut of the leader orchestrator elects a new one
+//! without a false failover, and a restarted node rejoins from its data directory.
+
+mod common;
+
+use common::cluster::Cluster;
+use common::programs;
+use common::resp::{Conn, Reply};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn manifest(name: &str) -> PathBuf {
+    programs::workspace_root()
+        .join("gramine-manifests")
+        .join(name)
+}
+
+fn addr(svc: &Value, port: u16) -> SocketAddr {
+    let a = svc["address"].as_str().expect("service address");
+    format!("{a}:{port}").parse().expect("address")
+}
+
+/// The leader's answer names a leader and every member reachable.
+fn settled(s: &Value, members: usize) -> bool {
+    s["cluster"]["from_leader"] == true
+        && s["cluster"]["leader"].is_string()
+        && s["cluster"]["members"]
+            .as_object()
+            .is_some_and(|m| m.len() == members && m.values().all(|m| m["reachable"] == true))
+}
+
+fn all_alive(s: &Value, machines: usize) -> bool {
+    s["machines"]
+        .as_array()
+        .is_some_and(|m| m.len() == machines && m.iter().all(|m| m["alive"] == true))
+}
+
+/// SETs `key:i` for `i` in `from..from + n`, reconnecting through failovers; the indices whose
+/// SET was acknowledged.
+fn writer(to: SocketAddr, from: u64, n: u64) -> Vec<u64> {
+    let mut acked = Vec::new();
+    let mut conn: Option<Conn> = None;
+    let mut i = from;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while i < from + n && Instant::now() < deadline {
+        let cn = match conn.as_mut() {
+            Some(c) => c,
+            None => match Conn::connect(to, Duration::from_millis(300)) {
+                Ok(c) => conn.insert(c),
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            },
+        };
+        let (k, v) = (format!("key:{i}"), format!("value-{i}"));
+        match cn.cmd(&["SET", &k, &v]) {
+            Ok(Reply::Status(s)) if s == "OK" => {
+                acked.push(i);
+                i += 1;
+            }
+            _ => conn = None,
+        }
+    }
+    acked
+}
+
+/// A power cut of the leader orchestrator in steady state: a new leader is elected, the
+/// service's view does not change (no false failover), `tardi status` works against the
+/// survivors, and a primary's power cut afterwards still fails over with no acknowledged write
+/// lost.
+#[test]
+fn leader_orchestrator_power_cut_causes_no_failover() {
+    let mut c = Cluster::up_with(3, 3, &[]);
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let view = svc["view"].clone();
+    let history = svc["history"].as_array().map_or(0, Vec::len);
+    let st = c.wait(
+        "a leader with every member reachable",
+        Duration::from_secs(20),
+        |s| settled(s, 3),
+    );
+    let leader = st["cluster"]["leader"].as_str().unwrap().to_string();
+    let to = addr(&svc, 6379);
+    let first = c.lab.in_node("client", || writer(to, 0, 200)).unwrap();
+    assert_eq!(first.len(), 200);
+
+    c.lab.kill(&leader).unwrap();
+    let st = c.wait("a new leader", Duration::from_secs(20), |s| {
+        s["cluster"]["from_leader"] == true
+            && s["cluster"]["leader"].as_str().is_some_and(|l| l != leader)
+    });
+    let new_leader = st["cluster"]["leader"].as_str().unwrap().to_string();
+    assert_eq!(
+        st["cluster"]["unreachable"],
+        serde_json::json!([leader]),
+        "the new leader sees the old one unreachable: {st}"
+    );
+    c.wait(
+        "every machine alive at the new leader",
+        Duration::from_secs(10),
+        |s| all_alive(s, 3),
+    );
+    // No false failover: the view stays the same, through the new leader's grace period and
+    // long after (instances found it and heartbeat to it).
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5) {
+        let s = c.service("redis");
+        assert_eq!(
+            (&s["view"], s["active"].clone()),
+            (&view, Value::Bool(true)),
+            "the service's view changed after the orchestrator leader's death: {s}\n{}",
+            c.logs()
+        );
+        assert_eq!(s["history"].as_array().map_or(0, Vec::len), history, "{s}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The survivors alone answer.
+    let survivors: Vec<String> = st["cluster"]["members"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(n, _)| **n != leader)
+        .map(|(_, m)| m["addr"].as_str().unwrap().to_string())
+        .collect();
+    let s = c
+        .try_status(&["--orchestrator", &survivors.join(",")])
+        .expect("status against the survivors");
+    assert_eq!(s["cluster"]["leader"], new_leader.as_str());
+    assert!(s["services"].as_array().is_some_and(|a| a.len() == 1));
+
+    // The service is still protected: a primary power cut fails over with every acknowledged
+    // write.
+    let svc = c.service("redis");
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let second = c.lab.in_node("client", || writer(to, 200, 200)).unwrap();
+    assert_eq!(second.len(), 200);
+    c.lab.kill(&primary).unwrap();
+    let third = c.lab.in_node("client", || writer(to, 400, 200)).unwrap();
+    assert_eq!(third.len(), 200, "writes resume after the failover");
+    c.wait_active("redis", Duration::from_secs(20), |s| {
+        s["primary"] == backup.as_str()
+    });
+    let missing = c
+        .lab
+        .in_node("client", || {
+            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
+            first
+                .iter()
+                .chain(&second)
+                .chain(&third)
+                .filter(|i| {
+                    cn.cmd(&["GET", &format!("key:{i}")]).ok()
+                        != Some(Reply::Bulk(Some(format!("value-{i}").into_bytes())))
+                })
+                .count()
+        })
+        .unwrap();
+    assert_eq!(missing, 0, "acknowledged writes lost");
+}
+
+/// A killed orchestrator (here the leader), restarted with its data directory, rejoins and
+/// catches up: its log reaches the leader's, and it holds what was decided while it was down.
+#[test]
+fn restarted_orchestrator_rejoins_and_catches_up() {
+    let mut c = Cluster::up_with(2, 3, &[]);
+    let st = c.wait(
+        "a leader with every member reachable",
+        Duration::from_secs(20),
+        |s| settled(s, 3),
+    );
+    let old = st["cluster"]["leader"].as_str().unwrap().to_string();
+    let old_addr = st["cluster"]["members"][&old]["addr"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    c.lab.kill(&old).unwrap();
+    // Written while it is down.
+    c.deploy(&manifest("redis.manifest"), 1);
+    c.wait_active("redis", Duration::from_secs(30), |_| true);
+    c.lab.start(&old).unwrap();
+    let st = c.wait(
+        "the restarted node to catch up",
+        Duration::from_secs(30),
+        |s| {
+            let cl = &s["cluster"];
+            settled(s, 3)
+                && cl["members"][&old]["log_index"].as_u64() == cl["last_log_index"].as_u64()
+        },
+    );
+    assert_ne!(st["cluster"]["leader"], old.as_str());
+    // It answers from its own replicated state, which has the service deployed meanwhile.
+    let mine = c
+        .try_status(&["--orchestrator", &old_addr, "--any-node"])
+        .expect("status from the restarted node");
+    assert_eq!(mine["orchestrator"], old.as_str(), "{mine}");
+    assert!(
+        mine["services"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|s| s["name"] == "redis")),
+        "{mine}"
+    );
+}
+
+/// The leader orchestrator cut off (alive, no links): the others elect a new leader and the
+/// instances move to it (HTTP/2 keepalive notices the silent node) with no view change; what
+/// the cut-off node proposes meanwhile (it hears no machine, so it suspects them all) is never
+/// applied; healed, it follows the new leader and holds the same views.
+#[test]
+fn partitioned_leader_orchestrator_changes_nothing() {
+    let mut c = Cluster::up_with(2, 3, &[]);
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let view = svc["view"].clone();
+    let history = svc["history"].as_array().map_or(0, Vec::len);
+    let st = c.wait(
+        "a leader with every member reachable",
+        Duration::from_secs(20),
+        |s| settled(s, 3),
+    );
+    let old = st["cluster"]["leader"].as_str().unwrap().to_string();
+    let old_addr = st["cluster"]["members"][&old]["addr"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let unchanged = |c: &Cluster, secs: u64| {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(secs) {
+            let s = c.service("redis");
+            assert_eq!(
+                (&s["view"], s["active"].clone()),
+                (&view, Value::Bool(true)),
+                "the service's view changed: {s}\n{}",
+                c.logs()
+            );
+            assert_eq!(s["history"].as_array().map_or(0, Vec::len), history, "{s}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+
+    c.lab.partition(&old).unwrap();
+    c.wait("a new leader", Duration::from_secs(20), |s| {
+        s["cluster"]["from_leader"] == true
+            && s["cluster"]["leader"].as_str().is_some_and(|l| l != old)
+    });
+    c.wait(
+        "every machine alive at the new leader",
+        Duration::from_secs(10),
+        |s| all_alive(s, 2),
+    );
+    unchanged(&c, 3);
+
+    c.lab.heal(&old).unwrap();
+    c.wait(
+        "the old leader to follow the new one",
+        Duration::from_secs(20),
+        |s| {
+            let cl = &s["cluster"];
+            settled(s, 3)
+                && cl["leader"] != old.as_str()
+                && cl["members"][&old]["log_index"].as_u64() == cl["last_log_index"].as_u64()
+        },
+    );
+    unchanged(&c, 2);
+    let mine = c
+        .try_status(&["--orchestrator", &old_addr, "--any-node"])
+        .expect("status from the old leader");
+    let s = mine["services"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["name"] == "redis").cloned())
+        .unwrap_or(Value::Null);
+    assert_eq!(s["view"], view, "the old leader's own state: {mine}");
+    assert_eq!(
+        s["history"].as_array().map_or(0, Vec::len),
+        history,
+        "{mine}"
+    );
+}

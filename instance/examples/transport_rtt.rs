@@ -1,8 +1,8 @@
 //! The checkpoint stream's round trip on the critical path: send one checkpoint-sized message,
 //! wait for its acknowledgement, repeat. gRPC (the `Replica` bidirectional stream, as the
 //! instance uses it) against a plain TCP stream (length-prefixed frames, 8-byte acks), same
-//! payloads, same loopback, one run. The receiver only acknowledges: this measures the
-//! transport, not the backup's checks.
+//! payloads, same loopback, one run, with the instance's HTTP/2 windows. The receiver only
+//! acknowledges: this measures the transport, not the backup's checks.
 //!
 //! Run: cargo run --release -p tardi-instance --example transport_rtt [-- ROUNDS]
 
@@ -55,6 +55,8 @@ fn grpc(rt: &tokio::runtime::Runtime, size: usize, rounds: usize) -> Vec<Duratio
         tokio::spawn(
             tonic::transport::Server::builder()
                 .tcp_nodelay(true)
+                .initial_stream_window_size(tardi_instance::STREAM_WINDOW)
+                .initial_connection_window_size(tardi_instance::CONNECTION_WINDOW)
                 .add_service(
                     pb::replica_server::ReplicaServer::new(AckAll)
                         .max_decoding_message_size(usize::MAX),
@@ -64,6 +66,8 @@ fn grpc(rt: &tokio::runtime::Runtime, size: usize, rounds: usize) -> Vec<Duratio
         let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
             .tcp_nodelay(true)
+            .initial_stream_window_size(tardi_instance::STREAM_WINDOW)
+            .initial_connection_window_size(tardi_instance::CONNECTION_WINDOW)
             .connect()
             .await
             .unwrap();

@@ -32,6 +32,12 @@ use tardi_sandbox::SandboxConfig;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
+/// HTTP/2 flow-control windows of the checkpoint stream. With the defaults (64 KiB) a
+/// checkpoint larger than the window waits for window updates: a 64 KiB one took 5 ms on
+/// average (p99 47 ms) instead of 0.05 ms (`instance/examples/transport_rtt.rs`).
+pub const STREAM_WINDOW: u32 = 8 << 20;
+pub const CONNECTION_WINDOW: u32 = 16 << 20;
+
 /// How an instance runs (the `tardi instance` flags).
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -120,6 +126,8 @@ impl Ctx {
         let ch = tonic::transport::Endpoint::from_shared(format!("http://{api}"))?
             .connect_timeout(Duration::from_millis(500))
             .tcp_nodelay(true)
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
             .connect()
             .await
             .with_context(|| format!("connecting to the instance at {api}"))?;
@@ -456,6 +464,8 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {}", opts.listen))?;
         let server = tonic::transport::Server::builder()
             .tcp_nodelay(true)
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
             .add_service(
                 pb::replica_server::ReplicaServer::new(ReplicaSvc(roles.clone()))
                     .max_decoding_message_size(usize::MAX)

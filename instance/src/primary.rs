@@ -623,7 +623,11 @@ async fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
             if acks_task.is_finished() {
                 return Ok(());
             }
+            // Registered before the log is looked at: a `notify_waiters` between the look and
+            // the wait would otherwise be missed, and the checkpoint would wait for the next one.
             let notified = sh.new_data.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
             let msg = {
                 let mut st = sh.lock();
                 if sh.stop.load(Ordering::SeqCst) || !st.view.backups.iter().any(|x| x == b) {

@@ -79,6 +79,9 @@ struct Opts {
     lock_wait: u64,
     /// Link bandwidth for `dirty` and `backups`.
     link: String,
+    /// `bench/page_dirtier` (whole pages of random bytes) instead of the dirtier, for `dirty`
+    /// and `backups`: results and plots get the suffix `-full`.
+    full_pages: Option<PathBuf>,
     /// The dirtier's `[tardi.epoch] interval_ms` (default: the manifest's, 10).
     interval_ms: Option<f64>,
     /// The results' time stamp (default: now, UTC).
@@ -117,6 +120,7 @@ impl Opts {
             link: "1gbit".into(),
             stamp: None,
             interval_ms: None,
+            full_pages: None,
             command: std::env::args().collect::<Vec<_>>().join(" "),
         };
         let mut args = std::env::args().skip(1);
@@ -148,6 +152,7 @@ impl Opts {
                 "--link" => o.link = v,
                 "--stamp" => o.stamp = Some(v),
                 "--interval-ms" => o.interval_ms = Some(num(&v)),
+                "--full-pages" => o.full_pages = Some(v.into()),
                 _ => usage(),
             }
         }
@@ -160,7 +165,7 @@ fn usage() -> ! {
         "usage: replication_bench plot RESULT.json... | replication_bench ping|dirty|backups|failover|redis|all [--pings N] [--dirty-pings N] \
          [--rates MB/s,...] [--backup-rates MB/s,...] [--trials N] [--failover-rate MB/s] [--failover-mb MiB] [--fresh-lab] [--wait-quiet S] \
          [--redis-n N] [--redis-np N] [--lock-wait S] [--link 1gbit] [--tardi PATH] [--dirtier PATH] \
-         [--out DIR] [--img DIR] [--stamp STAMP] [--interval-ms MS]"
+         [--out DIR] [--img DIR] [--stamp STAMP] [--interval-ms MS] [--full-pages PAGE_DIRTIER]"
     );
     std::process::exit(2)
 }
@@ -229,7 +234,11 @@ impl Env {
             if line.starts_with("libos.entrypoint") {
                 out.push_str(&format!(
                     "libos.entrypoint = \"{}\"\n",
-                    self.o.dirtier.display()
+                    self.o
+                        .full_pages
+                        .as_ref()
+                        .unwrap_or(&self.o.dirtier)
+                        .display()
                 ));
                 entry = true;
             } else if line.starts_with("loader.argv") {
@@ -256,6 +265,24 @@ impl Env {
         let p = self.tmp.join(format!("{name}.manifest"));
         std::fs::write(&p, out).expect("writing a manifest");
         p
+    }
+
+    /// `-full` with `--full-pages`, else nothing: names of results and plots.
+    fn tag(&self) -> &'static str {
+        if self.o.full_pages.is_some() {
+            "-full"
+        } else {
+            ""
+        }
+    }
+
+    /// How the dirtier writes, for titles.
+    fn workload(&self) -> &'static str {
+        if self.o.full_pages.is_some() {
+            "whole pages of random bytes"
+        } else {
+            "one byte per page"
+        }
     }
 
     fn redis_manifest(&self) -> PathBuf {
@@ -942,8 +969,10 @@ fn bench_dirty(env: &Env) -> Value {
         cases.push(pc.record);
     }
     println!(
-        "\n### Latency and checkpoint size against the dirtying rate (link throttled to {}, one backup, {} pings per case)\n",
-        env.o.link, env.o.dirty_pings
+        "\n### Latency and checkpoint size against the dirtying rate ({}; link throttled to {}, one backup, {} pings per case)\n",
+        env.workload(),
+        env.o.link,
+        env.o.dirty_pings
     );
     println!(
         "| dirtying MB/s | % of link | unrep p50 ms | unrep p99 | rep p50 ms | rep p99 | rep p99.9 | rep mean | epochs/s | mean ckpt KiB (raw) | mean ckpt KiB (encoded) | encoded MB/s | CPU busy before | lost |"
@@ -973,9 +1002,15 @@ fn bench_dirty(env: &Env) -> Value {
             c["replicated"]["lost"]
         );
     }
-    let img1 = env.o.img.join("replication-dirty-latency.png");
-    let img2 = env.o.img.join("replication-dirty-checkpoint.png");
-    plot::dirty(&img1, &img2, &cases, link_mbs).expect("plot");
+    let img1 = env
+        .o
+        .img
+        .join(format!("replication-dirty{}-latency.png", env.tag()));
+    let img2 = env
+        .o
+        .img
+        .join(format!("replication-dirty{}-checkpoint.png", env.tag()));
+    plot::dirty(&img1, &img2, &cases, link_mbs, env.workload()).expect("plot");
     eprintln!("[bench] drew {} and {}", img1.display(), img2.display());
     let mut v = env.header("dirty");
     v["link"] = json!(env.o.link);
@@ -1027,8 +1062,10 @@ fn bench_backups(env: &Env) -> Value {
         }
     }
     println!(
-        "\n### One against two backups (link throttled to {}, {} pings per case; machines m1..m3)\n",
-        env.o.link, env.o.dirty_pings
+        "\n### One against two backups ({}; link throttled to {}, {} pings per case; machines m1..m3)\n",
+        env.workload(),
+        env.o.link,
+        env.o.dirty_pings
     );
     println!(
         "| dirtying MB/s (% of link) | backups | p50 ms | p90 | p99 | p99.9 | mean | unrep p50 / p99 | encoded MB/s per backup | CPU busy before |"
@@ -1056,10 +1093,17 @@ fn bench_backups(env: &Env) -> Value {
             c["before"]["cpu_busy_before_pct"]
         );
     }
-    let img = env.o.img.join("replication-backups-cdf.png");
+    let img = env
+        .o
+        .img
+        .join(format!("replication-backups{}-cdf.png", env.tag()));
     plot::cdfs(
         &img,
-        &format!("Ping latency, one vs two backups (link {})", env.o.link),
+        &format!(
+            "Ping latency, one vs two backups (link {}; {})",
+            env.o.link,
+            env.workload()
+        ),
         "latency (ms)",
         &series,
     )
@@ -1716,7 +1760,12 @@ fn main() {
             _ => bench_redis(&env),
         };
         v["loadavg_end"] = json!(loadavg());
-        env.save(part, &v);
+        v["full_pages"] = json!(env.o.full_pages.is_some());
+        let name = match part {
+            "dirty" | "backups" => format!("{part}{}", env.tag()),
+            _ => part.to_string(),
+        };
+        env.save(&name, &v);
     }
     let _ = std::fs::remove_dir_all(&env.tmp);
 }
@@ -1919,7 +1968,7 @@ mod plot {
 
     /// Figs. 4 and 5: latency percentiles, and mean checkpoint size, against the dirtying rate
     /// (% of the link).
-    pub fn dirty(lat: &Path, size: &Path, cases: &[Value], link_mbs: f64) -> R {
+    pub fn dirty(lat: &Path, size: &Path, cases: &[Value], link_mbs: f64, workload: &str) -> R {
         load_font()?;
         let x = |c: &Value| 100.0 * f(c, "rate_mbps") / link_mbs;
         let x_max = cases.iter().map(x).fold(0.0, f64::max).max(1.0) * 1.05;
@@ -1941,7 +1990,7 @@ mod plot {
         }
         xy(
             lat,
-            "Ping latency against the dirtying rate (1 backup)",
+            &format!("Ping latency against the dirtying rate (1 backup; {workload})"),
             "dirtying rate (% of link bandwidth)",
             "latency (ms)",
             x_max,
@@ -1975,7 +2024,7 @@ mod plot {
         ];
         xy(
             size,
-            "Mean checkpoint size against the dirtying rate",
+            &format!("Mean checkpoint size against the dirtying rate ({workload})"),
             "dirtying rate (% of link bandwidth)",
             "KiB per checkpoint",
             x_max,

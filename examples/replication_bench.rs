@@ -1552,6 +1552,58 @@ fn replot(img: &Path, files: &[String]) {
                 .expect("plot");
                 eprintln!("[bench] drew {}", path.display());
             }
+            Some("dirty") => {
+                let full = v["full_pages"] == true;
+                let tag = if full { "-full" } else { "" };
+                let workload = if full {
+                    "whole pages of random bytes"
+                } else {
+                    "one byte per page"
+                };
+                let link = link_mb_per_s(v["link"].as_str().unwrap_or("1gbit"));
+                let cases = v["cases"].as_array().cloned().unwrap_or_default();
+                let p1 = img.join(format!("replication-dirty{tag}-latency.png"));
+                let p2 = img.join(format!("replication-dirty{tag}-checkpoint.png"));
+                plot::dirty(&p1, &p2, &cases, link, workload).expect("plot");
+                eprintln!("[bench] drew {} and {}", p1.display(), p2.display());
+            }
+            Some("backups") => {
+                let full = v["full_pages"] == true;
+                let tag = if full { "-full" } else { "" };
+                let workload = if full {
+                    "whole pages of random bytes"
+                } else {
+                    "one byte per page"
+                };
+                let series: Vec<(String, Vec<f64>)> = v["raw"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|x| {
+                                (
+                                    x["label"].as_str().unwrap_or("?").to_string(),
+                                    x["ms"]
+                                        .as_array()
+                                        .map(|m| m.iter().filter_map(Value::as_f64).collect())
+                                        .unwrap_or_default(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let path = img.join(format!("replication-backups{tag}-cdf.png"));
+                plot::cdfs(
+                    &path,
+                    &format!(
+                        "Ping latency, one vs two backups (link {}; {workload})",
+                        v["link"].as_str().unwrap_or("?")
+                    ),
+                    "latency (ms)",
+                    &series,
+                )
+                .expect("plot");
+                eprintln!("[bench] drew {}", path.display());
+            }
             other => eprintln!("[bench] {file}: no replot for {other:?}"),
         }
     }

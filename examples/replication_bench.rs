@@ -2084,6 +2084,7 @@ mod plot {
         )
     }
 
+    /// Lines of points; the y axis is logarithmic when the values span more than 50x.
     fn xy(
         path: &Path,
         title: &str,
@@ -2092,21 +2093,68 @@ mod plot {
         x_max: f64,
         lines: &[(String, Vec<(f64, f64)>)],
     ) -> R {
-        let y_max = lines
+        let ys: Vec<f64> = lines
             .iter()
             .flat_map(|(_, p)| p.iter().map(|q| q.1))
             .filter(|v| v.is_finite())
-            .fold(0.0, f64::max)
-            .max(1e-3)
-            * 1.1;
+            .collect();
+        let y_max = ys.iter().copied().fold(0.0, f64::max).max(1e-3);
+        let y_min = ys
+            .iter()
+            .copied()
+            .filter(|v| *v > 0.0)
+            .fold(f64::INFINITY, f64::min);
         let root = BitMapBackend::new(path, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let mut chart = ChartBuilder::on(&root)
+        if y_min.is_finite() && y_max / y_min > 50.0 {
+            let floor = y_min / 2.0;
+            xy_on(
+                &root,
+                title,
+                x_desc,
+                &format!("{y_desc}, log scale"),
+                x_max,
+                (floor..y_max * 2.0).log_scale(),
+                floor,
+                lines,
+            )?;
+        } else {
+            xy_on(
+                &root,
+                title,
+                x_desc,
+                y_desc,
+                x_max,
+                0.0..y_max * 1.1,
+                0.0,
+                lines,
+            )?;
+        }
+        root.present().map_err(err)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn xy_on<DB: DrawingBackend, Y>(
+        root: &DrawingArea<DB, Shift>,
+        title: &str,
+        x_desc: &str,
+        y_desc: &str,
+        x_max: f64,
+        y: Y,
+        floor: f64,
+        lines: &[(String, Vec<(f64, f64)>)],
+    ) -> R
+    where
+        DB::ErrorType: 'static,
+        Y: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
+        Y::CoordDescType: plotters::coord::ranged1d::ValueFormatter<f64>,
+    {
+        let mut chart = ChartBuilder::on(root)
             .caption(title, ("sans-serif", 24))
             .margin(20)
             .x_label_area_size(50)
             .y_label_area_size(80)
-            .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+            .build_cartesian_2d(0.0..x_max, y)
             .map_err(err)?;
         chart
             .configure_mesh()
@@ -2121,7 +2169,12 @@ mod plot {
             .map_err(err)?;
         for (i, (label, pts)) in lines.iter().enumerate() {
             let color = COLORS[i % COLORS.len()];
-            let pts: Vec<(f64, f64)> = pts.iter().copied().filter(|p| p.1.is_finite()).collect();
+            let pts: Vec<(f64, f64)> = pts
+                .iter()
+                .copied()
+                .filter(|p| p.1.is_finite())
+                .map(|(x, y)| (x, y.max(floor)))
+                .collect();
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
                 .map_err(err)?
@@ -2140,7 +2193,6 @@ mod plot {
             .border_style(BLACK)
             .label_font(("sans-serif", 16))
             .draw()
-            .map_err(err)?;
-        root.present().map_err(err)
+            .map_err(err)
     }
 }

@@ -27,6 +27,10 @@
 #        TRIALS (20)    failover: trials per fault;  FAILOVER_RATE (10) MB/s, FAILOVER_MB (100) MiB
 #        REDIS_N (100000) REDIS_NP (1000000)   redis-benchmark -n, unpipelined and -P 16
 #        RATES ("0,12.5,25,37.5,50,62.5")  dirty: MB/s;  BACKUP_RATES ("0,12.5,25")
+#        FULL_PAGES=1   dirty and backups with bench/page_dirtier.c (whole pages of random bytes,
+#                       as Tardigrade's ping server: checkpoints as large as the dirtying) instead
+#                       of the dirtier (one byte per page: delta-encoded to almost nothing);
+#                       results and plots get the suffix -full
 #        EXTRA          more arguments for replication_bench (e.g. --fresh-lab)
 # Run as root (namespaces, sandboxes). Needs gcc, redis-server and redis-benchmark. The whole
 # set takes about 30-40 minutes on an idle machine (much longer on a busy one).
@@ -49,6 +53,11 @@ BENCH="$TARGET/release/examples/replication_bench"
 mkdir -p "$ROOT/target/tardi-test-programs" "$OUT_DIR"
 DIRTIER="$ROOT/target/tardi-test-programs/dirtier"
 cc -O2 -g -pthread -Wall -Wextra -o "$DIRTIER" "$ROOT/tests/programs/dirtier.c"
+FULL=()
+if [[ "${FULL_PAGES:-0}" == 1 ]]; then
+    cc -O2 -g -pthread -Wall -Wextra -o "$ROOT/target/tardi-test-programs/page_dirtier" "$HERE/page_dirtier.c"
+    FULL=(--full-pages "$ROOT/target/tardi-test-programs/page_dirtier")
+fi
 
 STAMP="$(date -u +%Y%m%d-%H%M%S)"
 OUT="$OUT_DIR/replication-$STAMP.md"
@@ -63,7 +72,7 @@ COMMON=(--tardi "$TARGET/release/tardi" --dirtier "$DIRTIER" --wait-quiet "${WAI
         src="$src + uncommitted changes in $(cd "$ROOT" && git --no-optional-locks diff --name-only HEAD | tr '\n' ' ')"
     fi
     echo "Source: $src."
-    echo "Command: $0 ${PARTS[*]} (WAIT_QUIET=${WAIT_QUIET:-0})."
+    echo "Command: $0 ${PARTS[*]} (WAIT_QUIET=${WAIT_QUIET:-0} FULL_PAGES=${FULL_PAGES:-0} TRIALS=${TRIALS:-20} FAILOVER_MB=${FAILOVER_MB:-100})."
     echo
 } | tee "$OUT"
 
@@ -73,10 +82,10 @@ for part in "${PARTS[@]}"; do
         ping)
             "$BENCH" ping "${COMMON[@]}" --pings "${PINGS:-10000}" ${EXTRA:-} ;;
         dirty)
-            "$BENCH" dirty "${COMMON[@]}" --dirty-pings "${DIRTY_PINGS:-3000}" \
+            "$BENCH" dirty "${COMMON[@]}" "${FULL[@]}" --dirty-pings "${DIRTY_PINGS:-3000}" \
                 --rates "${RATES:-0,12.5,25,37.5,50,62.5}" ${EXTRA:-} ;;
         backups)
-            "$BENCH" backups "${COMMON[@]}" --dirty-pings "${DIRTY_PINGS:-3000}" \
+            "$BENCH" backups "${COMMON[@]}" "${FULL[@]}" --dirty-pings "${DIRTY_PINGS:-3000}" \
                 --backup-rates "${BACKUP_RATES:-0,12.5,25}" ${EXTRA:-} ;;
         failover)
             "$BENCH" failover "${COMMON[@]}" --trials "${TRIALS:-20}" \

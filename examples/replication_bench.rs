@@ -79,6 +79,9 @@ struct Opts {
     lock_wait: u64,
     /// Link bandwidth for `dirty` and `backups`.
     link: String,
+    /// `bench/page_dirtier` (whole pages of random bytes) instead of the dirtier, for `dirty`
+    /// and `backups`: results and plots get the suffix `-full`.
+    full_pages: Option<PathBuf>,
     /// The dirtier's `[tardi.epoch] interval_ms` (default: the manifest's, 10).
     interval_ms: Option<f64>,
     /// The results' time stamp (default: now, UTC).
@@ -117,6 +120,7 @@ impl Opts {
             link: "1gbit".into(),
             stamp: None,
             interval_ms: None,
+            full_pages: None,
             command: std::env::args().collect::<Vec<_>>().join(" "),
         };
         let mut args = std::env::args().skip(1);
@@ -148,6 +152,7 @@ impl Opts {
                 "--link" => o.link = v,
                 "--stamp" => o.stamp = Some(v),
                 "--interval-ms" => o.interval_ms = Some(num(&v)),
+                "--full-pages" => o.full_pages = Some(v.into()),
                 _ => usage(),
             }
         }
@@ -160,7 +165,7 @@ fn usage() -> ! {
         "usage: replication_bench plot RESULT.json... | replication_bench ping|dirty|backups|failover|redis|all [--pings N] [--dirty-pings N] \
          [--rates MB/s,...] [--backup-rates MB/s,...] [--trials N] [--failover-rate MB/s] [--failover-mb MiB] [--fresh-lab] [--wait-quiet S] \
          [--redis-n N] [--redis-np N] [--lock-wait S] [--link 1gbit] [--tardi PATH] [--dirtier PATH] \
-         [--out DIR] [--img DIR] [--stamp STAMP] [--interval-ms MS]"
+         [--out DIR] [--img DIR] [--stamp STAMP] [--interval-ms MS] [--full-pages PAGE_DIRTIER]"
     );
     std::process::exit(2)
 }
@@ -229,7 +234,11 @@ impl Env {
             if line.starts_with("libos.entrypoint") {
                 out.push_str(&format!(
                     "libos.entrypoint = \"{}\"\n",
-                    self.o.dirtier.display()
+                    self.o
+                        .full_pages
+                        .as_ref()
+                        .unwrap_or(&self.o.dirtier)
+                        .display()
                 ));
                 entry = true;
             } else if line.starts_with("loader.argv") {
@@ -256,6 +265,24 @@ impl Env {
         let p = self.tmp.join(format!("{name}.manifest"));
         std::fs::write(&p, out).expect("writing a manifest");
         p
+    }
+
+    /// `-full` with `--full-pages`, else nothing: names of results and plots.
+    fn tag(&self) -> &'static str {
+        if self.o.full_pages.is_some() {
+            "-full"
+        } else {
+            ""
+        }
+    }
+
+    /// How the dirtier writes, for titles.
+    fn workload(&self) -> &'static str {
+        if self.o.full_pages.is_some() {
+            "whole pages of random bytes"
+        } else {
+            "one byte per page"
+        }
     }
 
     fn redis_manifest(&self) -> PathBuf {
@@ -942,8 +969,10 @@ fn bench_dirty(env: &Env) -> Value {
         cases.push(pc.record);
     }
     println!(
-        "\n### Latency and checkpoint size against the dirtying rate (link throttled to {}, one backup, {} pings per case)\n",
-        env.o.link, env.o.dirty_pings
+        "\n### Latency and checkpoint size against the dirtying rate ({}; link throttled to {}, one backup, {} pings per case)\n",
+        env.workload(),
+        env.o.link,
+        env.o.dirty_pings
     );
     println!(
         "| dirtying MB/s | % of link | unrep p50 ms | unrep p99 | rep p50 ms | rep p99 | rep p99.9 | rep mean | epochs/s | mean ckpt KiB (raw) | mean ckpt KiB (encoded) | encoded MB/s | CPU busy before | lost |"
@@ -973,9 +1002,15 @@ fn bench_dirty(env: &Env) -> Value {
             c["replicated"]["lost"]
         );
     }
-    let img1 = env.o.img.join("replication-dirty-latency.png");
-    let img2 = env.o.img.join("replication-dirty-checkpoint.png");
-    plot::dirty(&img1, &img2, &cases, link_mbs).expect("plot");
+    let img1 = env
+        .o
+        .img
+        .join(format!("replication-dirty{}-latency.png", env.tag()));
+    let img2 = env
+        .o
+        .img
+        .join(format!("replication-dirty{}-checkpoint.png", env.tag()));
+    plot::dirty(&img1, &img2, &cases, link_mbs, env.workload()).expect("plot");
     eprintln!("[bench] drew {} and {}", img1.display(), img2.display());
     let mut v = env.header("dirty");
     v["link"] = json!(env.o.link);
@@ -1027,8 +1062,10 @@ fn bench_backups(env: &Env) -> Value {
         }
     }
     println!(
-        "\n### One against two backups (link throttled to {}, {} pings per case; machines m1..m3)\n",
-        env.o.link, env.o.dirty_pings
+        "\n### One against two backups ({}; link throttled to {}, {} pings per case; machines m1..m3)\n",
+        env.workload(),
+        env.o.link,
+        env.o.dirty_pings
     );
     println!(
         "| dirtying MB/s (% of link) | backups | p50 ms | p90 | p99 | p99.9 | mean | unrep p50 / p99 | encoded MB/s per backup | CPU busy before |"
@@ -1056,10 +1093,17 @@ fn bench_backups(env: &Env) -> Value {
             c["before"]["cpu_busy_before_pct"]
         );
     }
-    let img = env.o.img.join("replication-backups-cdf.png");
+    let img = env
+        .o
+        .img
+        .join(format!("replication-backups{}-cdf.png", env.tag()));
     plot::cdfs(
         &img,
-        &format!("Ping latency, one vs two backups (link {})", env.o.link),
+        &format!(
+            "Ping latency, one vs two backups (link {}; {})",
+            env.o.link,
+            env.workload()
+        ),
         "latency (ms)",
         &series,
     )
@@ -1508,6 +1552,58 @@ fn replot(img: &Path, files: &[String]) {
                 .expect("plot");
                 eprintln!("[bench] drew {}", path.display());
             }
+            Some("dirty") => {
+                let full = v["full_pages"] == true;
+                let tag = if full { "-full" } else { "" };
+                let workload = if full {
+                    "whole pages of random bytes"
+                } else {
+                    "one byte per page"
+                };
+                let link = link_mb_per_s(v["link"].as_str().unwrap_or("1gbit"));
+                let cases = v["cases"].as_array().cloned().unwrap_or_default();
+                let p1 = img.join(format!("replication-dirty{tag}-latency.png"));
+                let p2 = img.join(format!("replication-dirty{tag}-checkpoint.png"));
+                plot::dirty(&p1, &p2, &cases, link, workload).expect("plot");
+                eprintln!("[bench] drew {} and {}", p1.display(), p2.display());
+            }
+            Some("backups") => {
+                let full = v["full_pages"] == true;
+                let tag = if full { "-full" } else { "" };
+                let workload = if full {
+                    "whole pages of random bytes"
+                } else {
+                    "one byte per page"
+                };
+                let series: Vec<(String, Vec<f64>)> = v["raw"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|x| {
+                                (
+                                    x["label"].as_str().unwrap_or("?").to_string(),
+                                    x["ms"]
+                                        .as_array()
+                                        .map(|m| m.iter().filter_map(Value::as_f64).collect())
+                                        .unwrap_or_default(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let path = img.join(format!("replication-backups{tag}-cdf.png"));
+                plot::cdfs(
+                    &path,
+                    &format!(
+                        "Ping latency, one vs two backups (link {}; {workload})",
+                        v["link"].as_str().unwrap_or("?")
+                    ),
+                    "latency (ms)",
+                    &series,
+                )
+                .expect("plot");
+                eprintln!("[bench] drew {}", path.display());
+            }
             other => eprintln!("[bench] {file}: no replot for {other:?}"),
         }
     }
@@ -1716,7 +1812,12 @@ fn main() {
             _ => bench_redis(&env),
         };
         v["loadavg_end"] = json!(loadavg());
-        env.save(part, &v);
+        v["full_pages"] = json!(env.o.full_pages.is_some());
+        let name = match part {
+            "dirty" | "backups" => format!("{part}{}", env.tag()),
+            _ => part.to_string(),
+        };
+        env.save(&name, &v);
     }
     let _ = std::fs::remove_dir_all(&env.tmp);
 }
@@ -1919,7 +2020,7 @@ mod plot {
 
     /// Figs. 4 and 5: latency percentiles, and mean checkpoint size, against the dirtying rate
     /// (% of the link).
-    pub fn dirty(lat: &Path, size: &Path, cases: &[Value], link_mbs: f64) -> R {
+    pub fn dirty(lat: &Path, size: &Path, cases: &[Value], link_mbs: f64, workload: &str) -> R {
         load_font()?;
         let x = |c: &Value| 100.0 * f(c, "rate_mbps") / link_mbs;
         let x_max = cases.iter().map(x).fold(0.0, f64::max).max(1.0) * 1.05;
@@ -1941,7 +2042,7 @@ mod plot {
         }
         xy(
             lat,
-            "Ping latency against the dirtying rate (1 backup)",
+            &format!("Ping latency against the dirtying rate (1 backup; {workload})"),
             "dirtying rate (% of link bandwidth)",
             "latency (ms)",
             x_max,
@@ -1975,7 +2076,7 @@ mod plot {
         ];
         xy(
             size,
-            "Mean checkpoint size against the dirtying rate",
+            &format!("Mean checkpoint size against the dirtying rate ({workload})"),
             "dirtying rate (% of link bandwidth)",
             "KiB per checkpoint",
             x_max,
@@ -1983,6 +2084,7 @@ mod plot {
         )
     }
 
+    /// Lines of points; the y axis is logarithmic when the values span more than 50x.
     fn xy(
         path: &Path,
         title: &str,
@@ -1991,21 +2093,68 @@ mod plot {
         x_max: f64,
         lines: &[(String, Vec<(f64, f64)>)],
     ) -> R {
-        let y_max = lines
+        let ys: Vec<f64> = lines
             .iter()
             .flat_map(|(_, p)| p.iter().map(|q| q.1))
             .filter(|v| v.is_finite())
-            .fold(0.0, f64::max)
-            .max(1e-3)
-            * 1.1;
+            .collect();
+        let y_max = ys.iter().copied().fold(0.0, f64::max).max(1e-3);
+        let y_min = ys
+            .iter()
+            .copied()
+            .filter(|v| *v > 0.0)
+            .fold(f64::INFINITY, f64::min);
         let root = BitMapBackend::new(path, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let mut chart = ChartBuilder::on(&root)
+        if y_min.is_finite() && y_max / y_min > 50.0 {
+            let floor = y_min / 2.0;
+            xy_on(
+                &root,
+                title,
+                x_desc,
+                &format!("{y_desc}, log scale"),
+                x_max,
+                (floor..y_max * 2.0).log_scale(),
+                floor,
+                lines,
+            )?;
+        } else {
+            xy_on(
+                &root,
+                title,
+                x_desc,
+                y_desc,
+                x_max,
+                0.0..y_max * 1.1,
+                0.0,
+                lines,
+            )?;
+        }
+        root.present().map_err(err)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn xy_on<DB: DrawingBackend, Y>(
+        root: &DrawingArea<DB, Shift>,
+        title: &str,
+        x_desc: &str,
+        y_desc: &str,
+        x_max: f64,
+        y: Y,
+        floor: f64,
+        lines: &[(String, Vec<(f64, f64)>)],
+    ) -> R
+    where
+        DB::ErrorType: 'static,
+        Y: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
+        Y::CoordDescType: plotters::coord::ranged1d::ValueFormatter<f64>,
+    {
+        let mut chart = ChartBuilder::on(root)
             .caption(title, ("sans-serif", 24))
             .margin(20)
             .x_label_area_size(50)
             .y_label_area_size(80)
-            .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+            .build_cartesian_2d(0.0..x_max, y)
             .map_err(err)?;
         chart
             .configure_mesh()
@@ -2020,7 +2169,12 @@ mod plot {
             .map_err(err)?;
         for (i, (label, pts)) in lines.iter().enumerate() {
             let color = COLORS[i % COLORS.len()];
-            let pts: Vec<(f64, f64)> = pts.iter().copied().filter(|p| p.1.is_finite()).collect();
+            let pts: Vec<(f64, f64)> = pts
+                .iter()
+                .copied()
+                .filter(|p| p.1.is_finite())
+                .map(|(x, y)| (x, y.max(floor)))
+                .collect();
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
                 .map_err(err)?
@@ -2039,7 +2193,6 @@ mod plot {
             .border_style(BLACK)
             .label_font(("sans-serif", 16))
             .draw()
-            .map_err(err)?;
-        root.present().map_err(err)
+            .map_err(err)
     }
 }

@@ -26,6 +26,9 @@
 //! `cargo run --release --example replication_bench -- SUBCOMMAND [--option value]...`
 //! (options: see `Opts`).
 
+#[path = "../src/plot_font.rs"]
+mod plot_font;
+
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde_json::{Value, json};
@@ -1847,43 +1850,8 @@ mod plot {
         e.to_string()
     }
 
-    /// Registers a TrueType font for the plots' text: `$TARDI_PLOT_FONT`, a common sans font,
-    /// what `fc-match` names, or any .ttf under /usr/share/fonts (the approach of
-    /// `src/profile/plot.rs`).
     fn load_font() -> R {
-        static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
-        DONE.get_or_init(|| {
-            let mut c: Vec<PathBuf> = Vec::new();
-            if let Some(p) = std::env::var_os("TARDI_PLOT_FONT") {
-                c.push(p.into());
-            }
-            for p in [
-                "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-                "/usr/share/fonts/TTF/DejaVuSans.ttf",
-                "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-                "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-                "/usr/share/fonts/truetype/noto/NotoSans-Regular.ttf",
-            ] {
-                c.push(p.into());
-            }
-            let fc = sh("fc-match -f '%{file}' sans-serif 2>/dev/null");
-            if !fc.is_empty() {
-                c.push(fc.into());
-            }
-            let found = sh("find /usr/share/fonts -maxdepth 4 -iname '*.ttf' 2>/dev/null | sort");
-            c.extend(found.lines().map(PathBuf::from));
-            for p in c {
-                let Ok(bytes) = std::fs::read(&p) else { continue };
-                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-                if ["sans-serif", "serif", "monospace"].iter().all(|fam| {
-                    plotters::style::register_font(fam, FontStyle::Normal, bytes).is_ok()
-                }) {
-                    return Ok(());
-                }
-            }
-            Err("no TrueType font for the plots (apt-get install fonts-dejavu-core, or set TARDI_PLOT_FONT)".into())
-        })
-        .clone()
+        crate::plot_font::load_font()
     }
 
     /// An axis label without needless decimals.

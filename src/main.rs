@@ -7,6 +7,7 @@ mod cluster;
 mod control;
 mod output;
 mod parse;
+mod plot_font;
 mod profile;
 mod restore_cmd;
 mod run;

@@ -276,7 +276,7 @@ pub async fn deploy(
             let state = s
                 .primary
                 .as_ref()
-                .map_or("waiting for the primary".to_string(), |p| p.state.clone());
+                .map_or("not reporting yet".to_string(), |p| p.state.clone());
             let active = s.view.as_ref().is_some_and(|v| v.active);
             let line = format!(
                 "view {} {}: primary {}",

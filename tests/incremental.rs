@@ -811,3 +811,99 @@ fn killed_between_epochs_is_reported_gone() {
 fn killed_inside_a_pause_is_reported_gone() {
     killed_service("gonepause", true);
 }
+
+/// Measurement, not a check (ignored; timings are never asserted): how long a pause that also
+/// takes a full checkpoint is, next to ordinary ones, for the state machine and for
+/// `redis-server` holding 100,000 keys. Run with
+/// `cargo test --release --test incremental -- --ignored --nocapture full_pause_length`.
+#[test]
+#[ignore = "measurement: prints pause lengths"]
+fn full_pause_length() {
+    let report = |what: &str, pid: i32| {
+        let cfg = EpochConfig {
+            interval: Duration::from_millis(10),
+            ..Default::default()
+        };
+        let (mut ep, full0, st0) = Epochs::start(pid, cfg).expect("start epochs");
+        let mut plain = Vec::new();
+        let mut with_full = Vec::new();
+        for i in 1..=100u64 {
+            if i % 20 == 10 {
+                ep.request_full();
+            }
+            let out = ep.next_output(false).unwrap();
+            match out.full {
+                Some(f) => {
+                    with_full.push((out.stats.pause_us, out.stats.full_copy_us, f.data.len()))
+                }
+                None => plain.push(out.stats.pause_us),
+            }
+        }
+        ep.stop();
+        plain.sort_unstable();
+        println!(
+            "{what}: start (full) pause {} µs, {} KiB; ordinary pauses median {} µs, p90 {} µs; \
+             pauses with a full (pause µs, of which full copy µs, full KiB): {:?}",
+            st0.pause_us,
+            full0.data.len() / 1024,
+            plain[plain.len() / 2],
+            plain[plain.len() * 9 / 10],
+            with_full
+                .iter()
+                .map(|&(p, c, b)| (p, c, b / 1024))
+                .collect::<Vec<_>>()
+        );
+    };
+    let (_scratch, run, _addr) = statemachine_run("fullpause");
+    report("statemachine", run.pid);
+    run.stop();
+
+    let scratch = Scratch::new("fullpause-redis");
+    let name = format!("redis-fp{}", std::process::id() % 100000);
+    let shipped =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gramine-manifests/redis.manifest");
+    let text = std::fs::read_to_string(shipped)
+        .unwrap()
+        .replace("name = \"redis\"", &format!("name = \"{name}\""))
+        .replace(
+            "file:/var/lib/tardi/redis/data",
+            &format!("file:{}", scratch.0.join("data").display()),
+        );
+    let manifest = scratch.0.join("redis.manifest");
+    std::fs::write(&manifest, text).unwrap();
+    let run = Running::run(&manifest).expect("tardi run redis");
+    let addr = SocketAddr::new(run.address.into(), 6379);
+    let mut input = Vec::new();
+    for i in 0..100_000 {
+        let (k, v) = (
+            format!("key:{i}"),
+            format!("value-{i}-{}", "x".repeat(i % 37)),
+        );
+        input.extend_from_slice(
+            format!(
+                "*3\r\n$3\r\nSET\r\n${}\r\n{k}\r\n${}\r\n{v}\r\n",
+                k.len(),
+                v.len()
+            )
+            .as_bytes(),
+        );
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis does not listen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut child = std::process::Command::new("redis-cli")
+        .args(["-h", &addr.ip().to_string(), "-p", "6379", "--pipe"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-cli");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), &input).unwrap();
+    assert!(child.wait().unwrap().success());
+    report("redis, 100,000 keys", run.pid);
+    run.stop();
+}

@@ -16,7 +16,8 @@
 //! - [`Error`]: every failure, with the message a user reads.
 //!
 //! Binaries that start services must call [`run_sandbox_init_if_asked`] first thing in `main`:
-//! the sandbox's init (and a restore's first process) is that same binary re-executed.
+//! the sandbox's init (and a restore's first process) is that same binary re-executed. They run
+//! as root and must not die of `SIGPIPE` (Rust programs ignore it by default).
 //!
 //! **Must not touch:** replication, the network protocol between machines, output buffering.
 //! This crate knows one machine and one service at a time.

@@ -38,34 +38,9 @@ fn all_alive(s: &Value, machines: usize) -> bool {
         .is_some_and(|m| m.len() == machines && m.iter().all(|m| m["alive"] == true))
 }
 
-/// SETs `key:i` for `i` in `from..from + n`, reconnecting through failovers; the indices whose
-/// SET was acknowledged.
+/// See [`common::resp::write_through_failovers`].
 fn writer(to: SocketAddr, from: u64, n: u64) -> Vec<u64> {
-    let mut acked = Vec::new();
-    let mut conn: Option<Conn> = None;
-    let mut i = from;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while i < from + n && Instant::now() < deadline {
-        let cn = match conn.as_mut() {
-            Some(c) => c,
-            None => match Conn::connect(to, Duration::from_millis(300)) {
-                Ok(c) => conn.insert(c),
-                Err(_) => {
-                    std::thread::sleep(Duration::from_millis(20));
-                    continue;
-                }
-            },
-        };
-        let (k, v) = (format!("key:{i}"), format!("value-{i}"));
-        match cn.cmd(&["SET", &k, &v]) {
-            Ok(Reply::Status(s)) if s == "OK" => {
-                acked.push(i);
-                i += 1;
-            }
-            _ => conn = None,
-        }
-    }
-    acked
+    common::resp::write_through_failovers(to, from, n)
 }
 
 /// A power cut of the leader orchestrator in steady state: a new leader is elected, the

@@ -123,33 +123,8 @@ fn primary_power_cut_loses_no_acknowledged_write() {
     let primary = svc["primary"].as_str().unwrap().to_string();
     let backup = svc["backups"][0].as_str().unwrap().to_string();
     let to = addr(&svc, 6379);
-    let writer = |from: u64, n: u64| {
-        let mut acked = Vec::new();
-        let mut conn: Option<Conn> = None;
-        let mut i = from;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while i < from + n && Instant::now() < deadline {
-            let cn = match conn.as_mut() {
-                Some(c) => c,
-                None => match Conn::connect(to, Duration::from_millis(300)) {
-                    Ok(c) => conn.insert(c),
-                    Err(_) => {
-                        std::thread::sleep(Duration::from_millis(20));
-                        continue;
-                    }
-                },
-            };
-            let (k, v) = (format!("key:{i}"), format!("value-{i}"));
-            match cn.cmd(&["SET", &k, &v]) {
-                Ok(Reply::Status(s)) if s == "OK" => {
-                    acked.push(i);
-                    i += 1;
-                }
-                _ => conn = None, // reset by the failover: reconnect, write it again
-            }
-        }
-        acked
-    };
+    let writer = |from: u64, n: u64| common::resp::write_through_failovers(to, from, n);
+
     let first = c.lab.in_node("client", || writer(0, 300)).unwrap();
     assert_eq!(first.len(), 300);
     c.lab.kill(&primary).unwrap();

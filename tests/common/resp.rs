@@ -94,3 +94,34 @@ impl Conn {
         })
     }
 }
+
+/// SETs `key:i = value-i` for `i` in `from..from + n`, reconnecting (and writing the same key
+/// again) when a failover resets the connection, for at most 30 s; the indices whose SET was
+/// acknowledged.
+pub fn write_through_failovers(to: SocketAddr, from: u64, n: u64) -> Vec<u64> {
+    let mut acked = Vec::new();
+    let mut conn: Option<Conn> = None;
+    let mut i = from;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while i < from + n && std::time::Instant::now() < deadline {
+        let cn = match conn.as_mut() {
+            Some(c) => c,
+            None => match Conn::connect(to, Duration::from_millis(300)) {
+                Ok(c) => conn.insert(c),
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            },
+        };
+        let (k, v) = (format!("key:{i}"), format!("value-{i}"));
+        match cn.cmd(&["SET", &k, &v]) {
+            Ok(Reply::Status(s)) if s == "OK" => {
+                acked.push(i);
+                i += 1;
+            }
+            _ => conn = None, // reset by the failover: reconnect, write it again
+        }
+    }
+    acked
+}

@@ -47,18 +47,25 @@ fn writer(to: SocketAddr, from: u64, n: u64) -> Vec<u64> {
 /// service's view does not change (no false failover), `tardi status` works against the
 /// survivors, and a primary's power cut afterwards still fails over with no acknowledged write
 /// lost.
-#[test]
-fn leader_orchestrator_power_cut_causes_no_failover() {
-    let mut c = Cluster::up_with(3, 3, &[]);
+/// `machines` machines and 3 orchestrators, redis deployed with one backup and protected, the
+/// orchestrator cluster settled: (cluster, the service's status, the whole status).
+fn protected_redis(machines: usize) -> (Cluster, Value, Value) {
+    let c = Cluster::up_with(machines, 3, &[]);
     c.deploy(&manifest("redis.manifest"), 1);
     let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
-    let view = svc["view"].clone();
-    let history = svc["history"].as_array().map_or(0, Vec::len);
     let st = c.wait(
         "a leader with every member reachable",
         Duration::from_secs(20),
         |s| settled(s, 3),
     );
+    (c, svc, st)
+}
+
+#[test]
+fn leader_orchestrator_power_cut_causes_no_failover() {
+    let (mut c, svc, st) = protected_redis(3);
+    let view = svc["view"].clone();
+    let history = svc["history"].as_array().map_or(0, Vec::len);
     let leader = st["cluster"]["leader"].as_str().unwrap().to_string();
     let to = addr(&svc, 6379);
     let first = c.lab.in_node("client", || writer(to, 0, 200)).unwrap();
@@ -188,16 +195,9 @@ fn restarted_orchestrator_rejoins_and_catches_up() {
 /// applied; healed, it follows the new leader and holds the same views.
 #[test]
 fn partitioned_leader_orchestrator_changes_nothing() {
-    let mut c = Cluster::up_with(2, 3, &[]);
-    c.deploy(&manifest("redis.manifest"), 1);
-    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let (mut c, svc, st) = protected_redis(2);
     let view = svc["view"].clone();
     let history = svc["history"].as_array().map_or(0, Vec::len);
-    let st = c.wait(
-        "a leader with every member reachable",
-        Duration::from_secs(20),
-        |s| settled(s, 3),
-    );
     let old = st["cluster"]["leader"].as_str().unwrap().to_string();
     let old_addr = st["cluster"]["members"][&old]["addr"]
         .as_str()

@@ -215,7 +215,16 @@ fn two_backups_survive_a_primary_power_cut() {
 /// takes over with every acknowledged write.
 #[test]
 fn malformed_and_out_of_view_checkpoints_are_refused_with_nothing_applied() {
+    use tardi_instance::stream::Connection;
     use tardi_proto as pb;
+    let msg = |primary: &str, view: u64, epoch: u64| pb::CheckpointMsg {
+        service: "redis".into(),
+        view,
+        primary: primary.to_string(),
+        epoch,
+        run: view,
+        data: Default::default(),
+    };
     let mut c = Cluster::up(2, &[]);
     c.deploy(&manifest("redis.manifest"), 1);
     let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
@@ -227,66 +236,33 @@ fn malformed_and_out_of_view_checkpoints_are_refused_with_nothing_applied() {
     let to = addr(&svc, 6379);
     let api = c.lab.api(&backup).unwrap().to_string();
     c.lab.in_node("client", || set_keys(to, "r", 100)).unwrap();
-    // Sent straight to the backup's Replica service, as a rogue or deposed primary would.
+    // Sent straight to the backup's checkpoint stream, as a rogue or deposed primary would.
     let errors = c
         .lab
         .in_node("client", || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let mut client =
-                    pb::replica_client::ReplicaClient::connect(format!("http://{api}"))
-                        .await
-                        .expect("connect to the backup");
-                let mut errors = Vec::new();
-                let cases: Vec<(&str, pb::CheckpointMsg)> = vec![
-                    (
-                        "garbage",
-                        pb::CheckpointMsg {
-                            service: "redis".into(),
-                            view,
-                            primary: primary.clone(),
-                            epoch: 1_000_000,
-                            run: view,
-                            data: vec![0x5a; 4096].into(),
-                        },
-                    ),
-                    (
-                        "old view",
-                        pb::CheckpointMsg {
-                            service: "redis".into(),
-                            view: view - 1,
-                            primary: primary.clone(),
-                            epoch: 1_000_000,
-                            run: view - 1,
-                            data: vec![1, 2, 3].into(),
-                        },
-                    ),
-                    (
-                        "truncated header",
-                        pb::CheckpointMsg {
-                            service: "redis".into(),
-                            view,
-                            primary: primary.clone(),
-                            epoch: 7,
-                            run: view,
-                            data: b"TARDICKP".to_vec().into(),
-                        },
-                    ),
-                ];
-                for (what, msg) in cases {
-                    let mut acks = client
-                        .replicate(tokio_stream::iter(vec![msg]))
-                        .await
-                        .expect("stream opens")
-                        .into_inner();
-                    let ack = acks.message().await.expect("an ack").expect("an ack");
-                    errors.push((what, ack.error));
-                }
-                errors
-            })
+            let mut errors = Vec::new();
+            let cases: Vec<(&str, pb::CheckpointMsg, Vec<u8>)> = vec![
+                ("garbage", msg(&primary, view, 1_000_000), vec![0x5a; 4096]),
+                (
+                    "old view",
+                    msg(&primary, view - 1, 1_000_000),
+                    vec![1, 2, 3],
+                ),
+                (
+                    "truncated header",
+                    msg(&primary, view, 7),
+                    b"TARDICKP".to_vec(),
+                ),
+            ];
+            for (what, m, data) in cases {
+                // A refusal closes the stream: one connection per case.
+                let mut conn = Connection::connect(&api, Duration::from_secs(2))
+                    .expect("connect to the backup's checkpoint stream");
+                conn.send(&m, &data).expect("send");
+                let ack = conn.recv_ack().expect("an ack").expect("an ack");
+                errors.push((what, ack.error));
+            }
+            errors
         })
         .unwrap();
     for (what, e) in &errors {

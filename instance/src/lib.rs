@@ -4,9 +4,9 @@
 //! acknowledges and applies checkpoints to an in-memory image, and takes over when a view makes
 //! it primary). Machines it has no role on for a service are that service's spares.
 //!
-//! Owns: the roles and their transitions, the checkpoint stream between machines (gRPC
-//! `Replica`, `proto/tardi.proto`), the session with the orchestrator (heartbeats in one
-//! direction, assignments in the other), the link throttle ([`throttle`]).
+//! Owns: the roles and their transitions, the checkpoint stream between machines ([`stream`]:
+//! a dedicated TCP connection served on `--listen`), the session with the orchestrator (gRPC,
+//! heartbeats in one direction, assignments in the other), the link throttle ([`throttle`]).
 //! Must not touch: how a checkpoint is captured or restored (`tardi-checkpointer`,
 //! `tardi-service`), how output is held (`tardi-netfilter`), or which machine plays which role
 //! (the orchestrator decides; an instance only follows views, and refuses checkpoints of views
@@ -15,6 +15,7 @@
 pub mod backup;
 pub mod epoch_log;
 pub mod primary;
+pub mod stream;
 pub mod throttle;
 
 use anyhow::Context;
@@ -27,23 +28,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tardi_orchestrator::client::Orchestrators;
 use tardi_proto as pb;
-use tardi_proto::replica_client::ReplicaClient;
 use tardi_sandbox::SandboxConfig;
-use tokio_stream::StreamExt;
-use tonic::transport::Channel;
-
-/// HTTP/2 flow-control windows of the checkpoint stream. With the defaults (64 KiB) a
-/// checkpoint larger than the window waits for window updates: a 64 KiB one took 5 ms on
-/// average (p99 47 ms) instead of 0.05 ms (`instance/examples/transport_rtt.rs`).
-pub const STREAM_WINDOW: u32 = 8 << 20;
-pub const CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// How an instance runs (the `tardi instance` flags).
 #[derive(Debug, Clone)]
 pub struct Options {
     /// This machine's name in the cluster.
     pub machine: String,
-    /// Where the Replica service listens (other instances send checkpoints here).
+    /// Where the checkpoint stream listens (primaries on other machines connect here; the
+    /// address is registered with the orchestrator).
     pub listen: SocketAddr,
     /// The orchestrators (comma-separated `host:port` or URLs): the session and activation
     /// follow the cluster's leader among them.
@@ -77,7 +70,6 @@ pub struct Ctx {
     pub opts: Options,
     pub rt: tokio::runtime::Handle,
     machines: Mutex<HashMap<String, String>>,
-    clients: Mutex<HashMap<String, ReplicaClient<Channel>>>,
     pub throttle: Option<Arc<throttle::Throttle>>,
     /// The orchestrator cluster (remembers its leader).
     orchestrators: Orchestrators,
@@ -112,32 +104,6 @@ impl Ctx {
             .unwrap_or_else(|e| e.into_inner())
             .get(m)
             .cloned()
-    }
-
-    pub async fn replica_client(&self, api: &str) -> anyhow::Result<ReplicaClient<Channel>> {
-        if let Some(c) = self
-            .clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(api)
-        {
-            return Ok(c.clone());
-        }
-        let ch = tonic::transport::Endpoint::from_shared(format!("http://{api}"))?
-            .connect_timeout(Duration::from_millis(500))
-            .tcp_nodelay(true)
-            .initial_stream_window_size(STREAM_WINDOW)
-            .initial_connection_window_size(CONNECTION_WINDOW)
-            .connect()
-            .await
-            .with_context(|| format!("connecting to the instance at {api}"))?;
-        let c = ReplicaClient::new(ch).max_decoding_message_size(usize::MAX);
-        let c = c.max_encoding_message_size(usize::MAX);
-        self.clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(api.to_string(), c.clone());
-        Ok(c)
     }
 
     /// Asks the orchestrators' leader to activate `view` (following the leader for up to a
@@ -372,55 +338,65 @@ fn stop(r: Role) {
     }
 }
 
-/// The Replica gRPC service: checkpoint streams from primaries.
-#[derive(Clone)]
-struct ReplicaSvc(Arc<Roles>);
-
-type AckStream =
-    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::Ack, tonic::Status>> + Send>>;
-
-#[tonic::async_trait]
-impl pb::replica_server::Replica for ReplicaSvc {
-    type ReplicateStream = AckStream;
-
-    async fn replicate(
-        &self,
-        req: tonic::Request<tonic::Streaming<pb::CheckpointMsg>>,
-    ) -> Result<tonic::Response<AckStream>, tonic::Status> {
-        let mut inbound = req.into_inner();
-        let roles = self.0.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        tokio::spawn(async move {
-            while let Some(Ok(m)) = inbound.next().await {
-                let backup = roles.backup(&m.service);
-                let (service, view, epoch) = (m.service.clone(), m.view, m.epoch);
-                let result = match backup {
-                    None => Err(backup::Refusal::NotBackup(m.service.clone())),
-                    // Checking a checkpoint (CRC, decoding) takes time for a large one: done in
-                    // place, on this worker, which the runtime replaces meanwhile.
-                    Some(b) => tokio::task::block_in_place(|| {
-                        b.receive(m.view, m.run, m.epoch, Vec::from(m.data))
-                    }),
-                };
-                let refused = result.is_err();
-                let ack = pb::Ack {
-                    service,
-                    view,
-                    epoch,
-                    error: result.err().map(|e| e.to_string()).unwrap_or_default(),
-                };
-                if refused {
-                    tracing::warn!(service = %ack.service, view, epoch, error = %ack.error, "checkpoint refused");
-                }
-                if tx.send(Ok(ack)).await.is_err() || refused {
-                    break;
-                }
+/// Serves the checkpoint stream: one thread per connection, one checkpoint at a time, each
+/// answered by its acknowledgement once the backup queued it (or refused it: the connection
+/// then closes). A connection that does not open with the stream's hello (a port probe, a
+/// stray client) is closed.
+fn serve_streams(listener: std::net::TcpListener, roles: Arc<Roles>) {
+    for conn in listener.incoming() {
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a checkpoint stream failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
             }
-        });
-        Ok(tonic::Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        };
+        let roles = roles.clone();
+        let spawned = std::thread::Builder::new()
+            .name("stream-in".into())
+            .spawn(move || {
+                let peer = conn.peer_addr().ok();
+                if let Err(e) = serve_stream(conn, &roles) {
+                    tracing::debug!(?peer, error = %e, "checkpoint stream ended");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no thread for a checkpoint stream");
+        }
     }
+}
+
+fn serve_stream(mut conn: std::net::TcpStream, roles: &Roles) -> Result<(), stream::StreamError> {
+    conn.set_nodelay(true)?;
+    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream::read_hello(&mut conn)?;
+    stream::write_hello(&mut conn)?;
+    conn.set_read_timeout(None)?;
+    let mut input = std::io::BufReader::with_capacity(256 << 10, conn.try_clone()?);
+    while let Some(m) = stream::read_checkpoint(&mut input)? {
+        tracing::trace!(epoch = m.epoch, bytes = m.data.len(), "checkpoint received");
+        let (service, view, epoch) = (m.service.clone(), m.view, m.epoch);
+        let result = match roles.backup(&m.service) {
+            None => Err(backup::Refusal::NotBackup(m.service.clone())),
+            Some(b) => b.receive(m.view, m.run, m.epoch, Vec::from(m.data)),
+        };
+        let refused = result.is_err();
+        let ack = pb::Ack {
+            service,
+            view,
+            epoch,
+            error: result.err().map(|e| e.to_string()).unwrap_or_default(),
+        };
+        if refused {
+            tracing::warn!(service = %ack.service, view, epoch, error = %ack.error, "checkpoint refused");
+        }
+        stream::write_ack(&mut conn, &ack)?;
+        if refused {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Runs the daemon until SIGINT/SIGTERM.
@@ -436,7 +412,6 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         opts: opts.clone(),
         rt: rt.handle().clone(),
         machines: Mutex::new(HashMap::new()),
-        clients: Mutex::new(HashMap::new()),
         orchestrators: Orchestrators::new(&opts.orchestrator),
     });
     let roles = Arc::new(Roles {
@@ -458,31 +433,23 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
                 }
             })?;
     }
+    let listener = std::net::TcpListener::bind(opts.listen)
+        .with_context(|| format!("cannot listen on {}", opts.listen))?;
+    {
+        let roles = roles.clone();
+        std::thread::Builder::new()
+            .name("stream-accept".into())
+            .spawn(move || serve_streams(listener, roles))?;
+    }
     let result = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind(opts.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", opts.listen))?;
-        let server = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            .initial_stream_window_size(STREAM_WINDOW)
-            .initial_connection_window_size(CONNECTION_WINDOW)
-            .add_service(
-                pb::replica_server::ReplicaServer::new(ReplicaSvc(roles.clone()))
-                    .max_decoding_message_size(usize::MAX)
-                    .max_encoding_message_size(usize::MAX),
-            )
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                tardi_orchestrator::shutdown_signal(),
-            );
         println!(
             "instance {} listening on {}, orchestrator {}",
             opts.machine, opts.listen, opts.orchestrator
         );
         let session = tokio::spawn(session(roles.clone(), assign_tx));
-        let r = server.await;
+        tardi_orchestrator::shutdown_signal().await;
         session.abort();
-        r.map_err(anyhow::Error::from)
+        anyhow::Ok(())
     });
     // Stop every role: primaries tear their sandboxes down.
     let all: Vec<Role> = roles.lock().drain().map(|(_, r)| r).collect();

@@ -6,10 +6,11 @@
 //!   epoch boundary in the output gate; each checkpoint is then serialised once and appended to
 //!   the shared log. The gate's reader thread ends an epoch early when output is waiting
 //!   (adaptive epochs), by setting the loop's trigger;
-//! - one *sender* task per backup streams the log to it (after a full checkpoint, which a backup
-//!   needs whenever it joins this primary's run) and reads its acknowledgements;
+//! - one *sender* thread per backup streams the log to it over the checkpoint stream
+//!   ([`crate::stream`]; after a full checkpoint, which a backup needs whenever it joins this
+//!   primary's run), and one thread per stream reads its acknowledgements;
 //! - acknowledgements update the decision ([`Decision`]); a newly decided epoch is released in
-//!   the gate at once, from the task that read the ack.
+//!   the gate at once, from the thread that read the ack.
 //!
 //! Which backups an epoch waits for (`required`): those that already hold decided state when
 //! this primary starts (the survivors of the last active view, at a takeover), and every backup
@@ -23,13 +24,12 @@ use crate::throttle::Throttle;
 use crate::{Ctx, Target};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use tardi_checkpointer::epoch::{ChainState, EpochConfig, EpochHooks, Epochs};
 use tardi_netfilter::{Gate, GateConfig, announce::ServiceAddress};
 use tardi_proto as pb;
 use tardi_service::Service;
-use tokio::sync::Notify;
 
 /// A checkpoint ready to send, in the checkpoint format; shared by every backup's stream.
 type Bytes = tardi_proto::Bytes;
@@ -133,7 +133,8 @@ struct Shared {
     /// The view this primary run started in: names the run's checkpoint chain.
     run: u64,
     st: Mutex<State>,
-    new_data: Notify,
+    /// Signalled (with `st`) when the log, the full checkpoint or the view changed.
+    new_data: Condvar,
     gate: Arc<Gate>,
     /// The view has no backup: nothing to wait for, so each epoch's output is released in its
     /// own pause (from the pause hook), not after the checkpoint is encoded and published.
@@ -235,7 +236,7 @@ impl Primary {
                 recent: VecDeque::new(),
                 takeover_us: 0,
             }),
-            new_data: Notify::new(),
+            new_data: Condvar::new(),
             gate,
             alone: Arc::new(AtomicBool::new(target.view.backups.is_empty())),
             stop: AtomicBool::new(false),
@@ -319,12 +320,17 @@ impl Primary {
                 st.cursors.insert(b.clone(), u64::MAX);
                 let me = sh.clone();
                 let b = b.clone();
-                sh.ctx.rt.spawn(async move { sender(me, b).await });
+                let spawned = std::thread::Builder::new()
+                    .name(format!("send-{b}"))
+                    .spawn(move || sender(me, b));
+                if let Err(e) = spawned {
+                    tracing::error!(service = %sh.name, error = %e, "no thread for a backup's stream");
+                }
             }
         }
         sh.advance(&mut st);
         drop(st);
-        sh.new_data.notify_waiters();
+        sh.new_data.notify_all();
     }
 
     pub fn report(&self) -> pb::ServiceReport {
@@ -368,7 +374,7 @@ impl Primary {
     /// Stops checkpointing and tears the service down (its output stays held: never released).
     pub fn stop(mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.new_data.notify_waiters();
+        self.shared.new_data.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -378,7 +384,7 @@ impl Primary {
 impl Drop for Primary {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.new_data.notify_waiters();
+        self.shared.new_data.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -523,6 +529,7 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
 
 /// Appends a checkpoint to the log (or makes it the newest full one) and wakes the senders.
 fn publish(sh: &Arc<Shared>, epoch: u64, bytes: Bytes, full: bool, pause_us: u64) {
+    tracing::trace!(epoch, full, bytes = bytes.len(), "published");
     let mut st = sh.lock();
     let len = bytes.len() as u64;
     if full {
@@ -553,7 +560,7 @@ fn publish(sh: &Arc<Shared>, epoch: u64, bytes: Bytes, full: bool, pause_us: u64
     }
     sh.advance(&mut st);
     drop(st);
-    sh.new_data.notify_waiters();
+    sh.new_data.notify_all();
 }
 
 /// Whether the log holds every incremental checkpoint after full checkpoint `f`.
@@ -565,13 +572,13 @@ fn continues(st: &State, f: u64) -> bool {
 }
 
 /// Streams this run's checkpoints to backup `b` for as long as it is in the view.
-async fn sender(sh: Arc<Shared>, b: String) {
+fn sender(sh: Arc<Shared>, b: String) {
     let mut backoff = Duration::from_millis(20);
     loop {
         if sh.stop.load(Ordering::SeqCst) || !sh.lock().view.backups.contains(&b) {
             break;
         }
-        match stream_to(&sh, &b).await {
+        match stream_to(&sh, &b) {
             Ok(()) => break,
             Err(e) => {
                 tracing::warn!(service = %sh.name, backup = %b, %e, "checkpoint stream ended; the backup rejoins with a full checkpoint");
@@ -581,7 +588,7 @@ async fn sender(sh: Arc<Shared>, b: String) {
                 sh.advance(&mut st);
             }
         }
-        tokio::time::sleep(backoff).await;
+        std::thread::sleep(backoff);
         backoff = (backoff * 2).min(Duration::from_millis(500));
     }
     let mut st = sh.lock();
@@ -592,53 +599,80 @@ async fn sender(sh: Arc<Shared>, b: String) {
     sh.advance(&mut st);
 }
 
-async fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
+/// One connection to backup `b`: sends from the log until `b` leaves the view or the primary
+/// stops (`Ok`), or until the stream fails or `b` refuses a checkpoint (`Err`).
+fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
     let api = sh
         .ctx
         .machine_api(b)
         .ok_or_else(|| anyhow::anyhow!("no address known for machine {b}"))?;
-    let mut client = sh.ctx.replica_client(&api).await?;
-    let (tx, rx) = tokio::sync::mpsc::channel::<pb::CheckpointMsg>(64);
-    let mut acks = client
-        .replicate(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await?
-        .into_inner();
+    let mut conn = crate::stream::Connection::connect(&api, Duration::from_millis(500))?;
+    // Why the acknowledgements stopped, once they did (read by the sending loop).
+    let ended: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
+    let acks = {
+        let mut conn = conn.try_clone()?;
+        let (sh, b, ended) = (sh.clone(), b.to_string(), ended.clone());
+        std::thread::Builder::new()
+            .name(format!("acks-{b}"))
+            .spawn(move || {
+                let why = loop {
+                    match conn.recv_ack() {
+                        Ok(Some(a)) if !a.error.is_empty() => {
+                            break anyhow::anyhow!("{b} refused epoch {}: {}", a.epoch, a.error);
+                        }
+                        Ok(Some(a)) => {
+                            tracing::trace!(backup = %b, epoch = a.epoch, "acknowledged");
+                            let mut st = sh.lock();
+                            st.decision.acked.insert(b.clone(), a.epoch);
+                            sh.advance(&mut st);
+                        }
+                        Ok(None) => break anyhow::anyhow!("{b} closed the stream"),
+                        Err(e) => break anyhow::Error::from(e),
+                    }
+                };
+                *ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                let _g = sh.lock();
+                sh.new_data.notify_all();
+            })?
+    };
+    let result = send_loop(sh, b, &mut conn, &ended);
+    conn.shutdown();
+    let _ = acks.join();
+    let why = ended.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match (result, why) {
+        (Err(e), _) => Err(e),
+        // The acknowledgements ended first: that is why the loop stopped.
+        (Ok(true), Some(why)) => Err(why),
+        (Ok(_), _) => Ok(()),
+    }
+}
+
+/// The sending half of [`stream_to`]. `Ok(true)`: stopped because the acknowledgements ended;
+/// `Ok(false)`: `b` left the view or the primary stopped.
+fn send_loop(
+    sh: &Arc<Shared>,
+    b: &str,
+    conn: &mut crate::stream::Connection,
+    ended: &Mutex<Option<anyhow::Error>>,
+) -> anyhow::Result<bool> {
     let throttle: Option<Arc<Throttle>> = sh.ctx.throttle.clone();
-    let ack_sh = sh.clone();
-    let ack_b = b.to_string();
-    let acks_task = tokio::spawn(async move {
-        while let Some(a) = acks.message().await? {
-            if !a.error.is_empty() {
-                anyhow::bail!("{ack_b} refused epoch {}: {}", a.epoch, a.error);
-            }
-            let mut st = ack_sh.lock();
-            st.decision.acked.insert(ack_b.clone(), a.epoch);
-            ack_sh.advance(&mut st);
-        }
-        anyhow::bail!("{ack_b} closed the stream")
-    });
     let mut next: Option<u64> = None; // next incremental epoch to send
-    let result: anyhow::Result<()> = async {
-        loop {
-            if acks_task.is_finished() {
-                return Ok(());
-            }
-            // Registered before the log is looked at: a `notify_waiters` between the look and
-            // the wait would otherwise be missed, and the checkpoint would wait for the next one.
-            let notified = sh.new_data.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let msg = {
-                let mut st = sh.lock();
+    loop {
+        let (view, epoch, bytes, full) = {
+            let mut st = sh.lock();
+            loop {
+                if ended.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+                    return Ok(true);
+                }
                 if sh.stop.load(Ordering::SeqCst) || !st.view.backups.iter().any(|x| x == b) {
-                    return Ok(());
+                    return Ok(false);
                 }
                 let view = st.view.number;
                 if next.is_some() && !st.decision.full_at.contains_key(b) {
                     // The chain restarted (this backup was detached or dropped).
                     anyhow::bail!("the chain to {b} restarts with a full checkpoint");
                 }
-                match next {
+                let msg = match next {
                     // Joining: a full checkpoint the log still continues, or a new one.
                     None => match st.full.clone() {
                         Some((f, bytes)) if continues(&st, f) => {
@@ -657,49 +691,41 @@ async fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
                         .iter()
                         .find(|(e, _)| *e == n)
                         .map(|(e, bytes)| (view, *e, bytes.clone(), false)),
+                };
+                if let Some(m) = msg {
+                    break m;
                 }
-            };
-            let Some((view, epoch, bytes, full)) = msg else {
-                tokio::select! {
-                    _ = notified => {}
-                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-                }
-                continue;
-            };
-            if let Some(t) = &throttle {
-                let wait = t.take(bytes.len());
-                if !wait.is_zero() {
-                    tokio::time::sleep(wait).await;
-                }
+                // Woken by `publish`, a view change, or the acknowledgements ending; the
+                // timeout only bounds how late a missed case would be noticed.
+                st = sh
+                    .new_data
+                    .wait_timeout(st, Duration::from_millis(50))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
             }
-            tx.send(pb::CheckpointMsg {
-                service: sh.name.clone(),
-                view,
-                primary: sh.machine.clone(),
-                epoch,
-                run: sh.run,
-                data: bytes,
-            })
-            .await
-            .map_err(|_| anyhow::anyhow!("the stream to {b} closed"))?;
-            if !full {
-                next = Some(epoch + 1);
-                sh.lock().cursors.insert(b.to_string(), epoch + 1);
+        };
+        if let Some(t) = &throttle {
+            let wait = t.take(bytes.len());
+            if !wait.is_zero() {
+                std::thread::sleep(wait);
             }
         }
-    }
-    .await;
-    drop(tx);
-    if acks_task.is_finished() {
-        match acks_task.await {
-            Ok(Err(e)) => return Err(e),
-            Err(e) => return Err(e.into()),
-            Ok(Ok(())) => {}
+        let header = pb::CheckpointMsg {
+            service: sh.name.clone(),
+            view,
+            primary: sh.machine.clone(),
+            epoch,
+            run: sh.run,
+            data: Default::default(),
+        };
+        conn.send(&header, &bytes)
+            .map_err(|e| anyhow::anyhow!("sending epoch {epoch} to {b}: {e}"))?;
+        tracing::trace!(backup = %b, epoch, full, "sent");
+        if !full {
+            next = Some(epoch + 1);
+            sh.lock().cursors.insert(b.to_string(), epoch + 1);
         }
-    } else {
-        acks_task.abort();
     }
-    result
 }
 
 #[cfg(test)]

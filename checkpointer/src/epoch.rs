@@ -373,6 +373,30 @@ impl Epochs {
         cfg: EpochConfig,
         hooks: EpochHooks,
     ) -> Result<(Epochs, Checkpoint, EpochStats)> {
+        let (ep, first) = Self::launch(pid, cfg, hooks, true)?;
+        Ok((ep, first.incremental, first.stats))
+    }
+
+    /// Like [`Epochs::start_with`], but the first pause only arms tracking: no memory is copied
+    /// and no checkpoint 0 exists. Epoch 1's incremental checkpoint then continues a state no
+    /// one holds; a backup can follow this loop only from a full checkpoint taken later
+    /// ([`Epochs::request_full`]). For a service that has no backup yet (a primary that just
+    /// took over alone), this keeps a copy of all memory out of the first pause.
+    pub fn start_tracking(
+        pid: Pid,
+        cfg: EpochConfig,
+        hooks: EpochHooks,
+    ) -> Result<(Epochs, EpochStats)> {
+        let (ep, first) = Self::launch(pid, cfg, hooks, false)?;
+        Ok((ep, first.stats))
+    }
+
+    fn launch(
+        pid: Pid,
+        cfg: EpochConfig,
+        hooks: EpochHooks,
+        copy: bool,
+    ) -> Result<(Epochs, EpochOutput)> {
         let pidfd = match crate::sys::pidfd_open(pid) {
             Ok(fd) => Some(fd),
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
@@ -389,13 +413,14 @@ impl Epochs {
             .spawn(move || {
                 let err_tx = reply_tx.clone();
                 let r = in_view(pid, move |proc| {
-                    let (mut lp, first) = match EpochLoop::start(proc, cfg, hooks, loop_trigger) {
-                        Ok(v) => v,
-                        Err(e) => {
-                            let _ = reply_tx.send(Err(e));
-                            return;
-                        }
-                    };
+                    let (mut lp, first) =
+                        match EpochLoop::start(proc, cfg, hooks, loop_trigger, copy) {
+                            Ok(v) => v,
+                            Err(e) => {
+                                let _ = reply_tx.send(Err(e));
+                                return;
+                            }
+                        };
                     let _ = reply_tx.send(Ok(first));
                     while let Ok(cmd) = cmd_rx.recv() {
                         match cmd {
@@ -426,11 +451,8 @@ impl Epochs {
             full_requested: false,
             pidfd,
         };
-        let first = ep.recv();
-        match first {
-            Ok(first) => Ok((ep, first.incremental, first.stats)),
-            Err(e) => Err(e),
-        }
+        let first = ep.recv()?;
+        Ok((ep, first))
     }
 
     /// Waits for the epoch to end and returns its incremental checkpoint. A full checkpoint
@@ -637,11 +659,14 @@ struct Precopy {
 }
 
 impl<'p> EpochLoop<'p> {
+    /// The first pause: arms tracking and, with `copy`, captures the full checkpoint 0 (without,
+    /// the returned checkpoint has the metadata only, no memory: see [`Epochs::start_tracking`]).
     fn start(
         proc: &'p Proc,
         cfg: EpochConfig,
         hooks: EpochHooks,
         trigger: Trigger,
+        copy: bool,
     ) -> Result<(EpochLoop<'p>, EpochOutput)> {
         let pid = proc.pid;
         let pidfd = crate::sys::pidfd_open(pid).map_err(|e| gone_or(pid, e))?;
@@ -658,7 +683,11 @@ impl<'p> EpochLoop<'p> {
             .map_err(proc_err(pid, "pagemap"))
             .map_err(|e| gone(e.into()))?;
         // As for a one-shot full checkpoint: fault the copy buffer in before the pause.
-        let buf = capture::prefaulted_buffer(capture::estimate_private_bytes(proc));
+        let buf = if copy {
+            capture::prefaulted_buffer(capture::estimate_private_bytes(proc))
+        } else {
+            Vec::new()
+        };
         let mut hook = hooks.on_pause;
         let t0 = Instant::now();
         let mut st = Stopped::stop(proc)
@@ -691,9 +720,17 @@ impl<'p> EpochLoop<'p> {
             exe.open(proc)?;
             // The memory first: arming may split the kernel's mappings the capture names files
             // by. (The agent pages the commit writes are in the first incremental checkpoint.)
-            let (mut ck, files) = capture::full_memory(proc, &maps, meta, buf)?;
             let mut dirs = DirTracker::new(cfg.private_dirs.clone());
-            ck.0.private_files = dirs.changes_mapped(&maps).map_err(EpochError::Files)?;
+            let (mut ck, files) = if copy {
+                capture::full_memory(proc, &maps, meta, buf)?
+            } else {
+                ((meta, Vec::new()), Vec::new())
+            };
+            // Walked either way: the tracker reports changes from this state on.
+            let tree = dirs.changes_mapped(&maps).map_err(EpochError::Files)?;
+            if copy {
+                ck.0.private_files = tree;
+            }
             let mut armed = Vec::new();
             for m in maps.iter().filter(|m| trackable(m)) {
                 tracker.arm(m.start, m.end)?;

@@ -118,6 +118,20 @@ pub fn prepare_with(
     prepare_pages(&ckpt.image, pages, 0, host_path, hold)
 }
 
+/// [`prepare_with`] for an image a backup kept current ([`crate::store::Image`]): its pages go
+/// straight from the image into the memfd the restorer reads, with no full checkpoint built in
+/// between (a contiguous copy of all memory). The image was checked as each checkpoint was
+/// applied; the runs come from [`crate::store::Image::write_full`], which wrote exactly them.
+pub fn prepare_image(
+    img: &crate::store::Image,
+    host_path: &dyn Fn(&str) -> Option<PathBuf>,
+    hold: bool,
+) -> Result<Prepared> {
+    let pages = sys::memfd("tardi-pages")?;
+    let ck = img.write_full(&mut std::fs::File::from(pages.try_clone()?))?;
+    prepare_pages(&ck.image, pages, 0, host_path, hold)
+}
+
 /// [`prepare`] for a checkpoint file opened with [`crate::image::CheckpointFile::open`]: the
 /// restorer reads the pages straight from the file, with no copy in between.
 pub fn prepare_file(

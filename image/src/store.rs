@@ -227,6 +227,46 @@ impl Image {
         Ok(())
     }
 
+    /// Like [`Image::to_full`], but the pages go to `out` (in the order the runs' `data_off`
+    /// count from 0) instead of into the checkpoint, whose `data` stays empty. A restore then
+    /// reads them from wherever `out` put them (a memfd) without a contiguous copy of all
+    /// memory in between: for a 100 MiB service that copy, faulting in its buffer included,
+    /// was ~40 ms of every takeover.
+    pub fn write_full(&self, out: &mut impl std::io::Write) -> std::io::Result<Checkpoint> {
+        let mut runs: Vec<PageRun> = Vec::new();
+        let mut starts: Vec<u64> = self.meta.vmas.iter().map(|v| v.start).collect();
+        starts.sort_unstable();
+        let mut written = 0u64;
+        // Pages are boxed one by one: hand them to the kernel in batches, no staging copy.
+        let mut batch: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(BATCH);
+        for (&addr, page) in &self.pages {
+            let boundary = starts.binary_search(&addr).is_ok();
+            match runs.last_mut() {
+                Some(r) if r.addr.checked_add(r.len) == Some(addr) && !boundary => r.len += PAGE,
+                _ => runs.push(PageRun {
+                    addr,
+                    len: PAGE,
+                    data_off: written,
+                }),
+            }
+            written += PAGE;
+            batch.push(std::io::IoSlice::new(&page[..]));
+            if batch.len() == BATCH {
+                write_all_vectored(out, &mut batch)?;
+            }
+        }
+        write_all_vectored(out, &mut batch)?;
+        let mut image = self.meta.clone();
+        image.runs = runs;
+        image.private_files = self.tree.to_changes();
+        Ok(Checkpoint {
+            epoch: self.epoch,
+            kind: Kind::Full,
+            image,
+            data: Vec::new(),
+        })
+    }
+
     /// The image as a full checkpoint (contiguous pages of one mapping coalesced into runs),
     /// with the sandbox description the chain carried and the private directories' tree.
     pub fn to_full(&self) -> Checkpoint {
@@ -256,6 +296,26 @@ impl Image {
             data,
         }
     }
+}
+
+/// Pages per vectored write (the kernel's IOV_MAX).
+const BATCH: usize = 1024;
+
+/// Writes every slice of `batch` whole and empties it.
+fn write_all_vectored(
+    out: &mut impl std::io::Write,
+    batch: &mut Vec<std::io::IoSlice<'_>>,
+) -> std::io::Result<()> {
+    let mut slices = &mut batch[..];
+    while !slices.is_empty() {
+        let n = out.write_vectored(slices)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut slices, n);
+    }
+    batch.clear();
+    Ok(())
 }
 
 /// A checkpoint's metadata as the image keeps it: without memory contents, incremental-only
@@ -370,6 +430,48 @@ mod tests {
     }
 
     /// A full checkpoint at epoch 0.
+    #[test]
+    fn write_full_puts_out_exactly_what_to_full_holds() {
+        // Two mappings, contiguous addresses (runs must still split), distinct page contents.
+        let mut m = meta(vec![anon(0x1000, 0x3000), anon(0x3000, 0x5000)]);
+        m.runs = vec![
+            PageRun {
+                addr: 0x1000,
+                len: 0x2000,
+                data_off: 0,
+            },
+            PageRun {
+                addr: 0x3000,
+                len: 0x2000,
+                data_off: 0x2000,
+            },
+        ];
+        let data: Vec<u8> = (0..0x4000u32)
+            .map(|i| (i / 4096 * 31 + i % 7) as u8)
+            .collect();
+        let img = Image::from_full(&full(m, data)).unwrap();
+        let whole = img.to_full();
+        // A writer that takes a few bytes at a time: partial vectored writes are resumed.
+        struct Dribble(Vec<u8>);
+        impl std::io::Write for Dribble {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                let n = b.len().min(1000);
+                self.0.extend_from_slice(&b[..n]);
+                Ok(n)
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut out = Dribble(Vec::new());
+        let meta = img.write_full(&mut out).unwrap();
+        assert!(meta.data.is_empty());
+        assert_eq!(out.0, whole.data);
+        assert_eq!(meta.image.runs, whole.image.runs);
+        assert_eq!(meta.image.runs.len(), 2);
+        assert_eq!(meta.epoch, whole.epoch);
+    }
+
     fn full(image: ProcessImage, data: Vec<u8>) -> Checkpoint {
         Checkpoint {
             epoch: 0,

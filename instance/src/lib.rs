@@ -300,19 +300,17 @@ impl Roles {
                 };
             }
         };
-        let full = image.to_full();
-        drop(image);
-        tracing::warn!(service = %t.name, view = t.view.number, from_run = run, epoch = full.epoch, drained_ms = t0.elapsed().as_millis() as u64, "taking over");
+        tracing::warn!(service = %t.name, view = t.view.number, from_run = run, epoch = image.epoch, drained_ms = t0.elapsed().as_millis() as u64, "taking over");
         // The view's backups are the survivors of the last active view: they hold every
         // decided checkpoint, so decisions wait for them from the start.
         let survivors = t.view.backups.iter().cloned().collect();
-        self.start_primary(t, Some(full), survivors, gate)
+        self.start_primary(t, Some(image), survivors, gate)
     }
 
     fn start_primary(
         &self,
         t: &Target,
-        from: Option<tardi_checkpointer::image::Checkpoint>,
+        from: Option<tardi_checkpointer::store::Image>,
         required: BTreeSet<String>,
         gate: Option<Arc<tardi_netfilter::Gate>>,
     ) -> Role {

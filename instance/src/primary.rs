@@ -199,7 +199,7 @@ impl Primary {
     pub fn start(
         ctx: Arc<Ctx>,
         target: &Target,
-        from: Option<tardi_checkpointer::image::Checkpoint>,
+        from: Option<tardi_checkpointer::store::Image>,
         required: BTreeSet<String>,
         gate: Option<Arc<Gate>>,
     ) -> anyhow::Result<Primary> {
@@ -245,8 +245,8 @@ impl Primary {
         });
         let svc = match &from {
             None => Service::start(&target.manifest, &config)?,
-            Some(ck) => {
-                let (svc, t) = Service::restore_checkpoint(ck, config)?;
+            Some(img) => {
+                let (svc, t) = Service::restore_image(img, config)?;
                 tracing::warn!(service = %target.name, timings = ?t, "restored from the backup image");
                 svc
             }
@@ -454,20 +454,33 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
             }
         })
     };
-    let (mut epochs, first, stats) = Epochs::start_with(svc.pid(), cfg, hooks)?;
+    // Alone (a takeover with no survivor to wait for, or no backup wanted yet), nobody needs a
+    // checkpoint 0: the first pause only arms tracking, and a backup that joins later gets a
+    // full checkpoint taken mid-stream. This keeps a copy of all memory (and its serialising)
+    // off the path from a takeover to the first released reply.
+    let first = if sh.alone.load(Ordering::SeqCst) {
+        let (epochs, stats) = Epochs::start_tracking(svc.pid(), cfg, hooks)?;
+        (epochs, None, stats)
+    } else {
+        let (epochs, first, stats) = Epochs::start_with(svc.pid(), cfg, hooks)?;
+        (epochs, Some(first), stats)
+    };
+    let (mut epochs, first, stats) = first;
     // Adaptive epochs: the gate's reader ends the epoch (after its minimum length) as soon as
     // its first output packet is queued, without waking another thread first.
     let trigger = epochs.trigger();
     if !sh.gate.on_output(Box::new(move || trigger.set())) {
         tracing::warn!(service = %sh.name, "the gate already has an output callback; epochs are not adaptive");
     }
-    publish(
-        sh,
-        first.epoch,
-        first.to_bytes().into(),
-        true,
-        stats.pause_us,
-    );
+    if let Some(first) = first {
+        publish(
+            sh,
+            first.epoch,
+            first.to_bytes().into(),
+            true,
+            stats.pause_us,
+        );
+    }
     sh.lock().phase = "running".into();
     let mut log = sh
         .ctx

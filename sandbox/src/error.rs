@@ -11,6 +11,10 @@ pub enum SandboxError {
     #[error("invalid sandbox configuration: {0}")]
     InvalidConfig(String),
 
+    /// The caller of [`crate::Sandbox::start_after_link`] had no process to start after all.
+    #[error("the sandbox's start was called off")]
+    Aborted,
+
     /// Another sandbox with this name holds the lock in its run directory.
     #[error(
         "sandbox `{name}` is already running (init pid {}; lock {} is held); stop it first",

@@ -72,8 +72,19 @@ impl Sandbox {
     ///
     /// The calling process must not die of `SIGPIPE` (Rust programs ignore it by default).
     pub fn start(config: &SandboxConfig, start: Start) -> Result<Sandbox> {
-        config.validate()?;
         check_start(&start)?;
+        Self::start_after_link(config, || Some(start))
+    }
+
+    /// Like [`Sandbox::start`], but `start` is asked for only once the sandbox's network link
+    /// exists (its `ip` commands are the slow part of the set-up), so the caller can prepare it
+    /// meanwhile on another thread, e.g. a restore's page data. `start` returning `None` aborts:
+    /// everything created is removed and [`SandboxError::Aborted`] returned.
+    pub fn start_after_link(
+        config: &SandboxConfig,
+        start: impl FnOnce() -> Option<Start>,
+    ) -> Result<Sandbox> {
+        config.validate()?;
         let init_exe = match &config.init_exe {
             Some(p) => p.clone(),
             None => fs::read_link("/proc/self/exe").map_err(|e| {
@@ -141,6 +152,8 @@ impl Sandbox {
         let link = net::create_link_for(config.subnet, config.link_index, &config.run_dir)?;
         let (address, gateway) = (link.sandbox_addr, link.host_addr);
         sb.link = Some(link);
+        let start = start().ok_or(SandboxError::Aborted)?;
+        check_start(&start)?;
 
         let (spec_r, spec_w) = sys::pipe_cloexec().map_err(|e| SandboxError::sys("pipe2", e))?;
         let (status_r, status_w) =

@@ -243,6 +243,21 @@ impl Primary {
             ctx: ctx.clone(),
             address: Mutex::new(None),
         });
+        // Claiming the address (proxy ARP entry, gratuitous ARP) does not need the service:
+        // at a takeover it runs while the image is restored. What the client sends meanwhile
+        // is held by the gate (input is held until the restore is done) or, before the
+        // sandbox's link exists, lost like any packet during a failover.
+        let early_claim = match (&from, config.link_index) {
+            (Some(_), Some(i)) if (1..=tardi_sandbox::net::MAX_INDEX).contains(&i) => {
+                let addr = tardi_sandbox::net::addresses(config.subnet, i).1;
+                let iface = ctx.opts.service_if.clone();
+                Some((
+                    addr,
+                    std::thread::spawn(move || ServiceAddress::claim(addr, &iface)),
+                ))
+            }
+            _ => None,
+        };
         let svc = match &from {
             None => Service::start(&target.manifest, &config)?,
             Some(img) => {
@@ -251,8 +266,20 @@ impl Primary {
                 svc
             }
         };
-        drop(from);
-        let claim = ServiceAddress::claim(svc.address(), &ctx.opts.service_if)?;
+        // Freeing a large image page by page takes tens of milliseconds: not on this path.
+        if let Some(img) = from {
+            std::thread::spawn(move || drop(img));
+        }
+        let claim = match early_claim {
+            Some((addr, h)) if addr == svc.address() => h
+                .join()
+                .map_err(|_| anyhow::anyhow!("claiming the service address panicked"))??,
+            other => {
+                // (A claim of another address is released as its thread's result is dropped.)
+                drop(other);
+                ServiceAddress::claim(svc.address(), &ctx.opts.service_if)?
+            }
+        };
         // Input flows as soon as `hold_input(false)` has flushed what was held; removing the
         // rule afterwards takes tens of milliseconds and need not delay the epoch loop.
         {

@@ -219,6 +219,12 @@ pub struct OrchestratorArgs {
     /// An instance silent this long (milliseconds) is suspected failed.
     #[arg(long, default_value_t = 100)]
     pub failure_timeout: u64,
+    /// Serve Prometheus metrics on http://ADDR/metrics: this node's raft state (leader, term,
+    /// log index, members' reachability) and, from the leader, every machine, service, view
+    /// and the primaries' and backups' latest reports (tardi_orchestrator_*, tardi_machine_*,
+    /// tardi_service_*, tardi_primary_*, tardi_backup_*).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -301,6 +307,10 @@ pub struct InstanceArgs {
     /// unix_us): the epoch-interval distribution for benchmarks. Buffered, flushed every 100 ms.
     #[arg(long, value_name = "FILE")]
     pub epoch_log: Option<PathBuf>,
+    /// Serve Prometheus metrics on http://ADDR/metrics: per service, this machine's role, view,
+    /// epochs, checkpoint size, lag, held output, pauses and takeover time (tardi_instance_*).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// Measure how much a service would cost to replicate: run it in a sandbox and take an

@@ -64,6 +64,7 @@ pub fn orchestrator(a: OrchestratorArgs) -> anyhow::Result<()> {
             data_dir,
             peers,
             join: a.join,
+            metrics: a.metrics,
         },
     ))?;
     Ok(())
@@ -84,6 +85,7 @@ pub fn instance(a: InstanceArgs) -> anyhow::Result<()> {
         link_bandwidth: a.link_bandwidth,
         heartbeat: Duration::from_millis(a.heartbeat_ms),
         epoch_log: a.epoch_log,
+        metrics: a.metrics,
     })
 }
 

@@ -41,6 +41,28 @@ fn count_keys(to: SocketAddr, prefix: &str, n: u64) -> usize {
         .count()
 }
 
+/// `GET /metrics` of a daemon (plain HTTP/1.1); the body.
+fn scrape(at: SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&at, Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("metrics at {at}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    r.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+/// The value of the sample whose name and labels are `line_start`.
+fn sample(text: &str, line_start: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
+}
+
 fn addr(svc: &Value, port: u16) -> SocketAddr {
     let a = svc["address"].as_str().expect("service address");
     format!("{a}:{port}").parse().expect("address")
@@ -57,6 +79,11 @@ fn output_is_held_until_the_backup_acknowledges() {
     c.deploy(&manifest("dirtier.manifest"), 1);
     let svc = c.wait_active("dirtier", Duration::from_secs(30), |_| true);
     let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let metrics_of = |node: &str| {
+        std::net::SocketAddr::from((c.lab.address(node).unwrap(), tardi_lab::METRICS_PORT))
+    };
+    let (primary_metrics, orchestrator_metrics) = (metrics_of(&primary), metrics_of("o1"));
     let to = addr(&svc, 7100);
     c.lab
         .in_node("client", || {
@@ -85,6 +112,9 @@ fn output_is_held_until_the_backup_acknowledges() {
                     early += 1;
                 }
             }
+            // The primary's metrics show the held replies; the orchestrator's, the service.
+            let held = scrape(primary_metrics);
+            let orch = scrape(orchestrator_metrics);
             // SAFETY: as above.
             assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
             let mut replies = Vec::new();
@@ -95,10 +125,29 @@ fn output_is_held_until_the_backup_acknowledges() {
                     Err(_) => break,
                 }
             }
-            (early, replies)
+            (early, replies, held, orch)
         })
         .unwrap();
-    let (early, replies) = got;
+    let (early, replies, held, orch) = got;
+    let labels = format!("machine=\"{primary}\",service=\"dirtier\"");
+    assert_eq!(
+        sample(
+            &held,
+            &format!("tardi_instance_role{{{labels},role=\"primary\"}}")
+        ),
+        Some(1.0),
+        "{held}"
+    );
+    assert!(
+        sample(&held, &format!("tardi_instance_held_packets{{{labels}}}"))
+            .is_some_and(|n| n >= 1.0),
+        "the primary's metrics show no held output while the backup is stopped:\n{held}"
+    );
+    assert_eq!(
+        sample(&orch, "tardi_service_backups{service=\"dirtier\"}"),
+        Some(1.0),
+        "{orch}"
+    );
     assert_eq!(early, 0, "replies left before their epoch was decided");
     assert_eq!(
         replies.len(),

@@ -54,6 +54,8 @@ pub struct Options {
     pub heartbeat: Duration,
     /// Append one JSON line per epoch of every primary here ([`epoch_log`]); `None`: no log.
     pub epoch_log: Option<PathBuf>,
+    /// Serve Prometheus metrics on `http://ADDR/metrics` ([`metrics`]).
+    pub metrics: Option<SocketAddr>,
 }
 
 /// One service as assigned to this machine.
@@ -336,6 +338,103 @@ fn stop(r: Role) {
     }
 }
 
+/// The Prometheus exposition of this machine: per service, its role and what its report says
+/// (the same figures the heartbeats carry to the orchestrator).
+fn metrics(machine: &str, reports: &[pb::ServiceReport]) -> String {
+    let mut e = tardi_metrics::Exposition::new();
+    e.gauge(
+        "tardi_instance_services",
+        "Services this machine is primary or backup of.",
+        &[("machine", machine)],
+        reports.len() as f64,
+    );
+    for r in reports {
+        let role = match pb::Role::try_from(r.role) {
+            Ok(pb::Role::Primary) if r.state.starts_with("failed") => "failed",
+            Ok(pb::Role::Primary) => "primary",
+            Ok(pb::Role::Backup) => "backup",
+            _ => "other",
+        };
+        let l = [("machine", machine), ("service", r.service.as_str())];
+        e.gauge(
+            "tardi_instance_role",
+            "1 for the role this machine plays for the service.",
+            &[
+                ("machine", machine),
+                ("service", r.service.as_str()),
+                ("role", role),
+            ],
+            1.0,
+        );
+        e.gauge(
+            "tardi_instance_view",
+            "The view this machine follows for the service.",
+            &l,
+            r.view as f64,
+        );
+        e.gauge(
+            "tardi_instance_epoch",
+            "Primary: last epoch produced. Backup: last epoch acknowledged (queued).",
+            &l,
+            r.epoch as f64,
+        );
+        e.gauge("tardi_instance_decided_epoch", "Primary: last epoch decided (output released). Backup: last epoch applied to the image.", &l, r.decided as f64);
+        e.gauge(
+            "tardi_instance_epochs_per_second",
+            "Recent epoch (primary) or apply (backup) rate.",
+            &l,
+            r.epochs_per_sec,
+        );
+        e.gauge(
+            "tardi_instance_checkpoint_bytes",
+            "Mean encoded size of recent checkpoints.",
+            &l,
+            r.checkpoint_bytes as f64,
+        );
+        e.gauge(
+            "tardi_instance_lag",
+            "Primary: epochs produced, not decided. Backup: checkpoints queued, not applied.",
+            &l,
+            r.backup_lag as f64,
+        );
+        if role == "primary" {
+            e.gauge(
+                "tardi_instance_held_packets",
+                "Output packets held until their epoch is decided.",
+                &l,
+                r.held_packets as f64,
+            );
+            e.gauge(
+                "tardi_instance_held_bytes",
+                "Bytes of held output.",
+                &l,
+                r.held_bytes as f64,
+            );
+            e.gauge(
+                "tardi_instance_pause_p50_seconds",
+                "Median of recent checkpoint pauses.",
+                &l,
+                r.pause_p50_us as f64 / 1e6,
+            );
+            e.gauge(
+                "tardi_instance_pause_p99_seconds",
+                "99th percentile of recent checkpoint pauses.",
+                &l,
+                r.pause_p99_us as f64 / 1e6,
+            );
+            if r.takeover_us > 0 {
+                e.gauge(
+                    "tardi_instance_takeover_seconds",
+                    "How long this primary's takeover took (restore to serving).",
+                    &l,
+                    r.takeover_us as f64 / 1e6,
+                );
+            }
+        }
+    }
+    e.render()
+}
+
 /// Serves the checkpoint stream: one thread per connection, one checkpoint at a time, each
 /// answered by its acknowledgement once the backup queued it (or refused it: the connection
 /// then closes). A connection that does not open with the stream's hello (a port probe, a
@@ -440,6 +539,15 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             .spawn(move || serve_streams(listener, roles))?;
     }
     let result = rt.block_on(async {
+        let _metrics = match opts.metrics {
+            Some(addr) => {
+                let (roles, machine) = (roles.clone(), opts.machine.clone());
+                let render: tardi_metrics::Render =
+                    Arc::new(move || metrics(&machine, &roles.reports()));
+                Some(tardi_metrics::serve(addr, tardi_metrics::router(render)).await?)
+            }
+            None => None,
+        };
         println!(
             "instance {} listening on {}, orchestrator {}",
             opts.machine, opts.listen, opts.orchestrator

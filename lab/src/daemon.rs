@@ -22,6 +22,9 @@ use crate::netns;
 /// `tardi lab up` (see [`Daemons::Template`]).
 pub const DAEMON_CMD_ENV: &str = "TARDI_LAB_DAEMON_CMD";
 
+/// Where every lab daemon serves its Prometheus metrics (`http://NODE_ADDRESS:9100/metrics`).
+pub const METRICS_PORT: u16 = 9100;
+
 /// Which daemons the lab starts in its orchestrator and machine nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -100,6 +103,8 @@ fn tardi_command(exe: &Path, node: &Node, api: SocketAddrV4, layout: &Layout) ->
                 .filter_map(|o| Some(format!("{}={}", o.name, o.api()?)))
                 .collect::<Vec<_>>()
                 .join(","),
+            "--metrics".into(),
+            SocketAddrV4::new(*api.ip(), METRICS_PORT).to_string(),
         ],
         Role::Machine | Role::Client => vec![
             exe,
@@ -116,6 +121,8 @@ fn tardi_command(exe: &Path, node: &Node, api: SocketAddrV4, layout: &Layout) ->
             node.state_dir().to_string_lossy().into_owned(),
             "--run-dir".into(),
             node.run_dir().to_string_lossy().into_owned(),
+            "--metrics".into(),
+            SocketAddrV4::new(*api.ip(), METRICS_PORT).to_string(),
         ],
     }
 }

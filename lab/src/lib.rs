@@ -49,7 +49,7 @@ pub use cgroup::{cgroup2_mount, lab_cgroup};
 pub use cli::{
     ABOUT, ExecArgs, LONG_ABOUT, LabArgs, LabCommand, LogsArgs, NodeArg, StatusArgs, UpArgs, run,
 };
-pub use daemon::{DAEMON_CMD_ENV, Daemons, daemon_command, log_tail};
+pub use daemon::{DAEMON_CMD_ENV, Daemons, METRICS_PORT, daemon_command, log_tail};
 pub use error::{LabError, Result};
 pub use exec::ORCHESTRATOR_ENV;
 pub use lab::{DownReport, Lab, LabOptions, NodeStatus, NodeSummary, Summary};

@@ -48,6 +48,8 @@ pub struct Options {
     pub peers: Vec<(String, String)>,
     /// Do not initialize anything: wait to be added (`tardi orchestrator join`).
     pub join: bool,
+    /// Serve Prometheus metrics on `http://ADDR/metrics` ([`Orch::metrics`]).
+    pub metrics: Option<SocketAddr>,
 }
 
 /// How long a new leader waits before it suspects anyone: twice the failure timeout, plus a
@@ -75,6 +77,8 @@ pub enum ServeError {
     },
     #[error("serving gRPC: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Metrics(std::io::Error),
 }
 
 /// What the leader measures itself (not replicated: each leader starts afresh).
@@ -118,6 +122,280 @@ impl Orch {
             .filter(|(_, t)| t.elapsed() < self.opts.failure_timeout)
             .map(|(m, _)| m.clone())
             .collect()
+    }
+
+    /// What `tardi status` shows, as this node knows it (machines' liveness and reports are the
+    /// leader's only). Also what the metrics are rendered from.
+    fn status(&self) -> pb::ClusterStatus {
+        let orch = self;
+        let leader = orch.is_leader();
+        let alive = orch.alive();
+        let live = orch.live();
+        let cluster = orch.cluster();
+        orch.shared.read(|a| {
+            let views = &a.views;
+            let machines = views
+                .machines
+                .iter()
+                .map(|(name, api)| pb::MachineStatus {
+                    name: name.clone(),
+                    api: api.clone(),
+                    alive: leader && alive.contains(name),
+                    last_seen_ms: live
+                        .seen
+                        .get(name)
+                        .map_or(u64::MAX, |t| t.elapsed().as_millis() as u64),
+                })
+                .collect();
+            let services = views
+                .services
+                .values()
+                .map(|s| {
+                    let v = s.latest().cloned();
+                    let report =
+                        |m: &str| live.reports.get(&(m.to_string(), s.name.clone())).cloned();
+                    let primary = v.as_ref().and_then(|v| report(&v.primary));
+                    pb::ServiceStatus {
+                        name: s.name.clone(),
+                        address: primary
+                            .as_ref()
+                            .map(|p| p.address.clone())
+                            .unwrap_or_default(),
+                        view: v.as_ref().map(to_pb),
+                        spares: views.spares(s, &alive),
+                        health: views.health(s, &alive).to_string(),
+                        backups_wanted: s.backups_wanted,
+                        primary,
+                        backup_reports: v
+                            .as_ref()
+                            .map(|v| v.backups.iter().filter_map(|b| report(b)).collect())
+                            .unwrap_or_default(),
+                        history: s
+                            .history
+                            .iter()
+                            .map(|h| pb::ViewChange {
+                                view: h.view.number,
+                                primary: h.view.primary.clone(),
+                                backups: h.view.backups.clone(),
+                                reason: h.reason.clone(),
+                                proposed_ms: h.proposed_ms,
+                                activated_ms: h.activated_ms,
+                            })
+                            .collect(),
+                    }
+                })
+                .collect();
+            pb::ClusterStatus {
+                machines,
+                services,
+                orchestrator: orch.opts.name.clone(),
+                cluster: Some(cluster),
+            }
+        })
+    }
+
+    /// The Prometheus exposition of this node: its raft state, and (meaningful on the leader,
+    /// which alone hears heartbeats) machines, services, views and the primaries' and backups'
+    /// latest reports.
+    fn metrics(&self) -> String {
+        let st = self.status();
+        let mut e = tardi_metrics::Exposition::new();
+        let node = self.opts.name.as_str();
+        let me = [("node", node)];
+        let c = st.cluster.clone().unwrap_or_default();
+        e.gauge(
+            "tardi_orchestrator_is_leader",
+            "1 if this node is the orchestrators' leader.",
+            &me,
+            f64::from(u8::from(c.from_leader)),
+        );
+        e.gauge(
+            "tardi_orchestrator_term",
+            "Raft term this node is in.",
+            &me,
+            c.term as f64,
+        );
+        e.gauge(
+            "tardi_orchestrator_last_log_index",
+            "Last raft log index this node holds.",
+            &me,
+            c.last_log_index as f64,
+        );
+        e.gauge(
+            "tardi_orchestrator_last_applied",
+            "Last raft log index applied to the view manager.",
+            &me,
+            c.last_applied as f64,
+        );
+        for m in &c.members {
+            let l = [("node", node), ("member", m.name.as_str())];
+            e.gauge(
+                "tardi_orchestrator_member_reachable",
+                "1 if this node heard from (or reached) the member within the last second.",
+                &l,
+                f64::from(u8::from(m.reachable)),
+            );
+            e.gauge(
+                "tardi_orchestrator_member_voter",
+                "1 for a voter, 0 for a learner being caught up.",
+                &l,
+                f64::from(u8::from(m.voter)),
+            );
+        }
+        for m in &st.machines {
+            let l = [("machine", m.name.as_str())];
+            e.gauge("tardi_machine_alive", "1 if the machine's instance sent a heartbeat within the failure timeout (leader only).", &l, f64::from(u8::from(m.alive)));
+            if m.last_seen_ms != u64::MAX {
+                e.gauge(
+                    "tardi_machine_last_seen_seconds",
+                    "Seconds since the machine's last heartbeat (leader only).",
+                    &l,
+                    m.last_seen_ms as f64 / 1e3,
+                );
+            }
+        }
+        for s in &st.services {
+            let name = s.name.as_str();
+            let l = [("service", name)];
+            let v = s.view.clone().unwrap_or_default();
+            e.gauge(
+                "tardi_service_view",
+                "The service's latest view number.",
+                &l,
+                v.number as f64,
+            );
+            e.gauge(
+                "tardi_service_view_active",
+                "1 if the latest view is active, 0 while it is only proposed.",
+                &l,
+                f64::from(u8::from(v.active)),
+            );
+            e.gauge(
+                "tardi_service_backups",
+                "Backups in the latest view.",
+                &l,
+                v.backups.len() as f64,
+            );
+            e.gauge(
+                "tardi_service_backups_wanted",
+                "Backups the service was deployed with.",
+                &l,
+                f64::from(s.backups_wanted),
+            );
+            e.gauge(
+                "tardi_service_spares",
+                "Live machines with no role for the service.",
+                &l,
+                s.spares.len() as f64,
+            );
+            e.gauge("tardi_service_health", "1 for the service's current health (protected, unprotected, starting, changing views, failing over, unavailable).", &[("service", name), ("health", s.health.as_str())], 1.0);
+            e.counter(
+                "tardi_service_view_changes_total",
+                "Views proposed for the service since it was deployed.",
+                &l,
+                s.history.len() as f64,
+            );
+            if let Some(last) = s
+                .history
+                .iter()
+                .rev()
+                .find(|h| h.activated_ms > 0 && h.view > 1)
+            {
+                e.gauge(
+                    "tardi_service_last_view_change_seconds",
+                    "From proposal to activation of the newest view after the first.",
+                    &l,
+                    last.activated_ms.saturating_sub(last.proposed_ms) as f64 / 1e3,
+                );
+            }
+            if let Some(p) = &s.primary {
+                let l = [("service", name), ("machine", v.primary.as_str())];
+                e.gauge(
+                    "tardi_primary_epoch",
+                    "Last epoch the primary produced.",
+                    &l,
+                    p.epoch as f64,
+                );
+                e.gauge(
+                    "tardi_primary_decided_epoch",
+                    "Last epoch every required backup acknowledged (its output is released).",
+                    &l,
+                    p.decided as f64,
+                );
+                e.gauge(
+                    "tardi_primary_epochs_per_second",
+                    "Recent epoch rate.",
+                    &l,
+                    p.epochs_per_sec,
+                );
+                e.gauge(
+                    "tardi_primary_checkpoint_bytes",
+                    "Mean encoded size of recent checkpoints.",
+                    &l,
+                    p.checkpoint_bytes as f64,
+                );
+                e.gauge(
+                    "tardi_primary_pause_p50_seconds",
+                    "Median of recent checkpoint pauses.",
+                    &l,
+                    p.pause_p50_us as f64 / 1e6,
+                );
+                e.gauge(
+                    "tardi_primary_pause_p99_seconds",
+                    "99th percentile of recent checkpoint pauses.",
+                    &l,
+                    p.pause_p99_us as f64 / 1e6,
+                );
+                e.gauge(
+                    "tardi_primary_undecided_epochs",
+                    "Epochs produced but not yet decided.",
+                    &l,
+                    p.backup_lag as f64,
+                );
+                e.gauge(
+                    "tardi_primary_held_packets",
+                    "Output packets held until their epoch is decided.",
+                    &l,
+                    p.held_packets as f64,
+                );
+                e.gauge(
+                    "tardi_primary_held_bytes",
+                    "Bytes of held output.",
+                    &l,
+                    p.held_bytes as f64,
+                );
+            }
+            for m in &v.backups {
+                let Some(b) = self
+                    .live()
+                    .reports
+                    .get(&(m.clone(), s.name.clone()))
+                    .cloned()
+                else {
+                    continue;
+                };
+                let l = [("service", name), ("machine", m.as_str())];
+                e.gauge(
+                    "tardi_backup_queued_epoch",
+                    "Last epoch the backup acknowledged (queued).",
+                    &l,
+                    b.epoch as f64,
+                );
+                e.gauge(
+                    "tardi_backup_applied_epoch",
+                    "Last epoch applied to the backup's image.",
+                    &l,
+                    b.decided as f64,
+                );
+                e.gauge(
+                    "tardi_backup_lag",
+                    "Checkpoints acknowledged but not yet applied.",
+                    &l,
+                    b.backup_lag as f64,
+                );
+            }
+        }
+        e.render()
     }
 
     /// The leader as this node knows it.
@@ -510,72 +788,7 @@ impl pb::orchestrator_server::Orchestrator for Svc {
         &self,
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::ClusterStatus>, Status> {
-        let orch = &self.0;
-        let leader = orch.is_leader();
-        let alive = orch.alive();
-        let live = orch.live();
-        let cluster = orch.cluster();
-        let st = orch.shared.read(|a| {
-            let views = &a.views;
-            let machines = views
-                .machines
-                .iter()
-                .map(|(name, api)| pb::MachineStatus {
-                    name: name.clone(),
-                    api: api.clone(),
-                    alive: leader && alive.contains(name),
-                    last_seen_ms: live
-                        .seen
-                        .get(name)
-                        .map_or(u64::MAX, |t| t.elapsed().as_millis() as u64),
-                })
-                .collect();
-            let services = views
-                .services
-                .values()
-                .map(|s| {
-                    let v = s.latest().cloned();
-                    let report =
-                        |m: &str| live.reports.get(&(m.to_string(), s.name.clone())).cloned();
-                    let primary = v.as_ref().and_then(|v| report(&v.primary));
-                    pb::ServiceStatus {
-                        name: s.name.clone(),
-                        address: primary
-                            .as_ref()
-                            .map(|p| p.address.clone())
-                            .unwrap_or_default(),
-                        view: v.as_ref().map(to_pb),
-                        spares: views.spares(s, &alive),
-                        health: views.health(s, &alive).to_string(),
-                        backups_wanted: s.backups_wanted,
-                        primary,
-                        backup_reports: v
-                            .as_ref()
-                            .map(|v| v.backups.iter().filter_map(|b| report(b)).collect())
-                            .unwrap_or_default(),
-                        history: s
-                            .history
-                            .iter()
-                            .map(|h| pb::ViewChange {
-                                view: h.view.number,
-                                primary: h.view.primary.clone(),
-                                backups: h.view.backups.clone(),
-                                reason: h.reason.clone(),
-                                proposed_ms: h.proposed_ms,
-                                activated_ms: h.activated_ms,
-                            })
-                            .collect(),
-                    }
-                })
-                .collect();
-            pb::ClusterStatus {
-                machines,
-                services,
-                orchestrator: orch.opts.name.clone(),
-                cluster: Some(cluster),
-            }
-        });
-        Ok(Response::new(st))
+        Ok(Response::new(self.0.status()))
     }
 
     async fn join(
@@ -767,6 +980,18 @@ pub async fn serve_until(
         reach: reach.clone(),
         opts: opts.clone(),
     });
+    let metrics = match opts.metrics {
+        Some(addr) => {
+            let o = orch.clone();
+            let render: tardi_metrics::Render = Arc::new(move || o.metrics());
+            Some(
+                tardi_metrics::serve(addr, tardi_metrics::router(render))
+                    .await
+                    .map_err(ServeError::Metrics)?,
+            )
+        }
+        None => None,
+    };
     let leadership = tokio::spawn(orch.clone().follow_leadership());
     let detector = {
         let orch = orch.clone();
@@ -808,6 +1033,9 @@ pub async fn serve_until(
         .await;
     detector.abort();
     leadership.abort();
+    if let Some(m) = metrics {
+        m.abort();
+    }
     let _ = raft.shutdown().await;
     r.map_err(ServeError::from)
 }

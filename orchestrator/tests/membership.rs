@@ -18,6 +18,16 @@ struct Node {
 
 impl Node {
     fn start(name: &str, addr: SocketAddr, dir: &Path, join: bool) -> Node {
+        Node::start_with(name, addr, dir, join, None)
+    }
+
+    fn start_with(
+        name: &str,
+        addr: SocketAddr,
+        dir: &Path,
+        join: bool,
+        metrics: Option<SocketAddr>,
+    ) -> Node {
         let (tx, rx) = oneshot::channel();
         let opts = Options {
             listen: addr,
@@ -26,6 +36,7 @@ impl Node {
             data_dir: dir.to_path_buf(),
             peers: vec![],
             join,
+            metrics,
         };
         let task = tokio::spawn(async move {
             serve_until(opts, async {
@@ -208,4 +219,92 @@ async fn join_catches_up_from_a_snapshot_leave_and_restart() {
     .await;
     assert_eq!(api_of(&st, "m1"), Some(last_api));
     o1.stop().await;
+}
+
+/// `GET /metrics` over plain HTTP/1.1; the body.
+async fn scrape(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).await.unwrap();
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    r.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+/// The value of the sample `line_start` (metric name and labels) in an exposition.
+fn sample(text: &str, line_start: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
+}
+
+/// A node serves Prometheus metrics: its raft state, then the machines and services it learns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_the_raft_state_machines_and_services() {
+    let dir = temp_dir("metrics");
+    let (addr, maddr) = (free_addr(), free_addr());
+    let node = Node::start_with("m", addr, &dir.0, false, Some(maddr));
+    wait(&node.url, "a leader", |s| {
+        s.cluster.as_ref().is_some_and(|c| c.from_leader)
+    })
+    .await;
+    let text = scrape(maddr).await;
+    assert_eq!(
+        sample(&text, "tardi_orchestrator_is_leader{node=\"m\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "tardi_orchestrator_term{node=\"m\"}").is_some_and(|t| t >= 1.0),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE tardi_orchestrator_last_applied gauge"),
+        "{text}"
+    );
+    // A machine registers with a heartbeat: it appears, alive.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut c = pb::orchestrator_client::OrchestratorClient::connect(node.url.clone())
+        .await
+        .unwrap();
+    let mut assignments = c
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    tx.send(pb::Heartbeat {
+        machine: "m7".into(),
+        api: "127.0.0.1:1".into(),
+        services: vec![],
+    })
+    .await
+    .unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(5), assignments.message()).await;
+    let t0 = Instant::now();
+    loop {
+        let text = scrape(maddr).await;
+        if sample(&text, "tardi_machine_alive{machine=\"m7\"}") == Some(1.0) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "m7 never alive:\n{text}"
+        );
+        let _ = tx
+            .send(pb::Heartbeat {
+                machine: "m7".into(),
+                api: "127.0.0.1:1".into(),
+                services: vec![],
+            })
+            .await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(tx);
+    node.stop().await;
 }

@@ -39,6 +39,7 @@ pub enum Command {
     Restore(RestoreArgs),
     Status(StatusArgs),
     Deploy(DeployArgs),
+    Undeploy(UndeployArgs),
     Orchestrator(OrchestratorArgs),
     Instance(InstanceArgs),
     #[command(about = tardi_lab::ABOUT, long_about = tardi_lab::LONG_ABOUT)]
@@ -136,6 +137,30 @@ pub struct StatusArgs {
     /// replicated state, without liveness), instead of the leader's.
     #[arg(long)]
     pub any_node: bool,
+}
+
+/// Stop protecting a service and stop running it.
+///
+/// The orchestrator forgets the service's views; its primary's machine tears the sandbox down
+/// (the service is killed; its private directories stay on disk under the instance's
+/// --state-dir) and its backups drop their images. Waits until no live machine reports a role
+/// for the service. Refused if no service has that name.
+///
+/// Example: tardi undeploy redis
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct UndeployArgs {
+    /// The service's name (`tardi.name` in its manifest, as `tardi status` shows it).
+    pub service: String,
+    /// The orchestrators (comma-separated host:port or URLs; the leader is found among them).
+    #[arg(long, env = "TARDI_ORCHESTRATOR")]
+    pub orchestrator: String,
+    /// Return once the orchestrator forgot the service, without waiting for the machines.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Give up waiting for the machines after this many seconds.
+    #[arg(long, default_value_t = 30)]
+    pub timeout: u64,
 }
 
 /// Deploy a replicated service: a primary runs it, backups receive its checkpoints.

@@ -2,7 +2,9 @@
 //! `tardi status` against an orchestrator. The work is in `tardi-orchestrator` and
 //! `tardi-instance`; this module parses, calls and prints.
 
-use crate::cli::{DeployArgs, InstanceArgs, OrchestratorAction, OrchestratorArgs, StatusArgs};
+use crate::cli::{
+    DeployArgs, InstanceArgs, OrchestratorAction, OrchestratorArgs, StatusArgs, UndeployArgs,
+};
 use anyhow::Context;
 use std::time::Duration;
 use tardi_orchestrator::client;
@@ -87,6 +89,20 @@ pub fn instance(a: InstanceArgs) -> anyhow::Result<()> {
         epoch_log: a.epoch_log,
         metrics: a.metrics,
     })
+}
+
+pub fn undeploy(a: UndeployArgs) -> anyhow::Result<()> {
+    let wait = (!a.no_wait).then(|| Duration::from_secs(a.timeout));
+    runtime()?.block_on(client::undeploy(&a.orchestrator, &a.service, wait))?;
+    if wait.is_some() {
+        println!("{:?} is undeployed: no machine runs it any more", a.service);
+    } else {
+        println!(
+            "{:?} is undeployed (machines drop it as their next assignment reaches them)",
+            a.service
+        );
+    }
+    Ok(())
 }
 
 pub fn deploy(a: DeployArgs) -> anyhow::Result<()> {
@@ -303,6 +319,7 @@ fn status_json(st: &pb::ClusterStatus) -> serde_json::Value {
         },
         "machines": st.machines.iter().map(|m| serde_json::json!({
             "name": m.name, "api": m.api, "alive": m.alive, "last_seen_ms": m.last_seen_ms,
+            "services": m.services,
         })).collect::<Vec<_>>(),
         "services": st.services.iter().map(|s| {
             let v = s.view.clone().unwrap_or_default();

@@ -36,6 +36,7 @@ fn main() {
         cli::Command::Restore(a) => restore_cmd::restore(a),
         cli::Command::Status(a) => status::status(a),
         cli::Command::Deploy(a) => cluster::deploy(a),
+        cli::Command::Undeploy(a) => cluster::undeploy(a),
         cli::Command::Orchestrator(a) => cluster::orchestrator(a),
         cli::Command::Instance(a) => cluster::instance(a),
         cli::Command::Lab(a) => std::env::current_exe()

@@ -344,3 +344,65 @@ fn malformed_and_out_of_view_checkpoints_are_refused_with_nothing_applied() {
         "the backup's image survived the refused checkpoints"
     );
 }
+
+/// `tardi undeploy`: the service is forgotten, its primary's sandbox and its backup's image are
+/// dropped (no machine reports it, its address stops answering), and the same name can be
+/// deployed again. Undeploying an unknown service is refused.
+#[test]
+fn undeploy_stops_the_service_everywhere_and_it_can_be_deployed_again() {
+    let c = Cluster::up(2, &[]);
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let to = addr(&svc, 6379);
+    c.lab.in_node("client", || set_keys(to, "u", 10)).unwrap();
+    let out = c.tardi(&["undeploy", "redis"]);
+    assert!(
+        out.status.success(),
+        "undeploy failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Waited for: no machine reports a role for it, and status has no such service.
+    let st = c.status();
+    assert!(
+        st["services"].as_array().unwrap().is_empty(),
+        "still listed: {st}"
+    );
+    for m in st["machines"].as_array().unwrap() {
+        assert!(
+            m["services"].as_array().unwrap().is_empty(),
+            "{} still reports {}",
+            m["name"],
+            m["services"]
+        );
+    }
+    // The address answers no more (the primary's sandbox is gone).
+    let answered = c
+        .lab
+        .in_node("client", || {
+            std::net::TcpStream::connect_timeout(&to, Duration::from_millis(500)).is_ok()
+        })
+        .unwrap();
+    assert!(
+        !answered,
+        "the undeployed service still accepts connections"
+    );
+    // Unknown: refused, with the reason.
+    let out = c.tardi(&["undeploy", "redis"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no service named"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The name is free again: a fresh deployment (its private directory survived on disk, so
+    // the keys written before may or may not be there; only that it serves is checked).
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let to = addr(&svc, 6379);
+    c.lab.in_node("client", || set_keys(to, "v", 10)).unwrap();
+    assert_eq!(
+        c.lab.in_node("client", || count_keys(to, "v", 10)).unwrap(),
+        10
+    );
+}

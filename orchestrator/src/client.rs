@@ -244,6 +244,49 @@ pub async fn status_from(
 
 /// Deploys a manifest; with `wait`, returns once its first view is active (the primary runs the
 /// service and every backup holds its full checkpoint), calling `progress` as things happen.
+/// Stops protecting `service` and waits (up to `wait`) until no machine reports a role for it,
+/// i.e. its primary's sandbox is torn down and its backups dropped their images.
+pub async fn undeploy(
+    list: &str,
+    service: &str,
+    wait: Option<Duration>,
+) -> Result<(), ClientError> {
+    let o = Orchestrators::new(list);
+    let req = pb::UndeployRequest {
+        service: service.to_string(),
+    };
+    let reply = o
+        .call(CLI_PATIENCE, |mut c, _| {
+            let req = req.clone();
+            async move { c.undeploy(req).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    if !reply.error.is_empty() {
+        return Err(ClientError::Refused(reply.error));
+    }
+    let Some(limit) = wait else { return Ok(()) };
+    let t0 = Instant::now();
+    loop {
+        // The service is gone from the views at once; machines drop their roles as their next
+        // assignment reaches them. Reports of the service still arriving mean some still hold it.
+        let st = status(list).await?;
+        let held = st
+            .machines
+            .iter()
+            .any(|m| m.alive && m.services.iter().any(|s| s == service));
+        if !held {
+            return Ok(());
+        }
+        if t0.elapsed() > limit {
+            return Err(ClientError::Refused(format!(
+                "{service:?} is undeployed, but a machine still reported a role for it after {} s",
+                limit.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub async fn deploy(
     list: &str,
     manifest: String,

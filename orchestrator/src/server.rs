@@ -145,6 +145,16 @@ impl Orch {
                         .seen
                         .get(name)
                         .map_or(u64::MAX, |t| t.elapsed().as_millis() as u64),
+                    services: {
+                        let mut v: Vec<String> = live
+                            .reports
+                            .keys()
+                            .filter(|(m, _)| m == name)
+                            .map(|(_, s)| s.clone())
+                            .collect();
+                        v.sort();
+                        v
+                    },
                 })
                 .collect();
             let services = views
@@ -491,6 +501,10 @@ impl Orch {
     fn heartbeat(&self, hb: &pb::Heartbeat) {
         let mut live = self.live();
         live.seen.insert(hb.machine.clone(), Instant::now());
+        // A heartbeat lists every service the machine has a role for: what it no longer
+        // reports (an undeployed service, a dropped backup) is forgotten.
+        live.reports
+            .retain(|(m, s), _| *m != hb.machine || hb.services.iter().any(|r| r.service == *s));
         for r in &hb.services {
             live.reports
                 .insert((hb.machine.clone(), r.service.clone()), r.clone());
@@ -782,6 +796,28 @@ impl pb::orchestrator_server::Orchestrator for Svc {
             view,
             error: String::new(),
         }))
+    }
+
+    async fn undeploy(
+        &self,
+        req: Request<pb::UndeployRequest>,
+    ) -> Result<Response<pb::UndeployReply>, Status> {
+        self.0.check_leader()?;
+        let service = req.into_inner().service;
+        let error = match self
+            .0
+            .write(Command::Undeploy {
+                service: service.clone(),
+            })
+            .await?
+        {
+            Ok(()) => {
+                tracing::warn!(%service, "undeployed");
+                String::new()
+            }
+            Err(e) => e.to_string(),
+        };
+        Ok(Response::new(pb::UndeployReply { error }))
     }
 
     async fn status(

@@ -124,6 +124,8 @@ pub enum Command {
         primary: String,
         now_ms: u64,
     },
+    /// Forget a service: no machine has a role for it any more.
+    Undeploy { service: String },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -169,6 +171,11 @@ impl Views {
             Command::Register { machine, api } => {
                 self.machines.insert(machine.clone(), api.clone());
             }
+            Command::Undeploy { service } => {
+                if self.services.remove(service).is_none() {
+                    return Err(ViewError::NoService(service.clone()));
+                }
+            }
             Command::Deploy {
                 name,
                 manifest,
@@ -189,7 +196,8 @@ impl Views {
                     fresh: true,
                 };
                 self.check_members(&view)?;
-                // Link indices are never reused within a cluster.
+                // Link indices are not reused among deployed services (an undeployed service's
+                // index may be given again, once it is the highest).
                 let link_index = 1 + self
                     .services
                     .values()
@@ -541,6 +549,30 @@ mod tests {
             now_ms: 2,
         })
         .unwrap();
+    }
+
+    #[test]
+    fn undeploy_forgets_the_service_and_frees_its_name() {
+        let (mut v, alive) = cluster(3);
+        deploy(&mut v, &alive, 1);
+        activate_latest(&mut v);
+        v.apply(&Command::Undeploy {
+            service: "redis".into(),
+        })
+        .unwrap();
+        assert!(v.services.is_empty());
+        assert!(
+            v.plan(&alive, &BTreeMap::new(), 3).is_empty(),
+            "nothing to propose for a forgotten service"
+        );
+        assert_eq!(
+            v.apply(&Command::Undeploy {
+                service: "redis".into(),
+            }),
+            Err(ViewError::NoService("redis".into()))
+        );
+        deploy(&mut v, &alive, 1);
+        assert_eq!(v.services["redis"].latest().unwrap().number, 1);
     }
 
     #[test]

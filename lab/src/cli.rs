@@ -392,7 +392,10 @@ fn status(a: StatusArgs) -> anyhow::Result<()> {
     }
     print!("{}", table(&rows));
     println!("TARDI_ORCHESTRATOR={}", lab.orchestrator_url());
-    if matches!(lab.state().daemons, Daemons::Tardi(_) | Daemons::TardiWith { .. }) {
+    if matches!(
+        lab.state().daemons,
+        Daemons::Tardi(_) | Daemons::TardiWith { .. }
+    ) {
         println!(
             "Prometheus metrics: http://ADDRESS:{}/metrics on every orchestrator and machine",
             crate::daemon::METRICS_PORT

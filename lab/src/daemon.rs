@@ -261,7 +261,7 @@ mod tests {
                 .join(" "),
             "/usr/bin/tardi orchestrator --listen 10.77.0.12:7700 --name o2 \
              --data-dir /var/lib/tardi-lab/o2/orchestrator \
-             --peers o1=10.77.0.11:7700,o2=10.77.0.12:7700"
+             --peers o1=10.77.0.11:7700,o2=10.77.0.12:7700 --metrics 10.77.0.12:9100"
         );
         assert_eq!(
             daemon_command(&d, l.node("m2").unwrap(), &l)
@@ -269,7 +269,8 @@ mod tests {
                 .join(" "),
             "/usr/bin/tardi instance --machine m2 --listen 10.77.0.22:7701 \
              --orchestrator http://10.77.0.11:7700,http://10.77.0.12:7700 --service-if eth0 \
-             --state-dir /var/lib/tardi-lab/m2 --run-dir /run/tardi-lab/m2/run"
+             --state-dir /var/lib/tardi-lab/m2 --run-dir /run/tardi-lab/m2/run \
+             --metrics 10.77.0.22:9100"
         );
         assert_eq!(daemon_command(&d, l.node("client").unwrap(), &l), None);
         assert_eq!(

@@ -8,7 +8,7 @@ for pkg_bin in redis-server:/usr/bin/redis-server redis-tools:/usr/bin/redis-cli
                python3:/usr/bin/python3 clang:/usr/bin/clang libclang-dev:/usr/lib/llvm-14/lib/libclang.so \
                fonts-dejavu-core:/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf \
                protobuf-compiler:/usr/bin/protoc nftables:/usr/sbin/nft iptables:/usr/sbin/iptables-nft \
-               memcached:/usr/bin/memcached; do
+               memcached:/usr/bin/memcached systemd:/usr/bin/systemd-analyze; do
   [ -e "${pkg_bin#*:}" ] || need+=("${pkg_bin%%:*}")
 done
 if [ ${#need[@]} -gt 0 ]; then

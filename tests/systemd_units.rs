@@ -25,7 +25,9 @@ fn check(unit: &str, env: &str, var: &str, subcommand: &str) {
     let exe = common::cluster::tardi_exe();
     let text = std::fs::read_to_string(dist().join(unit)).unwrap();
     assert!(
-        text.contains(&format!("ExecStart=/usr/local/bin/tardi {subcommand} ${var}")),
+        text.contains(&format!(
+            "ExecStart=/usr/local/bin/tardi {subcommand} ${var}"
+        )),
         "{unit}: ExecStart must run `tardi {subcommand} ${var}`"
     );
     assert!(text.contains(&format!("EnvironmentFile=/etc/tardi/{env}")));

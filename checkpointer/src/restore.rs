@@ -127,9 +127,34 @@ pub fn prepare_image(
     host_path: &dyn Fn(&str) -> Option<PathBuf>,
     hold: bool,
 ) -> Result<Prepared> {
+    let (prep, pages) = prepare_image_layout(img, host_path, hold)?;
+    img.write_pages(&mut pages.into_file())?;
+    Ok(prep)
+}
+
+/// The memfd the restorer will read an image's pages from, still empty: fill it with
+/// [`crate::store::Image::write_pages`] before the restorer starts (before the sandbox lets
+/// its first process go). Until then the restorer would read zeros.
+pub struct PagesToWrite(OwnedFd);
+
+impl PagesToWrite {
+    pub fn into_file(self) -> std::fs::File {
+        std::fs::File::from(self.0)
+    }
+}
+
+/// [`prepare_image`] without writing the pages: the restore is laid out from the image's
+/// metadata (plan, restorer, mapped files checked), and the pages' memfd is returned to be
+/// filled while the sandbox is being set up.
+pub fn prepare_image_layout(
+    img: &crate::store::Image,
+    host_path: &dyn Fn(&str) -> Option<PathBuf>,
+    hold: bool,
+) -> Result<(Prepared, PagesToWrite)> {
     let pages = sys::memfd("tardi-pages")?;
-    let ck = img.write_full(&mut std::fs::File::from(pages.try_clone()?))?;
-    prepare_pages(&ck.image, pages, 0, host_path, hold)
+    let ck = img.full_meta();
+    let prep = prepare_pages(&ck.image, pages.try_clone()?, 0, host_path, hold)?;
+    Ok((prep, PagesToWrite(pages)))
 }
 
 /// [`prepare`] for a checkpoint file opened with [`crate::image::CheckpointFile::open`]: the

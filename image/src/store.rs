@@ -233,13 +233,20 @@ impl Image {
     /// memory in between: for a 100 MiB service that copy, faulting in its buffer included,
     /// was ~40 ms of every takeover.
     pub fn write_full(&self, out: &mut impl std::io::Write) -> std::io::Result<Checkpoint> {
+        let meta = self.full_meta();
+        self.write_pages(out)?;
+        Ok(meta)
+    }
+
+    /// The full checkpoint [`Image::write_full`] describes, without writing the pages: its
+    /// runs' `data_off` count in the order [`Image::write_pages`] writes them. (A restore lays
+    /// itself out from this while the pages are still being written.)
+    pub fn full_meta(&self) -> Checkpoint {
         let mut runs: Vec<PageRun> = Vec::new();
         let mut starts: Vec<u64> = self.meta.vmas.iter().map(|v| v.start).collect();
         starts.sort_unstable();
         let mut written = 0u64;
-        // Pages are boxed one by one: hand them to the kernel in batches, no staging copy.
-        let mut batch: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(BATCH);
-        for (&addr, page) in &self.pages {
+        for &addr in self.pages.keys() {
             let boundary = starts.binary_search(&addr).is_ok();
             match runs.last_mut() {
                 Some(r) if r.addr.checked_add(r.len) == Some(addr) && !boundary => r.len += PAGE,
@@ -250,21 +257,29 @@ impl Image {
                 }),
             }
             written += PAGE;
+        }
+        let mut image = self.meta.clone();
+        image.runs = runs;
+        image.private_files = self.tree.to_changes();
+        Checkpoint {
+            epoch: self.epoch,
+            kind: Kind::Full,
+            image,
+            data: Vec::new(),
+        }
+    }
+
+    /// Every page, in address order, to `out` (the data of [`Image::full_meta`]'s runs).
+    pub fn write_pages(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        // Pages are boxed one by one: hand them to the kernel in batches, no staging copy.
+        let mut batch: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(BATCH);
+        for page in self.pages.values() {
             batch.push(std::io::IoSlice::new(&page[..]));
             if batch.len() == BATCH {
                 write_all_vectored(out, &mut batch)?;
             }
         }
-        write_all_vectored(out, &mut batch)?;
-        let mut image = self.meta.clone();
-        image.runs = runs;
-        image.private_files = self.tree.to_changes();
-        Ok(Checkpoint {
-            epoch: self.epoch,
-            kind: Kind::Full,
-            image,
-            data: Vec::new(),
-        })
+        write_all_vectored(out, &mut batch)
     }
 
     /// The image as a full checkpoint (contiguous pages of one mapping coalesced into runs),

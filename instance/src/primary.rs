@@ -493,6 +493,13 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
         (epochs, Some(first), stats)
     };
     let (mut epochs, first, stats) = first;
+    tracing::info!(
+        service = %sh.name,
+        pause_us = stats.pause_us,
+        quiesce_us = stats.quiesce_us,
+        full = first.is_some(),
+        "epoch loop started"
+    );
     // Adaptive epochs: the gate's reader ends the epoch (after its minimum length) as soon as
     // its first output packet is queued, without waking another thread first.
     let trigger = epochs.trigger();

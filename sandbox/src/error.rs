@@ -11,7 +11,7 @@ pub enum SandboxError {
     #[error("invalid sandbox configuration: {0}")]
     InvalidConfig(String),
 
-    /// The caller of [`crate::Sandbox::start_after_link`] had no process to start after all.
+    /// The caller of [`crate::Sandbox::start_gated`] called the start off.
     #[error("the sandbox's start was called off")]
     Aborted,
 

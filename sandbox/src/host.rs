@@ -72,19 +72,22 @@ impl Sandbox {
     ///
     /// The calling process must not die of `SIGPIPE` (Rust programs ignore it by default).
     pub fn start(config: &SandboxConfig, start: Start) -> Result<Sandbox> {
-        check_start(&start)?;
-        Self::start_after_link(config, || Some(start))
+        Self::start_gated(config, start, || true)
     }
 
-    /// Like [`Sandbox::start`], but `start` is asked for only once the sandbox's network link
-    /// exists (its `ip` commands are the slow part of the set-up), so the caller can prepare it
-    /// meanwhile on another thread, e.g. a restore's page data. `start` returning `None` aborts:
-    /// everything created is removed and [`SandboxError::Aborted`] returned.
-    pub fn start_after_link(
+    /// Like [`Sandbox::start`], but `before_go` runs once the sandbox is set up (namespaces,
+    /// mounts, network configured, its init waiting) and just before its first process
+    /// starts, so that work the process needs (e.g. a restore's page data, written into a
+    /// descriptor given in `start`) can go on meanwhile on another thread. `before_go`
+    /// returning `false` aborts: everything created is removed and
+    /// [`SandboxError::Aborted`] returned.
+    pub fn start_gated(
         config: &SandboxConfig,
-        start: impl FnOnce() -> Option<Start>,
+        start: Start,
+        before_go: impl FnOnce() -> bool,
     ) -> Result<Sandbox> {
         config.validate()?;
+        check_start(&start)?;
         let init_exe = match &config.init_exe {
             Some(p) => p.clone(),
             None => fs::read_link("/proc/self/exe").map_err(|e| {
@@ -152,8 +155,6 @@ impl Sandbox {
         let link = net::create_link_for(config.subnet, config.link_index, &config.run_dir)?;
         let (address, gateway) = (link.sandbox_addr, link.host_addr);
         sb.link = Some(link);
-        let start = start().ok_or(SandboxError::Aborted)?;
-        check_start(&start)?;
 
         let (spec_r, spec_w) = sys::pipe_cloexec().map_err(|e| SandboxError::sys("pipe2", e))?;
         let (status_r, status_w) =
@@ -213,6 +214,9 @@ impl Sandbox {
             other => return Err(unexpected(other, "Ready")),
         }
         net::configure(sb.link.as_ref().expect("link exists"), pid)?;
+        if !before_go() {
+            return Err(SandboxError::Aborted);
+        }
         if let Err(e) = spec_w.write_all(&[proto::GO]) {
             return Err(sb.explain(e, "telling the sandbox init to go on"));
         }

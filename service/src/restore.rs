@@ -93,55 +93,43 @@ impl Service {
         config: SandboxConfig,
     ) -> Result<(Service, RestoreTimings)> {
         let t0 = Instant::now();
-        // Writing the pages (tens of ms for 100 MiB) overlaps the sandbox's network set-up.
-        let mut prepared_at = Duration::ZERO;
-        let mut failed: Option<Error> = None;
+        let what = || format!("the image of epoch {}", img.epoch);
+        // Laid out from the metadata first; the pages (tens of ms for 100 MiB) are written
+        // into the restorer's memfd while the sandbox is set up, and the sandbox lets the
+        // restorer go only once they are all there.
+        let (prep, pages) = restore::prepare_image_layout(img, &|p| config.host_path(p), false)
+            .map_err(|source| Error::Prepare {
+                what: what(),
+                source,
+            })?;
+        let laid_out = t0.elapsed();
+        let mut written: Option<std::io::Result<Duration>> = None;
         let sandbox = std::thread::scope(|s| {
-            let host = |p: &str| config.host_path(p);
-            let prep = s.spawn(move || {
-                let r = restore::prepare_image(img, &host, false);
-                (r, t0.elapsed())
+            let writer = s.spawn(move || {
+                img.write_pages(&mut pages.into_file())
+                    .map(|()| t0.elapsed())
             });
-            let mut prep = Some(prep);
-            let mut out: Option<Prepared> = None;
-            let sb = tardi_sandbox::Sandbox::start_after_link(&config, || {
-                let joined = prep.take().map(|h| h.join());
-                match joined {
-                    Some(Ok((Ok(p), at))) => {
-                        prepared_at = at;
-                        let st = restore_start(&p);
-                        out = Some(p);
-                        Some(st)
-                    }
-                    Some(Ok((Err(source), _))) => {
-                        failed = Some(Error::Prepare {
-                            what: format!("the image of epoch {}", img.epoch),
-                            source,
-                        });
-                        None
-                    }
-                    _ => {
-                        failed = Some(Error::Prepare {
-                            what: format!("the image of epoch {}", img.epoch),
-                            source: restore::RestoreError::Invalid(
-                                "preparing the restore panicked".into(),
-                            ),
-                        });
-                        None
-                    }
-                }
-            });
-            // If the sandbox failed before asking, the preparation still ends here (scope).
-            sb.map(|sb| (sb, out))
+            tardi_sandbox::Sandbox::start_gated(&config, restore_start(&prep), || {
+                let r = writer
+                    .join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("writing the pages panicked")));
+                let ok = r.is_ok();
+                written = Some(r);
+                ok
+            })
+            // If the sandbox failed before its gate, the writer still ends with the scope.
         });
-        if let Some(e) = failed {
-            return Err(e);
+        if let Some(Err(e)) = written {
+            return Err(Error::Prepare {
+                what: what(),
+                source: restore::RestoreError::from(e),
+            });
         }
-        let (sandbox, prep) = sandbox.map_err(|source| Error::Start {
+        let sandbox = sandbox.map_err(|source| Error::Start {
             name: config.name.clone(),
             source,
         })?;
-        let prep = prep.expect("a started sandbox was given the prepared restore");
+        let pages_done = written.and_then(|r| r.ok()).unwrap_or_default();
         let svc = Service::new(sandbox, config, "the restored service has no process")?;
         let started = t0.elapsed();
         let fin = match restore::finish(prep, svc.pid(), RESTORE_TIMEOUT) {
@@ -150,14 +138,20 @@ impl Service {
         };
         let timings = RestoreTimings {
             read_verify_us: 0,
-            prepare_us: prepared_at.as_micros() as u64,
-            // Overlapped with the preparation: from the start to the restore child's start.
+            // The layout, then the pages (overlapped with the sandbox's set-up).
+            prepare_us: (laid_out + pages_done.saturating_sub(laid_out)).as_micros() as u64,
+            // From the start to the restore child's start (the page writing overlapped).
             sandbox_us: started.as_micros() as u64,
             restorer_us: fin.restorer.as_micros() as u64,
             cleanup_us: fin.cleanup.as_micros() as u64,
             total_us: t0.elapsed().as_micros() as u64,
         };
-        tracing::info!(name = svc.name(), ?timings, "restored");
+        tracing::info!(
+            name = svc.name(),
+            ?timings,
+            laid_out_us = laid_out.as_micros() as u64,
+            "restored"
+        );
         Ok((svc, timings))
     }
 

@@ -244,24 +244,30 @@ impl Primary {
             address: Mutex::new(None),
         });
         // Claiming the address (proxy ARP entry, gratuitous ARP) does not need the service:
-        // at a takeover it runs while the image is restored. What the client sends meanwhile
-        // is held by the gate (input is held until the restore is done) or, before the
-        // sandbox's link exists, lost like any packet during a failover.
-        let early_claim = match (&from, config.link_index) {
+        // at a takeover it runs while the restorer fills the process, once the sandbox's
+        // address is routed here (the kernel answers ARP for a proxy entry only then; claimed
+        // earlier, a client's first pings were answered ~50 ms late in some trials). What the
+        // client sends meanwhile is held by the gate: input is held until the restore is done.
+        let early_addr = match (&from, config.link_index) {
             (Some(_), Some(i)) if (1..=tardi_sandbox::net::MAX_INDEX).contains(&i) => {
-                let addr = tardi_sandbox::net::addresses(config.subnet, i).1;
-                let iface = ctx.opts.service_if.clone();
-                Some((
-                    addr,
-                    std::thread::spawn(move || ServiceAddress::claim(addr, &iface)),
-                ))
+                Some(tardi_sandbox::net::addresses(config.subnet, i).1)
             }
             _ => None,
         };
+        let mut early_claim = None;
         let svc = match &from {
             None => Service::start(&target.manifest, &config)?,
             Some(img) => {
-                let (svc, t) = Service::restore_image(img, config)?;
+                let iface = ctx.opts.service_if.clone();
+                let routed = || {
+                    if let Some(addr) = early_addr {
+                        early_claim = Some((
+                            addr,
+                            std::thread::spawn(move || ServiceAddress::claim(addr, &iface)),
+                        ));
+                    }
+                };
+                let (svc, t) = Service::restore_image(img, config, routed)?;
                 tracing::warn!(service = %target.name, timings = ?t, "restored from the backup image");
                 svc
             }

@@ -88,9 +88,13 @@ impl Service {
     /// Restores a backup's image (as [`Service::restore_checkpoint`] would restore
     /// `img.to_full()`, without building that full checkpoint: the pages go from the image to
     /// the restorer's memfd directly). Nothing is left running on error.
+    ///
+    /// `routed` is called once the sandbox's network is configured (its address is routed on
+    /// this machine), before the restorer runs: a caller can announce the address meanwhile.
     pub fn restore_image(
         img: &tardi_checkpointer::store::Image,
         config: SandboxConfig,
+        routed: impl FnOnce(),
     ) -> Result<(Service, RestoreTimings)> {
         let t0 = Instant::now();
         let what = || format!("the image of epoch {}", img.epoch);
@@ -110,6 +114,7 @@ impl Service {
                     .map(|()| t0.elapsed())
             });
             tardi_sandbox::Sandbox::start_gated(&config, restore_start(&prep), || {
+                routed();
                 let r = writer
                     .join()
                     .unwrap_or_else(|_| Err(std::io::Error::other("writing the pages panicked")));

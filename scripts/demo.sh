@@ -4,7 +4,8 @@
 # client carries on with nothing lost. Leaves nothing behind.
 #
 #   1. installs what is missing and builds Tardi (release);
-#   2. `tardi lab up`: machines m1 m2 m3, an orchestrator o1, a client node;
+#   2. `tardi lab up`: machines m1 m2 m3, a cluster of three orchestrators o1 o2 o3 (raft),
+#      a client node;
 #   3. `tardi deploy gramine-manifests/redis.manifest --backups 1` (Debian's redis-server);
 #   4. a client in the client node writes key:N = value-N for 8 s, reconnecting when needed;
 #   5. after 3 s, `tardi lab kill` of the primary's machine (SIGKILL of everything, link down);
@@ -20,8 +21,8 @@ cleanup() { "$T" lab down >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 "$T" lab down >/dev/null 2>&1 || true
 
-echo "== tardi lab up"
-"$T" lab up --machines 3 | sed -n '/^NODE/,/^client/p'
+echo "== tardi lab up --machines 3 --orchestrators 3"
+"$T" lab up --machines 3 --orchestrators 3 | sed -n '/^NODE/,/^client/p'
 in_client() { "$T" lab exec client -- "$@"; }
 echo "== tardi deploy gramine-manifests/redis.manifest --backups 1"
 in_client "$T" deploy "$PWD/gramine-manifests/redis.manifest" --backups 1
@@ -29,7 +30,7 @@ status=$(in_client "$T" status --json)
 field() { python3 -c "import json,sys; s=json.load(sys.stdin)['services'][0]; print(s['$1'])" <<<"$status"; }
 addr=$(field address); primary=$(field primary)
 echo "== redis is at $addr; its primary runs on $primary"
-in_client "$T" status | sed -n '/^service/,$p'
+in_client "$T" status | sed -n '/^orchestrator cluster/,/^machines/{/^machines/!p};/^service/,$p'
 
 echo "== a client writes and verifies for 8 s; the primary's machine loses power after 3 s"
 in_client python3 "$PWD/scripts/demo_client.py" "$addr" 6379 8 &

@@ -41,27 +41,12 @@ fn count_keys(to: SocketAddr, prefix: &str, n: u64) -> usize {
         .count()
 }
 
-/// `GET /metrics` of a daemon (plain HTTP/1.1); the body.
 fn scrape(at: SocketAddr) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&at, Duration::from_secs(2))
-        .unwrap_or_else(|e| panic!("metrics at {at}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut r = String::new();
-    s.read_to_string(&mut r).unwrap();
-    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
-    r.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
+    tardi_metrics::scrape(at, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("metrics at {at}: {e}"))
 }
 
-/// The value of the sample whose name and labels are `line_start`.
-fn sample(text: &str, line_start: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
-}
+use tardi_metrics::sample;
 
 fn addr(svc: &Value, port: u16) -> SocketAddr {
     let a = svc["address"].as_str().expect("service address");

@@ -285,31 +285,12 @@ impl Image {
     /// The image as a full checkpoint (contiguous pages of one mapping coalesced into runs),
     /// with the sandbox description the chain carried and the private directories' tree.
     pub fn to_full(&self) -> Checkpoint {
+        let mut ck = self.full_meta();
         let mut data = Vec::with_capacity(self.pages.len() * PAGE_SIZE);
-        let mut runs: Vec<PageRun> = Vec::new();
-        let mut starts: Vec<u64> = self.meta.vmas.iter().map(|v| v.start).collect();
-        starts.sort_unstable();
-        for (&addr, page) in &self.pages {
-            let boundary = starts.binary_search(&addr).is_ok();
-            match runs.last_mut() {
-                Some(r) if r.addr.checked_add(r.len) == Some(addr) && !boundary => r.len += PAGE,
-                _ => runs.push(PageRun {
-                    addr,
-                    len: PAGE,
-                    data_off: data.len() as u64,
-                }),
-            }
-            data.extend_from_slice(&page[..]);
-        }
-        let mut image = self.meta.clone();
-        image.runs = runs;
-        image.private_files = self.tree.to_changes();
-        Checkpoint {
-            epoch: self.epoch,
-            kind: Kind::Full,
-            image,
-            data,
-        }
+        self.write_pages(&mut data)
+            .expect("writing to a Vec cannot fail");
+        ck.data = data;
+        ck
     }
 }
 
@@ -444,7 +425,6 @@ mod tests {
         }
     }
 
-    /// A full checkpoint at epoch 0.
     #[test]
     fn write_full_puts_out_exactly_what_to_full_holds() {
         // Two mappings, contiguous addresses (runs must still split), distinct page contents.
@@ -487,6 +467,7 @@ mod tests {
         assert_eq!(meta.epoch, whole.epoch);
     }
 
+    /// A full checkpoint at epoch 0.
     fn full(image: ProcessImage, data: Vec<u8>) -> Checkpoint {
         Checkpoint {
             epoch: 0,

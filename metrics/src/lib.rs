@@ -169,6 +169,33 @@ pub async fn serve(
     }))
 }
 
+/// `GET /metrics` from `addr` (plain HTTP/1.1, blocking): the body of a 200 answer. For tests
+/// and tools that read a daemon's metrics.
+pub fn scrape(addr: SocketAddr, timeout: std::time::Duration) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: tardi\r\nConnection: close\r\n\r\n")?;
+    let mut r = String::new();
+    s.read_to_string(&mut r)?;
+    if !r.starts_with("HTTP/1.1 200") {
+        let status = r.lines().next().unwrap_or_default().to_string();
+        return Err(std::io::Error::other(format!(
+            "{addr}/metrics answered {status:?}"
+        )));
+    }
+    Ok(r.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default())
+}
+
+/// The value of the sample whose name and labels, as written, are `line_start` (e.g.
+/// `tardi_instance_role{machine="m1",service="redis",role="primary"}`).
+pub fn sample(text: &str, line_start: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,9 +232,8 @@ mod tests {
         assert!(valid_name("tardi_x:y_1") && !valid_name("1x") && !valid_name("a-b"));
     }
 
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_endpoint_serves_the_rendering_of_each_scrape() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let n2 = n.clone();
         let render: Render = Arc::new(move || {
@@ -220,25 +246,28 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         drop(listener);
         let task = serve(addr, router(render)).await.unwrap();
-        for want in ["scrapes_total 0", "scrapes_total 1"] {
-            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                .await
-                .unwrap();
-            let mut body = String::new();
-            s.read_to_string(&mut body).await.unwrap();
-            assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-            assert!(body.contains("text/plain; version=0.0.4"), "{body}");
-            assert!(body.contains(want), "{body}");
-        }
-        // A path that is not /metrics is not found.
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).await.unwrap();
-        assert!(body.starts_with("HTTP/1.1 404"), "{body}");
+        let got = tokio::task::spawn_blocking(move || {
+            let t = std::time::Duration::from_secs(5);
+            let first = scrape(addr, t).unwrap();
+            let second = scrape(addr, t).unwrap();
+            let raw = |path: &str| {
+                use std::io::{Read, Write};
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                s.write_all(req.as_bytes()).unwrap();
+                let mut r = String::new();
+                s.read_to_string(&mut r).unwrap();
+                r
+            };
+            // The Prometheus text format's content type; a path that is not /metrics: 404.
+            (first, second, raw("/nope"), raw("/metrics"))
+        })
+        .await
+        .unwrap();
+        assert!(got.3.contains("text/plain; version=0.0.4"), "{}", got.3);
+        assert_eq!(sample(&got.0, "scrapes_total"), Some(0.0), "{}", got.0);
+        assert_eq!(sample(&got.1, "scrapes_total"), Some(1.0), "{}", got.1);
+        assert!(got.2.starts_with("HTTP/1.1 404"), "{}", got.2);
         task.abort();
     }
 }

@@ -221,28 +221,15 @@ async fn join_catches_up_from_a_snapshot_leave_and_restart() {
     o1.stop().await;
 }
 
-/// `GET /metrics` over plain HTTP/1.1; the body.
+/// `GET /metrics`, off the runtime's workers.
 async fn scrape(addr: SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr)
+    tokio::task::spawn_blocking(move || tardi_metrics::scrape(addr, Duration::from_secs(5)))
         .await
-        .expect("metrics endpoint");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut r = String::new();
-    s.read_to_string(&mut r).await.unwrap();
-    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
-    r.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
+        .unwrap()
+        .expect("metrics endpoint")
 }
 
-/// The value of the sample `line_start` (metric name and labels) in an exposition.
-fn sample(text: &str, line_start: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
-}
+use tardi_metrics::sample;
 
 /// A node serves Prometheus metrics: its raft state, then the machines and services it learns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

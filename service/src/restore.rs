@@ -135,29 +135,15 @@ impl Service {
             source,
         })?;
         let pages_done = written.and_then(|r| r.ok()).unwrap_or_default();
-        let svc = Service::new(sandbox, config, "the restored service has no process")?;
-        let started = t0.elapsed();
-        let fin = match restore::finish(prep, svc.pid(), RESTORE_TIMEOUT) {
-            Ok(fin) => fin,
-            Err(source) => return Err(fail(svc, source)),
-        };
-        let timings = RestoreTimings {
-            read_verify_us: 0,
-            // The layout, then the pages (overlapped with the sandbox's set-up).
-            prepare_us: (laid_out + pages_done.saturating_sub(laid_out)).as_micros() as u64,
-            // From the start to the restore child's start (the page writing overlapped).
-            sandbox_us: started.as_micros() as u64,
-            restorer_us: fin.restorer.as_micros() as u64,
-            cleanup_us: fin.cleanup.as_micros() as u64,
-            total_us: t0.elapsed().as_micros() as u64,
-        };
-        tracing::info!(
-            name = svc.name(),
-            ?timings,
-            laid_out_us = laid_out.as_micros() as u64,
-            "restored"
-        );
-        Ok((svc, timings))
+        // The preparation is the layout and the pages; the sandbox's set-up began right after
+        // the layout, the pages overlapping it.
+        finish_restore(
+            sandbox,
+            config,
+            prep,
+            t0,
+            (Duration::ZERO, pages_done, laid_out),
+        )
     }
 
     /// Restores an in-memory full checkpoint into a sandbox built from `config`, with the
@@ -198,6 +184,18 @@ fn run_restore(
 ) -> Result<(Service, RestoreTimings)> {
     let prepared = t0.elapsed();
     let sandbox = start_sandbox(&config, restore_start(&prep))?;
+    finish_restore(sandbox, config, prep, t0, (read, prepared - read, prepared))
+}
+
+/// Waits for the restorer of the sandbox's process and reports the timings; `spans` are the
+/// reading, the preparation and where the sandbox's set-up began, all from `t0`.
+fn finish_restore(
+    sandbox: tardi_sandbox::Sandbox,
+    config: SandboxConfig,
+    prep: Prepared,
+    t0: Instant,
+    (read, prepare, sandbox_from): (Duration, Duration, Duration),
+) -> Result<(Service, RestoreTimings)> {
     let svc = Service::new(sandbox, config, "the restored service has no process")?;
     let started = t0.elapsed();
     let fin = match restore::finish(prep, svc.pid(), RESTORE_TIMEOUT) {
@@ -206,8 +204,8 @@ fn run_restore(
     };
     let timings = RestoreTimings {
         read_verify_us: read.as_micros() as u64,
-        prepare_us: (prepared - read).as_micros() as u64,
-        sandbox_us: (started - prepared).as_micros() as u64,
+        prepare_us: prepare.as_micros() as u64,
+        sandbox_us: (started - sandbox_from).as_micros() as u64,
         restorer_us: fin.restorer.as_micros() as u64,
         cleanup_us: fin.cleanup.as_micros() as u64,
         total_us: t0.elapsed().as_micros() as u64,

@@ -256,3 +256,101 @@ fn partitioned_leader_orchestrator_changes_nothing() {
         "{mine}"
     );
 }
+
+/// A primary cut off from the orchestrators (its machine still reaches the other machines and
+/// the clients) is deposed: the backup takes over in a new view, and the old primary, still
+/// running its sandbox, never has an epoch decided again: the new primary refuses its
+/// checkpoints (an older view), so none of its output is released. Its own metrics show it:
+/// epochs still produced, the decided epoch frozen, replies held.
+#[test]
+fn a_primary_cut_off_from_the_orchestrators_decides_nothing_once_deposed() {
+    programs::build("dirtier");
+    let c = Cluster::up(3, &[]);
+    c.deploy(&manifest("dirtier.manifest"), 1);
+    let svc = c.wait_active("dirtier", Duration::from_secs(30), |_| true);
+    let old = svc["primary"].as_str().unwrap().to_string();
+    let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let view = svc["view"].as_u64().unwrap();
+    let to = addr(&svc, 7100);
+    let o1 = c.lab.address("o1").unwrap().to_string();
+    // Only the orchestrator is unreachable from the old primary's machine.
+    for (chain, dir) in [("INPUT", "-s"), ("OUTPUT", "-d")] {
+        let out = c
+            .lab
+            .exec(&old, &["iptables", "-I", chain, dir, &o1, "-j", "DROP"])
+            .unwrap();
+        assert!(out.status.success(), "iptables: {out:?}");
+    }
+    let s = c.wait_active("dirtier", Duration::from_secs(20), |s| {
+        s["primary"] == backup.as_str() && s["view"].as_u64().is_some_and(|v| v > view)
+    });
+    let metrics = SocketAddr::from((c.lab.address(&old).unwrap(), tardi_lab::METRICS_PORT));
+    let labels = format!("machine=\"{old}\",service=\"dirtier\"");
+    let read = |name: &str| {
+        let text = c
+            .lab
+            .in_node("client", || {
+                tardi_metrics::scrape(metrics, Duration::from_secs(5)).unwrap()
+            })
+            .unwrap();
+        tardi_metrics::sample(&text, &format!("{name}{{{labels}}}"))
+            .unwrap_or_else(|| panic!("no {name} for {old}:\n{text}"))
+    };
+    assert_eq!(
+        read("tardi_instance_view"),
+        view as f64,
+        "the old primary should still think it leads view {view}"
+    );
+    let (epoch0, decided0) = (
+        read("tardi_instance_epoch"),
+        read("tardi_instance_decided_epoch"),
+    );
+    // Pings from the old primary's own machine reach its sandbox: the replies stay held.
+    let answered = c
+        .lab
+        .in_node(&old, || {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let mut buf = [0u8; 256];
+            let mut n = 0;
+            for _ in 0..5 {
+                s.send_to(b"ping", to).unwrap();
+                if s.recv(&mut buf).is_ok() {
+                    n += 1;
+                }
+            }
+            n
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (epoch1, decided1) = (
+        read("tardi_instance_epoch"),
+        read("tardi_instance_decided_epoch"),
+    );
+    assert_eq!(answered, 0, "the deposed primary released replies");
+    assert!(
+        epoch1 > epoch0,
+        "the old primary's sandbox stopped ({epoch0} -> {epoch1})"
+    );
+    assert_eq!(
+        decided1, decided0,
+        "the deposed primary decided epochs after the new view was active"
+    );
+    assert!(
+        read("tardi_instance_held_packets") >= 5.0,
+        "the replies to the pings should be held"
+    );
+    // Meanwhile the service goes on at the new primary.
+    let back = c
+        .lab
+        .in_node("client", || {
+            programs::wait_ready(to, Duration::from_secs(10))
+        })
+        .unwrap();
+    assert!(
+        back.is_ok(),
+        "the new primary {} does not answer: {s}",
+        s["primary"]
+    );
+}

@@ -213,6 +213,13 @@ impl Image {
         self.pages.retain(|&a, _| keep(a));
         for (addr, page) in staged {
             match page {
+                // A page of a private file mapping with no copy of its own (not in `cow`) shows
+                // the file, whatever the checkpoint carried for it: a page a failed pause took
+                // as written, and zapped since, comes with the file's contents of that moment,
+                // which a later write to the file would make stale.
+                Some(_) if file_private.contains(addr) && !cow.contains(addr) => {
+                    self.pages.remove(&addr)
+                }
                 Some(page) => self.pages.insert(addr, page),
                 None => self.pages.remove(&addr),
             };
@@ -423,6 +430,66 @@ mod tests {
             backing: Backing::Anon,
             name: String::new(),
         }
+    }
+
+    #[test]
+    fn a_private_file_page_without_its_own_copy_is_never_kept() {
+        let file = |start, end| Vma {
+            start,
+            end,
+            prot: 3,
+            shared: false,
+            flags: 0,
+            backing: Backing::File {
+                index: 0,
+                offset: 0,
+            },
+            name: "/mnt/data".into(),
+        };
+        let with_file = |mut m: ProcessImage| {
+            m.files = vec![FileRef {
+                path: "/mnt/data".into(),
+                size: 0x3000,
+                hash: [0; 32],
+            }];
+            m
+        };
+        // Epoch 0: both pages of the file mapping have their own copy (written).
+        let mut m = with_file(meta(vec![file(0x1000, 0x3000)]));
+        m.runs = vec![PageRun {
+            addr: 0x1000,
+            len: 0x2000,
+            data_off: 0,
+        }];
+        m.cow = vec![(0x1000, 0x3000)];
+        let mut img = Image::from_full(&full(m, vec![5u8; 0x2000])).unwrap();
+        assert_eq!(img.pages(), 2);
+        // Epoch 1 sends both pages again (as a failed pause's carry would), but 0x2000 was
+        // zapped meanwhile: it is not in `cow`, so it shows the file and is not kept.
+        let mut m = with_file(meta(vec![file(0x1000, 0x3000)]));
+        m.base_epoch = Some(0);
+        m.cow = vec![(0x1000, 0x2000)];
+        m.pages = [0x1000u64, 0x2000]
+            .iter()
+            .enumerate()
+            .map(|(i, &addr)| EncodedPage {
+                addr,
+                enc: PageEncoding::Raw,
+                data_off: (i * PAGE_SIZE) as u64,
+            })
+            .collect();
+        let inc = Checkpoint {
+            epoch: 1,
+            kind: Kind::Incremental { base: 0 },
+            image: m,
+            data: vec![6u8; 2 * PAGE_SIZE],
+        };
+        img.apply(&inc).unwrap();
+        assert_eq!(img.page(0x1000).unwrap()[0], 6);
+        assert!(
+            img.page(0x2000).is_none(),
+            "a page that shows the file was kept"
+        );
     }
 
     #[test]

@@ -100,3 +100,40 @@ fn memcached_as_its_user_keeps_its_credentials() {
     assert_eq!(creds(uid), before, "credentials after restore");
     cur.stop();
 }
+
+/// A user the sandbox does not know is refused with its name and the reason, and nothing is
+/// left behind: no sandbox, no run directory's lock, so the same name runs at once after.
+#[test]
+fn an_unknown_user_is_refused_and_nothing_is_left() {
+    let scratch = Scratch::new("nouser");
+    let name = format!("nu-{}", std::process::id() % 10000);
+    let write = |user: &str| {
+        let m = scratch.0.join(format!("{user}.manifest"));
+        std::fs::write(
+            &m,
+            format!(
+                "libos.entrypoint = \"/usr/bin/memcached\"\n\
+                 loader.argv = [\"memcached\", \"-p\", \"11211\", \"-U\", \"0\", \"-t\", \"1\"]\n\n\
+                 [tardi]\nname = {name:?}\nuser = {user:?}\n"
+            ),
+        )
+        .unwrap();
+        m
+    };
+    let err = match Running::run(&write("no-such-user-tardi")) {
+        Ok(r) => {
+            r.stop();
+            panic!("a service was started as an unknown user");
+        }
+        Err(e) => e,
+    };
+    assert!(
+        err.contains("no-such-user-tardi") && err.contains("no such user"),
+        "the error should name the user and why: {err}"
+    );
+    // Nothing half started: the same sandbox name runs right away as a known user.
+    let ok = Running::run(&write("memcache")).expect("the same name after a refusal");
+    let addr = SocketAddr::new(ok.address.into(), 11211);
+    assert_eq!(cmd(addr, "set k 0 0 2\r\nok\r\n"), "STORED\r\n");
+    ok.stop();
+}

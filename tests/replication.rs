@@ -391,3 +391,42 @@ fn undeploy_stops_the_service_everywhere_and_it_can_be_deployed_again() {
         10
     );
 }
+
+/// After a takeover, a client whose connection the restore reset learns it at once, without
+/// sending anything: the new primary probes every client of a reset connection, the client's
+/// answer meets no socket, and the new primary's reset ends the connection. (Without the probe
+/// an idle client would learn only when it next sends.)
+#[test]
+fn idle_clients_of_reset_connections_learn_at_once_after_a_takeover() {
+    use std::io::{Read, Write};
+    let mut c = Cluster::up(3, &[]);
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let old = svc["primary"].as_str().unwrap().to_string();
+    let to = addr(&svc, 6379);
+    let mut conn = c
+        .lab
+        .in_node("client", || {
+            let mut s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            s.write_all(b"PING\r\n").unwrap();
+            let mut buf = [0u8; 16];
+            let n = s.read(&mut buf).unwrap();
+            assert_eq!(&buf[..n], b"+PONG\r\n");
+            s
+        })
+        .unwrap();
+    // Let the connection be in a checkpoint the backup holds.
+    std::thread::sleep(Duration::from_millis(300));
+    c.lab.kill(&old).unwrap();
+    c.wait_active("redis", Duration::from_secs(20), |s| {
+        s["primary"] != old.as_str()
+    });
+    conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut buf = [0u8; 16];
+    match conn.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("the idle connection was not ended by the new primary: {other:?}"),
+    }
+}

@@ -255,6 +255,12 @@ impl Primary {
             _ => None,
         };
         let mut early_claim = None;
+        // The service's TCP connections, which the restore resets: their clients are told at
+        // once (see `tardi_netfilter::probe`) rather than after their retransmission timeout.
+        let conns = from
+            .as_ref()
+            .map(|img| tcp_connections(&img.meta))
+            .unwrap_or_default();
         let svc = match &from {
             None => Service::start(&target.manifest, &config)?,
             Some(img) => {
@@ -286,8 +292,22 @@ impl Primary {
                 ServiceAddress::claim(svc.address(), &ctx.opts.service_if)?
             }
         };
+        if !conns.is_empty() {
+            let name = target.name.clone();
+            std::thread::spawn(
+                move || match tardi_netfilter::probe::probe_clients(&conns) {
+                    Ok(n) => {
+                        tracing::info!(service = %name, probed = n, "told the clients of reset connections")
+                    }
+                    Err(e) => {
+                        tracing::warn!(service = %name, error = %e, "probing the clients of reset connections failed")
+                    }
+                },
+            );
+        }
         // Input flows as soon as `hold_input(false)` has flushed what was held; removing the
-        // rule afterwards takes tens of milliseconds and need not delay the epoch loop.
+        // rule afterwards takes tens of milliseconds and need not delay the epoch loop. (A
+        // client's answer to a probe that arrives before is held, then let through.)
         {
             let gate = shared.gate.clone();
             let name = target.name.clone();
@@ -580,6 +600,40 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
     result
 }
 
+/// The (service side, client side) addresses of the image's connected TCP sockets.
+fn tcp_connections(
+    img: &tardi_checkpointer::image::ProcessImage,
+) -> Vec<(std::net::SocketAddr, std::net::SocketAddr)> {
+    use tardi_checkpointer::image::{FdKind, SocketState};
+    img.fds
+        .iter()
+        .filter_map(|f| match &f.kind {
+            FdKind::Socket(s) if s.state == SocketState::ConnectedTcp => {
+                Some((sockaddr(&s.local)?, sockaddr(&s.peer)?))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A raw `sockaddr_in` / `sockaddr_in6` as the kernel wrote it (family in host order, port and
+/// address in network order).
+fn sockaddr(b: &[u8]) -> Option<std::net::SocketAddr> {
+    let family = i32::from(u16::from_ne_bytes(b.get(0..2)?.try_into().ok()?));
+    let port = u16::from_be_bytes(b.get(2..4)?.try_into().ok()?);
+    match family {
+        libc::AF_INET => {
+            let a: [u8; 4] = b.get(4..8)?.try_into().ok()?;
+            Some((std::net::Ipv4Addr::from(a), port).into())
+        }
+        libc::AF_INET6 => {
+            let a: [u8; 16] = b.get(8..24)?.try_into().ok()?;
+            Some((std::net::Ipv6Addr::from(a), port).into())
+        }
+        _ => None,
+    }
+}
+
 /// Appends a checkpoint to the log (or makes it the newest full one) and wakes the senders.
 fn publish(sh: &Arc<Shared>, epoch: u64, bytes: Bytes, full: bool, pause_us: u64) {
     tracing::trace!(epoch, full, bytes = bytes.len(), "published");
@@ -798,6 +852,25 @@ mod tests {
         d.acked.insert(b.into(), e);
         d.promote_joined();
         decide(d);
+    }
+
+    #[test]
+    fn raw_socket_addresses_parse() {
+        let mut v4 = vec![0u8; 16];
+        v4[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        v4[2..4].copy_from_slice(&6379u16.to_be_bytes());
+        v4[4..8].copy_from_slice(&[10, 213, 0, 6]);
+        assert_eq!(sockaddr(&v4), Some("10.213.0.6:6379".parse().unwrap()));
+        let mut v6 = vec![0u8; 28];
+        v6[0..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+        v6[2..4].copy_from_slice(&80u16.to_be_bytes());
+        v6[8..24].copy_from_slice(&"fd00::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        assert_eq!(sockaddr(&v6), Some("[fd00::1]:80".parse().unwrap()));
+        assert_eq!(sockaddr(&[]), None);
+        assert_eq!(sockaddr(&v4[..6]), None, "truncated");
+        let mut unix = v4.clone();
+        unix[0..2].copy_from_slice(&(libc::AF_UNIX as u16).to_ne_bytes());
+        assert_eq!(sockaddr(&unix), None);
     }
 
     #[test]

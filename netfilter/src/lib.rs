@@ -73,6 +73,7 @@ mod nfq;
 mod rules;
 
 pub mod announce;
+pub mod probe;
 
 pub use error::{NetfilterError, Result};
 pub use gate::{Gate, GateConfig, GateStats, Mode};

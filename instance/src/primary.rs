@@ -837,7 +837,7 @@ fn send_loop(
 
 #[cfg(test)]
 mod tests {
-    use super::Decision;
+    use super::{Decision, sockaddr};
 
     /// Decides what can be decided (never going back, as `Shared::advance`).
     fn decide(d: &mut Decision) {

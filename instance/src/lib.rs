@@ -6,7 +6,9 @@
 //!
 //! Owns: the roles and their transitions, the checkpoint stream between machines ([`stream`]:
 //! a dedicated TCP connection served on `--listen`), the session with the orchestrator (gRPC,
-//! heartbeats in one direction, assignments in the other), the link throttle ([`throttle`]).
+//! heartbeats in one direction, assignments in the other), the link throttle ([`throttle`]),
+//! and the rendering of this machine's Prometheus metrics (`--metrics`, served by
+//! `tardi-metrics`).
 //! Must not touch: how a checkpoint is captured or restored (`tardi-checkpointer`,
 //! `tardi-service`), how output is held (`tardi-netfilter`), or which machine plays which role
 //! (the orchestrator decides; an instance only follows views, and refuses checkpoints of views

@@ -1022,6 +1022,15 @@ fn bench_dirty(env: &Env) -> Value {
     v
 }
 
+/// A result file's dirtying workload: the suffix of its plots' names and its description.
+fn workload_of(v: &Value) -> (&'static str, &'static str) {
+    if v["full_pages"] == true {
+        ("-full", "whole pages of random bytes")
+    } else {
+        ("", "one byte per page")
+    }
+}
+
 fn link_mb_per_s(link: &str) -> f64 {
     let l = link.to_ascii_lowercase();
     let (num, mul) = if let Some(n) = l.strip_suffix("gbit") {
@@ -1556,13 +1565,7 @@ fn replot(img: &Path, files: &[String]) {
                 eprintln!("[bench] drew {}", path.display());
             }
             Some("dirty") => {
-                let full = v["full_pages"] == true;
-                let tag = if full { "-full" } else { "" };
-                let workload = if full {
-                    "whole pages of random bytes"
-                } else {
-                    "one byte per page"
-                };
+                let (tag, workload) = workload_of(&v);
                 let link = link_mb_per_s(v["link"].as_str().unwrap_or("1gbit"));
                 let cases = v["cases"].as_array().cloned().unwrap_or_default();
                 let p1 = img.join(format!("replication-dirty{tag}-latency.png"));
@@ -1571,13 +1574,7 @@ fn replot(img: &Path, files: &[String]) {
                 eprintln!("[bench] drew {} and {}", p1.display(), p2.display());
             }
             Some("backups") => {
-                let full = v["full_pages"] == true;
-                let tag = if full { "-full" } else { "" };
-                let workload = if full {
-                    "whole pages of random bytes"
-                } else {
-                    "one byte per page"
-                };
+                let (tag, workload) = workload_of(&v);
                 let series: Vec<(String, Vec<f64>)> = v["raw"]
                     .as_array()
                     .map(|a| {

@@ -6,7 +6,7 @@ mod common;
 
 use common::cluster::Cluster;
 use common::programs;
-use common::resp::{Conn, Reply};
+use common::resp::missing_writes;
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -131,16 +131,7 @@ fn leader_orchestrator_power_cut_causes_no_failover() {
     let missing = c
         .lab
         .in_node("client", || {
-            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
-            first
-                .iter()
-                .chain(&second)
-                .chain(&third)
-                .filter(|i| {
-                    cn.cmd(&["GET", &format!("key:{i}")]).ok()
-                        != Some(Reply::Bulk(Some(format!("value-{i}").into_bytes())))
-                })
-                .count()
+            missing_writes(to, first.iter().chain(&second).chain(&third).copied())
         })
         .unwrap();
     assert_eq!(missing, 0, "acknowledged writes lost");

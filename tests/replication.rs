@@ -6,7 +6,7 @@ mod common;
 
 use common::cluster::Cluster;
 use common::programs;
-use common::resp::{Conn, Reply};
+use common::resp::{Conn, Reply, missing_writes};
 use serde_json::Value;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
@@ -173,15 +173,7 @@ fn primary_power_cut_loses_no_acknowledged_write() {
     let missing = c
         .lab
         .in_node("client", || {
-            let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
-            first
-                .iter()
-                .chain(second.iter())
-                .filter(|i| {
-                    cn.cmd(&["GET", &format!("key:{i}")]).ok()
-                        != Some(Reply::Bulk(Some(format!("value-{i}").into_bytes())))
-                })
-                .count()
+            missing_writes(to, first.iter().chain(&second).copied())
         })
         .unwrap();
     assert_eq!(

@@ -780,10 +780,9 @@ fn send_all(s: RawFd, m: &[u8], to: Option<&[u8]>) -> io::Result<()> {
     }
 }
 
-/// A stream or seqpacket socket whose peer was outside the sandbox: connected to a socket of
-/// ours that sends it the queued bytes, then is closed with a byte unread (the kernel then
-/// marks the connection reset: `ECONNRESET` once the queued bytes are read, end of file after).
-fn reset_pair(u: &UnixSocketImage, floor: RawFd) -> io::Result<RawFd> {
+/// The socket `u` stood for (`a`, bound to its address) connected to a temporary socket of
+/// ours (`b`) that has already sent it `u`'s queued messages.
+fn queued_pair(u: &UnixSocketImage, floor: RawFd) -> io::Result<(RawFd, OwnedFd)> {
     let (a, b) = socketpair(u.ty, floor)?;
     // SAFETY: our temporary end.
     let b = unsafe { OwnedFd::from_raw_fd(b) };
@@ -793,6 +792,14 @@ fn reset_pair(u: &UnixSocketImage, floor: RawFd) -> io::Result<RawFd> {
     for m in &u.queue {
         send_all(b.as_raw_fd(), m, None)?;
     }
+    Ok((a, b))
+}
+
+/// A stream or seqpacket socket whose peer was outside the sandbox: connected to a socket of
+/// ours that sends it the queued bytes, then is closed with a byte unread (the kernel then
+/// marks the connection reset: `ECONNRESET` once the queued bytes are read, end of file after).
+fn reset_pair(u: &UnixSocketImage, floor: RawFd) -> io::Result<RawFd> {
+    let (a, b) = queued_pair(u, floor)?;
     send_all(a, b"\0", None)?;
     drop(b);
     Ok(a)
@@ -802,15 +809,7 @@ fn reset_pair(u: &UnixSocketImage, floor: RawFd) -> io::Result<RawFd> {
 /// address again if it can be, else to a socket of ours that is then closed (sends give
 /// `ECONNREFUSED`, as to a peer that went away). Queued datagrams come first either way.
 fn outside_dgram(u: &UnixSocketImage, floor: RawFd) -> io::Result<RawFd> {
-    let (a, b) = socketpair(u.ty, floor)?;
-    // SAFETY: our temporary end.
-    let b = unsafe { OwnedFd::from_raw_fd(b) };
-    if u.local != UnixAddr::Unnamed {
-        bind(a, u)?;
-    }
-    for m in &u.queue {
-        send_all(b.as_raw_fd(), m, None)?;
-    }
+    let (a, b) = queued_pair(u, floor)?;
     if u.peer != UnixAddr::Unnamed {
         let _ = connect(a, &u.peer); // on failure a stays connected to b, which goes away
     }

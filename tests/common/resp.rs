@@ -125,3 +125,16 @@ pub fn write_through_failovers(to: SocketAddr, from: u64, n: u64) -> Vec<u64> {
     }
     acked
 }
+
+/// How many of the indices `acked` (written by [`write_through_failovers`]) no longer read back
+/// as `key:i = value-i`.
+pub fn missing_writes(to: SocketAddr, acked: impl IntoIterator<Item = u64>) -> usize {
+    let mut cn = Conn::connect_retry(to, Duration::from_secs(10));
+    acked
+        .into_iter()
+        .filter(|i| {
+            cn.cmd(&["GET", &format!("key:{i}")]).ok()
+                != Some(Reply::Bulk(Some(format!("value-{i}").into_bytes())))
+        })
+        .count()
+}

@@ -118,20 +118,6 @@ pub fn prepare_with(
     prepare_pages(&ckpt.image, pages, 0, host_path, hold)
 }
 
-/// [`prepare_with`] for an image a backup kept current ([`crate::store::Image`]): its pages go
-/// straight from the image into the memfd the restorer reads, with no full checkpoint built in
-/// between (a contiguous copy of all memory). The image was checked as each checkpoint was
-/// applied; the runs come from [`crate::store::Image::write_full`], which wrote exactly them.
-pub fn prepare_image(
-    img: &crate::store::Image,
-    host_path: &dyn Fn(&str) -> Option<PathBuf>,
-    hold: bool,
-) -> Result<Prepared> {
-    let (prep, pages) = prepare_image_layout(img, host_path, hold)?;
-    img.write_pages(&mut pages.into_file())?;
-    Ok(prep)
-}
-
 /// The memfd the restorer will read an image's pages from, still empty: fill it with
 /// [`crate::store::Image::write_pages`] before the restorer starts (before the sandbox lets
 /// its first process go). Until then the restorer would read zeros.
@@ -143,9 +129,11 @@ impl PagesToWrite {
     }
 }
 
-/// [`prepare_image`] without writing the pages: the restore is laid out from the image's
-/// metadata (plan, restorer, mapped files checked), and the pages' memfd is returned to be
-/// filled while the sandbox is being set up.
+/// [`prepare_with`] for an image a backup kept current ([`crate::store::Image`]), without
+/// building a full checkpoint: the restore is laid out from the image's metadata (plan,
+/// restorer, mapped files checked; the image was checked as each checkpoint was applied), and
+/// the pages' memfd is returned to be filled with [`crate::store::Image::write_pages`] while
+/// the sandbox is being set up.
 pub fn prepare_image_layout(
     img: &crate::store::Image,
     host_path: &dyn Fn(&str) -> Option<PathBuf>,

@@ -234,20 +234,11 @@ impl Image {
         Ok(())
     }
 
-    /// Like [`Image::to_full`], but the pages go to `out` (in the order the runs' `data_off`
-    /// count from 0) instead of into the checkpoint, whose `data` stays empty. A restore then
-    /// reads them from wherever `out` put them (a memfd) without a contiguous copy of all
-    /// memory in between: for a 100 MiB service that copy, faulting in its buffer included,
-    /// was ~40 ms of every takeover.
-    pub fn write_full(&self, out: &mut impl std::io::Write) -> std::io::Result<Checkpoint> {
-        let meta = self.full_meta();
-        self.write_pages(out)?;
-        Ok(meta)
-    }
-
-    /// The full checkpoint [`Image::write_full`] describes, without writing the pages: its
-    /// runs' `data_off` count in the order [`Image::write_pages`] writes them. (A restore lays
-    /// itself out from this while the pages are still being written.)
+    /// The image as a full checkpoint without its page data: the runs' `data_off` count in the
+    /// order [`Image::write_pages`] writes the pages. A restore lays itself out from this and
+    /// has the pages written straight into the restorer's memfd (for a 100 MiB service, the
+    /// contiguous copy [`Image::to_full`] makes, faulting in its buffer included, was ~40 ms of
+    /// every takeover).
     pub fn full_meta(&self) -> Checkpoint {
         let mut runs: Vec<PageRun> = Vec::new();
         let mut starts: Vec<u64> = self.meta.vmas.iter().map(|v| v.start).collect();
@@ -493,7 +484,7 @@ mod tests {
     }
 
     #[test]
-    fn write_full_puts_out_exactly_what_to_full_holds() {
+    fn full_meta_and_write_pages_make_what_to_full_holds() {
         // Two mappings, contiguous addresses (runs must still split), distinct page contents.
         let mut m = meta(vec![anon(0x1000, 0x3000), anon(0x3000, 0x5000)]);
         m.runs = vec![
@@ -526,7 +517,8 @@ mod tests {
             }
         }
         let mut out = Dribble(Vec::new());
-        let meta = img.write_full(&mut out).unwrap();
+        let meta = img.full_meta();
+        img.write_pages(&mut out).unwrap();
         assert!(meta.data.is_empty());
         assert_eq!(out.0, whole.data);
         assert_eq!(meta.image.runs, whole.image.runs);

@@ -248,12 +248,6 @@ impl Primary {
         // address is routed here (the kernel answers ARP for a proxy entry only then; claimed
         // earlier, a client's first pings were answered ~50 ms late in some trials). What the
         // client sends meanwhile is held by the gate: input is held until the restore is done.
-        let early_addr = match (&from, config.link_index) {
-            (Some(_), Some(i)) if (1..=tardi_sandbox::net::MAX_INDEX).contains(&i) => {
-                Some(tardi_sandbox::net::addresses(config.subnet, i).1)
-            }
-            _ => None,
-        };
         let mut early_claim = None;
         // The service's TCP connections, which the restore resets: their clients are told at
         // once (see `tardi_netfilter::probe`) rather than after their retransmission timeout.
@@ -265,13 +259,10 @@ impl Primary {
             None => Service::start(&target.manifest, &config)?,
             Some(img) => {
                 let iface = ctx.opts.service_if.clone();
-                let routed = || {
-                    if let Some(addr) = early_addr {
-                        early_claim = Some((
-                            addr,
-                            std::thread::spawn(move || ServiceAddress::claim(addr, &iface)),
-                        ));
-                    }
+                let routed = |addr| {
+                    early_claim = Some(std::thread::spawn(move || {
+                        ServiceAddress::claim(addr, &iface)
+                    }));
                 };
                 let (svc, t) = Service::restore_image(img, config, routed)?;
                 tracing::warn!(service = %target.name, timings = ?t, "restored from the backup image");
@@ -283,14 +274,10 @@ impl Primary {
             std::thread::spawn(move || drop(img));
         }
         let claim = match early_claim {
-            Some((addr, h)) if addr == svc.address() => h
+            Some(h) => h
                 .join()
                 .map_err(|_| anyhow::anyhow!("claiming the service address panicked"))??,
-            other => {
-                // (A claim of another address is released as its thread's result is dropped.)
-                drop(other);
-                ServiceAddress::claim(svc.address(), &ctx.opts.service_if)?
-            }
+            None => ServiceAddress::claim(svc.address(), &ctx.opts.service_if)?,
         };
         if !conns.is_empty() {
             let name = target.name.clone();

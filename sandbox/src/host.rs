@@ -72,19 +72,19 @@ impl Sandbox {
     ///
     /// The calling process must not die of `SIGPIPE` (Rust programs ignore it by default).
     pub fn start(config: &SandboxConfig, start: Start) -> Result<Sandbox> {
-        Self::start_gated(config, start, || true)
+        Self::start_gated(config, start, |_| true)
     }
 
     /// Like [`Sandbox::start`], but `before_go` runs once the sandbox is set up (namespaces,
     /// mounts, network configured, its init waiting) and just before its first process
     /// starts, so that work the process needs (e.g. a restore's page data, written into a
-    /// descriptor given in `start`) can go on meanwhile on another thread. `before_go`
-    /// returning `false` aborts: everything created is removed and
-    /// [`SandboxError::Aborted`] returned.
+    /// descriptor given in `start`) can go on meanwhile on another thread. It is given the
+    /// sandbox's address, routed on this machine by then. `before_go` returning `false`
+    /// aborts: everything created is removed and [`SandboxError::Aborted`] returned.
     pub fn start_gated(
         config: &SandboxConfig,
         start: Start,
-        before_go: impl FnOnce() -> bool,
+        before_go: impl FnOnce(Ipv4Addr) -> bool,
     ) -> Result<Sandbox> {
         config.validate()?;
         check_start(&start)?;
@@ -214,7 +214,7 @@ impl Sandbox {
             other => return Err(unexpected(other, "Ready")),
         }
         net::configure(sb.link.as_ref().expect("link exists"), pid)?;
-        if !before_go() {
+        if !before_go(address) {
             return Err(SandboxError::Aborted);
         }
         if let Err(e) = spec_w.write_all(&[proto::GO]) {

@@ -8,8 +8,8 @@
 //!   service runs in (callers may adjust it before starting: run directory, link index, host
 //!   paths of private directories).
 //! - [`Service`]: a running service in its sandbox, made by [`Service::start`] (fresh),
-//!   [`Service::restore_file`] (a `tardi snapshot` file), [`Service::restore_checkpoint`] (an
-//!   in-memory full checkpoint) or [`Service::restore_held`] (held stopped, for verification).
+//!   [`Service::restore_file`] (a `tardi snapshot` file), [`Service::restore_image`] (a
+//!   backup's in-memory image) or [`Service::restore_held`] (held stopped, for verification).
 //!   [`Service::try_wait`] says whether it ended; [`Service::teardown`] ends it.
 //! - [`ServiceHandle`]: what another thread needs to checkpoint or inspect the service while the
 //!   owner watches it; [`snapshot`] and [`snapshot_to_file`] take one.

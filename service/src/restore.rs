@@ -71,30 +71,18 @@ impl Service {
         run_restore(config, prep, t0, read)
     }
 
-    /// Restores an in-memory full checkpoint (e.g. a backup's image turned into a full one with
-    /// `store::Image::to_full()`) into a sandbox built from `config`: the caller's, not the
-    /// description inside the checkpoint (a backup machine has its own run and state
-    /// directories). Mapped files are checked against what `config`'s mounts show. Nothing is
-    /// left running on error.
-    pub fn restore_checkpoint(
-        ck: &Checkpoint,
-        config: SandboxConfig,
-    ) -> Result<(Service, RestoreTimings)> {
-        let t0 = Instant::now();
-        let prep = prepare(ck, &config, false)?;
-        run_restore(config, prep, t0, Duration::ZERO)
-    }
-
-    /// Restores a backup's image (as [`Service::restore_checkpoint`] would restore
-    /// `img.to_full()`, without building that full checkpoint: the pages go from the image to
-    /// the restorer's memfd directly). Nothing is left running on error.
+    /// Restores a backup's image into a sandbox built from `config`: the caller's, not the
+    /// description inside the image (a backup machine has its own run and state directories).
+    /// No full checkpoint is built: the pages go from the image to the restorer's memfd
+    /// directly. Mapped files are checked against what `config`'s mounts show. Nothing is left
+    /// running on error.
     ///
-    /// `routed` is called once the sandbox's network is configured (its address is routed on
-    /// this machine), before the restorer runs: a caller can announce the address meanwhile.
+    /// `routed` is called with the sandbox's address once it is routed on this machine, before
+    /// the restorer runs: a caller can announce the address meanwhile.
     pub fn restore_image(
         img: &tardi_checkpointer::store::Image,
         config: SandboxConfig,
-        routed: impl FnOnce(),
+        routed: impl FnOnce(std::net::Ipv4Addr),
     ) -> Result<(Service, RestoreTimings)> {
         let t0 = Instant::now();
         let what = || format!("the image of epoch {}", img.epoch);
@@ -113,8 +101,8 @@ impl Service {
                 img.write_pages(&mut pages.into_file())
                     .map(|()| t0.elapsed())
             });
-            tardi_sandbox::Sandbox::start_gated(&config, restore_start(&prep), || {
-                routed();
+            tardi_sandbox::Sandbox::start_gated(&config, restore_start(&prep), |addr| {
+                routed(addr);
                 let r = writer
                     .join()
                     .unwrap_or_else(|_| Err(std::io::Error::other("writing the pages panicked")));

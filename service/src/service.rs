@@ -7,7 +7,7 @@ use tardi_manifest::{Manifest, MountKind};
 use tardi_sandbox::{ExitInfo, Sandbox, SandboxConfig, Start};
 
 /// A service running in its sandbox on this machine. Made by [`Service::start`] or one of the
-/// restores ([`Service::restore_file`], [`Service::restore_checkpoint`],
+/// restores ([`Service::restore_file`], [`Service::restore_image`],
 /// [`Service::restore_held`]). The sandbox ends with [`Service::teardown`]; dropping a `Service`
 /// tears it down too (errors then only logged).
 pub struct Service {

@@ -401,12 +401,13 @@ pub struct ProfileArgs {
     /// End an epoch early once this many pages are dirty; 0: never [default: tardi.epoch.cap_pages].
     #[arg(long, value_name = "N")]
     pub cap_pages: Option<u64>,
-    /// A page written in this many consecutive epochs is hot (left writable); 0: no hot pages
-    /// [default: tardi.epoch.hot_epochs].
+    /// A page written in this many consecutive epochs is hot (kept out of the pre-copy; the
+    /// mprotect tracker also leaves it writable); 0: no hot pages [default: tardi.epoch.hot_epochs].
     #[arg(long, value_name = "N")]
     pub hot_epochs: Option<u32>,
-    /// How pages are encoded: xor-zstd, zstd, xdelta3 or raw.
-    #[arg(long, default_value = "xor-zstd", value_parser = crate::parse::parse_codec)]
+    /// How pages are encoded: xor-runs (the XOR with the page's last sent contents as its
+    /// changed runs; zstd for densely changed pages), xor-zstd, zstd, xdelta3 or raw.
+    #[arg(long, default_value = "xor-runs", value_parser = crate::parse::parse_codec)]
     pub codec: tardi_checkpointer::delta::Codec,
     /// Memory for twins (last sent copies of written pages) that deltas are taken against, MiB.
     #[arg(long, default_value_t = 64, value_name = "MB")]

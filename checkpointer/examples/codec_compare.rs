@@ -376,7 +376,7 @@ fn main() {
         return;
     }
 
-    let mut configs = vec![(Codec::Xdelta3, 0, true)];
+    let mut configs = vec![(Codec::Xdelta3, 0, true), (Codec::XorRuns, 1, true)];
     configs.extend(levels.iter().map(|&l| (Codec::XorZstd, l, true)));
     configs.extend(levels.iter().map(|&l| (Codec::Zstd, l, false)));
     configs.push((Codec::Raw, 0, false));

@@ -4,9 +4,14 @@
 //! pages written since the last epoch from the tracker (protecting them again in the same scan;
 //! with userfaultfd one scan over all armed ranges, plus a check of the mappings alone for
 //! armed memory that was replaced) and capture mappings that are new or replaced whole → copy
-//! the pages → call the pause hook → resume → leave hot pages unprotected (with userfaultfd
-//! after the resume; the mprotect tracker inside the pause). Encoding against the twins
-//! happens after the resume, while the service runs.
+//! the pages → call the pause hook → resume. Encoding against the twins happens after the
+//! resume, while the service runs.
+//!
+//! **Hot pages** (written in [`EpochConfig::hot_epochs`] epochs in a row) are kept out of the
+//! pre-copy: they will be written again before the pause. The mprotect tracker also leaves
+//! them writable (its write faults are signals); userfaultfd keeps them protected, because
+//! there a fault is cheaper than the TLB flush of an unprotect (see
+//! [`Tracker::hot_pages_writable`]).
 //!
 //! [`EpochStats`] splits the pause into its parts (`take_us`, `layout_us`, `meta_*_us`, ...):
 //! `bench/pause_parts.py` prints them from `bench/epochs.sh` or `tardi profile --out` output.
@@ -70,7 +75,9 @@ pub struct EpochConfig {
     pub min_interval: Duration,
     /// End the epoch early once this many pages are dirty (0: never).
     pub cap_pages: u64,
-    /// A page written in this many consecutive epochs becomes hot (0: no hot pages).
+    /// A page written in this many consecutive epochs becomes hot (0: no hot pages): kept
+    /// out of the pre-copy, and left writable by a tracker for which that pays (see the
+    /// module doc).
     pub hot_epochs: u32,
     /// A hot page turns cold with probability 1/`cold_one_in` each epoch (Tardigrade: 16).
     pub cold_one_in: u32,
@@ -102,7 +109,7 @@ impl Default for EpochConfig {
             cap_pages: 1000,
             hot_epochs: 3,
             cold_one_in: 16,
-            codec: Codec::XorZstd,
+            codec: Codec::XorRuns,
             twin_budget: 64 << 20,
             refresh_every: 100,
             encode_workers: 1,
@@ -600,8 +607,9 @@ struct EpochLoop<'p> {
     file_refs: HashMap<(String, u64), FileRef>,
     /// Hot pages found identical to their twin: cold from the next pause on.
     cool: HashSet<u64>,
-    /// Hot-page runs to leave writable after the resume ([`EpochLoop::unprotect_hot`]).
-    unprotect_after: Vec<(u64, u64)>,
+    /// Memory that held no twin after the last checkpoint (unmapped, or private file pages
+    /// not copied on write), merged and sorted.
+    void: Vec<(u64, u64)>,
     /// The last number given to a pause (to the hook): the next pause gets the one after.
     epoch: u64,
     /// The last checkpoint produced: the base of the next one (below `epoch` after a failure
@@ -787,7 +795,7 @@ impl<'p> EpochLoop<'p> {
             file_refs: HashMap::new(),
             contents: crate::track::has_contents(),
             cool: HashSet::new(),
-            unprotect_after: Vec::new(),
+            void: Vec::new(),
             epoch: 0,
             base: 0,
             last_resume: Instant::now(),
@@ -869,17 +877,30 @@ impl<'p> EpochLoop<'p> {
             Ok(stale) => stale,
             Err((_, i)) => self.armed[i..].to_vec(),
         };
-        // Hot pages stay unprotected (the scan protected them): the pause copies them.
-        let mut hot: Vec<u64> = self.hot.iter().copied().collect();
-        hot.sort_unstable();
-        for (s, e) in coalesce(&hot) {
-            let _ = self.tracker.unprotect(s, e);
+        // Hot pages will most likely be written again before the pause: not copied now. With
+        // a tracker that leaves them writable they stay so (the scan protected them), and the
+        // pause's scan reports them; otherwise they are kept for the pause to copy (`None`),
+        // written again or not.
+        let writable_hot = self.tracker.hot_pages_writable();
+        if writable_hot {
+            let mut hot: Vec<u64> = self.hot.iter().copied().collect();
+            hot.sort_unstable();
+            for (s, e) in coalesce(&hot) {
+                let _ = self.tracker.unprotect(s, e);
+            }
         }
-        let mut pages: Vec<u64> = written
+        let mut pages: Vec<u64> = Vec::new();
+        let mut hot_taken: Vec<u64> = Vec::new();
+        for a in written
             .iter()
             .flat_map(|&(s, e, _)| (s..e).step_by(PAGE as usize))
-            .filter(|a| !self.hot.contains(a))
-            .collect();
+        {
+            if !self.hot.contains(&a) {
+                pages.push(a);
+            } else if !writable_hot {
+                hot_taken.push(a);
+            }
+        }
         pages.sort_unstable();
         pages.dedup();
         let readable = |a: u64| {
@@ -907,6 +928,7 @@ impl<'p> EpochLoop<'p> {
             }
             Err(_) => fresh.pages = pages.iter().map(|&a| (a, None)).collect(),
         }
+        fresh.pages.extend(hot_taken.into_iter().map(|a| (a, None)));
         fresh.took = t.elapsed();
         fresh.stale = stale;
         // Pages left from a capture that failed: the newer copy wins.
@@ -994,7 +1016,6 @@ impl<'p> EpochLoop<'p> {
             Err(e) => {
                 drop(st); // resumes
                 self.last_resume = Instant::now();
-                self.unprotect_hot();
                 return Some(Err(self.classify(e)));
             }
         };
@@ -1020,7 +1041,6 @@ impl<'p> EpochLoop<'p> {
             }
             let _ = st.resume();
             self.last_resume = Instant::now();
-            self.unprotect_hot();
             return None;
         }
         let tr = Instant::now();
@@ -1034,19 +1054,8 @@ impl<'p> EpochLoop<'p> {
         }
         let mut c = c;
         c.parts.resume = tr.elapsed();
-        self.unprotect_hot();
         let r = self.finish(c, epoch, interval, quiesce, pause, ended_by);
         Some(self.settle(r, journal))
-    }
-
-    /// Leaves the hot pages of the last pause writable, once the service runs again (for a
-    /// tracker that allows it: [`Tracker::unprotect_while_running`]). Unprotecting only makes
-    /// more pages read as written, so doing it late is safe: a write between the resume and
-    /// here is tracked as any other. A failure leaves pages protected, which is safe too.
-    fn unprotect_hot(&mut self) {
-        for (s, e) in std::mem::take(&mut self.unprotect_after) {
-            let _ = self.tracker.unprotect(s, e);
-        }
     }
 
     /// What a pause took joins the carry (its attempt, or its finish, failed).
@@ -1339,12 +1348,8 @@ impl<'p> EpochLoop<'p> {
                 }
             }
             self.cool.clear();
-            let runs = coalesce(&hot);
-            if self.tracker.unprotect_while_running() {
-                // After the resume (see `unprotect_hot`).
-                self.unprotect_after = runs;
-            } else {
-                for (s, e) in runs {
+            if self.tracker.hot_pages_writable() {
+                for (s, e) in coalesce(&hot) {
                     self.tracker.unprotect(s, e)?;
                 }
             }
@@ -1487,7 +1492,8 @@ impl<'p> EpochLoop<'p> {
     //   was not written since, and its live contents at N are the twin. This holds for pages
     //   sent this very pause (copied in it), pre-copied ones (not written between the pre-copy
     //   and the pause, or the scan would have reported them and they would be copied in it),
-    //   hot pages (sent every epoch), and pages sent as `Same` (equal to their twin already).
+    //   hot pages (sent every epoch they are written; left writable, every epoch), and pages
+    //   sent as `Same` (equal to their twin already).
     // - The full N copies the live contents at N, in the same pause, after the tracker's
     //   commit (as the incremental's pages): for a page with a twin, the twin. All-zero
     //   anonymous pages are left out of the full, and a receiver reads a missing page as zeros,
@@ -1605,18 +1611,22 @@ impl<'p> EpochLoop<'p> {
             no_twin.extend(subtract_all(&[(v.start, v.end)], &cow));
         }
         no_twin.sort_unstable();
-        for &(s, e) in &no_twin {
-            self.twins.remove_range(s, e);
-        }
         let twin_kept = |a: u64| {
             let i = no_twin.partition_point(|r| r.1 <= a);
             no_twin.get(i).is_none_or(|r| a < r.0)
         };
+        // The same for memory unmapped since. Only what became void since the last checkpoint
+        // is cleared: void memory gets no twin, so what was void then holds none now (clearing
+        // it all every epoch cost a walk over every twin per gap between mappings).
         let mut live: Vec<(u64, u64)> = meta.vmas.iter().map(|v| (v.start, v.end)).collect();
         live.sort_unstable();
-        for (s, e) in gaps(&live) {
+        let mut void = gaps(&live);
+        void.extend_from_slice(&no_twin);
+        let void = merge(void);
+        for (s, e) in subtract_all(&void, &self.void) {
             self.twins.remove_range(s, e);
         }
+        self.void = void;
         let mut st = EpochStats {
             epoch,
             ..Default::default()

@@ -253,7 +253,9 @@ fn chains_apply_as_the_model_says() {
             assert_eq!(again.to_full().to_bytes(), img.to_full().to_bytes());
         }
     }
-    for k in ["zero", "same", "raw", "xdelta3", "xor-zstd", "zstd"] {
+    for k in [
+        "zero", "same", "raw", "xdelta3", "xor-zstd", "xor-runs", "zstd",
+    ] {
         assert!(kinds.contains(k), "the chains never use {k} pages");
     }
 }

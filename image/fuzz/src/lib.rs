@@ -78,7 +78,7 @@ pub fn run_apply(input: &[u8]) {
 /// The encoding a `page` input's tag byte picks, for `len` bytes.
 pub fn page_encoding(tag: u8, len: usize) -> PageEncoding {
     let len = len as u32;
-    match tag % 8 {
+    match tag % (4 + Codec::ALL.len() as u8) {
         0 => PageEncoding::Zero,
         1 => PageEncoding::Same,
         2 => PageEncoding::Raw,

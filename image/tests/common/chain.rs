@@ -597,6 +597,10 @@ pub fn kind_of(enc: PageEncoding) -> &'static str {
             codec: Codec::Xdelta3,
             ..
         } => "xdelta3",
+        PageEncoding::Delta {
+            codec: Codec::XorRuns,
+            ..
+        } => "xor-runs",
         PageEncoding::Delta { .. } => "xor-zstd",
         PageEncoding::Compressed { .. } => "zstd",
     }

@@ -599,8 +599,10 @@ struct EpochLoop<'p> {
     /// One set of codec contexts per encode worker.
     codecs: Vec<PageCodec>,
     twins: TwinStore,
-    streak: HashMap<u64, u32>,
-    hot: HashSet<u64>,
+    /// Pages written in the last epoch with the number of epochs in a row they were, and the
+    /// hot pages; both in address order.
+    streak: Vec<(u64, u32)>,
+    hot: Vec<u64>,
     /// What "has contents of its own" means here (see [`crate::track::has_contents`]).
     contents: u64,
     /// Identified mapped files by (path, inode).
@@ -790,8 +792,8 @@ impl<'p> EpochLoop<'p> {
             prev_maps: maps,
             cache,
             codecs: vec![codec],
-            streak: HashMap::new(),
-            hot: HashSet::new(),
+            streak: Vec::new(),
+            hot: Vec::new(),
             file_refs: HashMap::new(),
             contents: crate::track::has_contents(),
             cool: HashSet::new(),
@@ -883,9 +885,7 @@ impl<'p> EpochLoop<'p> {
         // written again or not.
         let writable_hot = self.tracker.hot_pages_writable();
         if writable_hot {
-            let mut hot: Vec<u64> = self.hot.iter().copied().collect();
-            hot.sort_unstable();
-            for (s, e) in coalesce(&hot) {
+            for (s, e) in coalesce(&self.hot) {
                 let _ = self.tracker.unprotect(s, e);
             }
         }
@@ -895,7 +895,7 @@ impl<'p> EpochLoop<'p> {
             .iter()
             .flat_map(|&(s, e, _)| (s..e).step_by(PAGE as usize))
         {
-            if !self.hot.contains(&a) {
+            if self.hot.binary_search(&a).is_err() {
                 pages.push(a);
             } else if !writable_hot {
                 hot_taken.push(a);
@@ -1327,26 +1327,30 @@ impl<'p> EpochLoop<'p> {
         written_all.sort_unstable();
         let mut hot_now = 0;
         if self.cfg.hot_epochs > 0 {
-            let mut streak = HashMap::with_capacity(written_all.len());
-            for &a in &written_all {
-                streak.insert(a, self.streak.get(&a).copied().unwrap_or(0) + 1);
-            }
-            self.streak = streak;
-            // In address order, as `written_all` is: ready to coalesce.
+            // One merge of three address-ordered lists (this epoch's pages, the last streaks,
+            // the last hot pages): no hashing of every written page inside the pause.
+            let old_streak = std::mem::take(&mut self.streak);
+            let old_hot = std::mem::take(&mut self.hot);
+            let mut streak = Vec::with_capacity(written_all.len());
             let mut hot = Vec::new();
+            let (mut si, mut hi) = (0, 0);
             for &a in &written_all {
-                let was_hot = self.hot.contains(&a);
+                si += old_streak[si..].partition_point(|s| s.0 < a);
+                let prev = old_streak.get(si).filter(|s| s.0 == a).map_or(0, |s| s.1);
+                hi += old_hot[hi..].partition_point(|&h| h < a);
+                let was_hot = old_hot.get(hi) == Some(&a);
                 let cools = was_hot
                     && (self.cool.contains(&a)
                         || self
                             .random()
                             .is_multiple_of(self.cfg.cold_one_in.max(1) as u64));
-                if cools {
-                    self.streak.insert(a, 0);
-                } else if was_hot || self.streak[&a] >= self.cfg.hot_epochs {
+                let n = if cools { 0 } else { prev + 1 };
+                if !cools && (was_hot || n >= self.cfg.hot_epochs) {
                     hot.push(a);
                 }
+                streak.push((a, n));
             }
+            self.streak = streak;
             self.cool.clear();
             if self.tracker.hot_pages_writable() {
                 for (s, e) in coalesce(&hot) {
@@ -1354,7 +1358,7 @@ impl<'p> EpochLoop<'p> {
                 }
             }
             hot_now = hot.len() as u64;
-            self.hot = hot.into_iter().collect();
+            self.hot = hot;
         }
         // The copied-on-write pages of private file mappings, sent whole every epoch: a page
         // written and then zapped (MADV_DONTNEED) reads as the file again, yet the scan does not
@@ -1676,7 +1680,7 @@ impl<'p> EpochLoop<'p> {
                     PageEncoding::Zero => st.zero_pages += 1,
                     PageEncoding::Same => {
                         st.same_pages += 1;
-                        if self.hot.contains(&addr) {
+                        if self.hot.binary_search(&addr).is_ok() {
                             self.cool.insert(addr);
                         }
                     }

@@ -24,7 +24,8 @@
 //!   before walking their page tables: with `PM_SCAN_CHECK_WPASYNC` it checks registration
 //!   at the cost of a walk of the mappings.
 //! - A get-only scan (no `PM_SCAN_WP_MATCHING`) reports all of an unregistered range as
-//!   written: the cap check ([`UffdTracker::count_written`]) stays one scan per armed range.
+//!   written, unless its query requires `PAGE_IS_WPALLOWED` (a per-mapping category): the cap
+//!   check ([`UffdTracker::count_written`]) is one such scan over all armed ranges.
 //! - Pages zapped by `MADV_DONTNEED` are reported as written.
 //! - `walk_end` is only meaningful when the output vector came back full.
 //!
@@ -548,26 +549,27 @@ impl UffdTracker {
     }
 
     /// Counts written pages in `ranges` without protecting them, stopping at `limit`.
+    ///
+    /// One scan over the span of `ranges`: requiring `PAGE_IS_WPALLOWED` makes the kernel skip
+    /// every mapping not registered for async write-protection (a per-mapping category, tested
+    /// before any page table is walked), whose pages would all read as written. Only our armed
+    /// memory is registered, so this counts the same pages as a scan per armed range, in one
+    /// system call instead of one per range (a hundred on Redis, a few times per epoch).
     pub fn count_written(&mut self, ranges: &[(u64, u64)], limit: u64) -> u64 {
+        let (Some(first), Some(last)) = (ranges.first(), ranges.last()) else {
+            return 0;
+        };
         let mut out = Vec::new();
-        let mut n = 0;
-        for &(s, e) in ranges {
-            out.clear();
-            let q = Query {
-                mask: PAGE_IS_WRITTEN,
-                ret: PAGE_IS_WRITTEN,
-                max_pages: limit - n,
-                ..Default::default()
-            };
-            if self.scan(s, e, q, &mut out).is_err() {
-                continue;
-            }
-            n += out.iter().map(|r| (r.1 - r.0) / 4096).sum::<u64>();
-            if n >= limit {
-                break;
-            }
+        let q = Query {
+            mask: PAGE_IS_WRITTEN | PAGE_IS_WPALLOWED,
+            ret: PAGE_IS_WRITTEN,
+            max_pages: limit,
+            ..Default::default()
+        };
+        if self.scan(first.0, last.1, q, &mut out).is_err() {
+            return 0;
         }
-        n
+        out.iter().map(|r| (r.1 - r.0) / 4096).sum::<u64>()
     }
 }
 
@@ -702,6 +704,10 @@ mod tests {
                 .maps()
                 .unwrap()
         };
+        // The cap check's count over the same span, B written and not registered: A's and C's
+        // pages only (without `PAGE_IS_WPALLOWED` in the query, B's would count too).
+        assert_eq!(t.count_written(&[a, c, bb], 100), 2);
+        assert_eq!(t.count_written(&[a, c, bb], 1), 1, "the limit");
         // One scan over A, the gap, C and B: only A's and C's written pages, no error.
         let mut out = Vec::new();
         let q = Query {

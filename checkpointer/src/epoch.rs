@@ -1534,8 +1534,8 @@ impl<'p> EpochLoop<'p> {
             write_faults,
             pre,
             cow,
-            mut runs,
-            mut data,
+            runs,
+            data,
             files,
             fresh,
             dirty,
@@ -1583,20 +1583,14 @@ impl<'p> EpochLoop<'p> {
                 data,
             }
         });
+        // The pre-copied pages are encoded from the pre-copy's buffer where they are (moving
+        // them next to the pause's pages cost a pass over memory as long as the encoding).
         let (mut precopy_pages, mut precopy_time) = (0, Duration::ZERO);
+        let (mut pre_list, mut pre_data) = (Vec::new(), Vec::new());
         if let Some((pages, pre)) = pre {
             precopy_pages = pre.pages.len() as u64;
             precopy_time = pre.took;
-            data.reserve(pages.len() * PAGE as usize);
-            for (a, o) in pages {
-                runs.push(PageRun {
-                    addr: a,
-                    len: PAGE,
-                    data_off: data.len() as u64,
-                });
-                data.extend_from_slice(&pre.data[o..o + PAGE as usize]);
-            }
-            self.prebuf = pre.data;
+            (pre_list, pre_data) = (pages, pre.data);
         }
         // Twins of memory that is gone or replaced are void on the receiver too.
         for &(s, e) in &fresh {
@@ -1637,12 +1631,20 @@ impl<'p> EpochLoop<'p> {
         };
         // Encode against the twins (read-only meanwhile), on `encode_workers` threads, each with
         // its own codec contexts; then stitch the parts and update the twins in order.
-        let list: Vec<(u64, usize)> = runs
+        let (d, pd) = (&data, &pre_data);
+        let list: Vec<(u64, &[u8])> = runs
             .iter()
             .flat_map(|r| {
-                (0..r.len / PAGE)
-                    .map(move |p| (r.addr + p * PAGE, (r.data_off + p * PAGE) as usize))
+                (0..r.len / PAGE).map(move |p| {
+                    let o = (r.data_off + p * PAGE) as usize;
+                    (r.addr + p * PAGE, &d[o..o + PAGE as usize])
+                })
             })
+            .chain(
+                pre_list
+                    .iter()
+                    .map(|&(a, o)| (a, &pd[o..o + PAGE as usize])),
+            )
             .collect();
         // (The codecs for every worker were made above.)
         let workers = self.cfg.encode_workers.clamp(1, list.len().max(1));
@@ -1650,17 +1652,14 @@ impl<'p> EpochLoop<'p> {
         let twins = &self.twins;
         let chunk = list.len().div_ceil(workers).max(1);
         let parts: Vec<Encoded> = if workers == 1 {
-            vec![encode_part(&mut self.codecs[0], kind, twins, &data, &list)]
+            vec![encode_part(&mut self.codecs[0], kind, twins, &list)]
         } else {
             std::thread::scope(|sc| {
                 let handles: Vec<_> = self
                     .codecs
                     .iter_mut()
                     .zip(list.chunks(chunk))
-                    .map(|(codec, part)| {
-                        let data = &data;
-                        sc.spawn(move || encode_part(codec, kind, twins, data, part))
-                    })
+                    .map(|(codec, part)| sc.spawn(move || encode_part(codec, kind, twins, part)))
                     .collect();
                 handles
                     .into_iter()
@@ -1675,7 +1674,7 @@ impl<'p> EpochLoop<'p> {
             let base = out.len() as u64;
             out.extend_from_slice(&bytes);
             for (addr, enc, off) in encs {
-                let &(_, data_off) = next.next().expect("one encoding per page");
+                let &(_, page) = next.next().expect("one encoding per page");
                 match enc {
                     PageEncoding::Zero => st.zero_pages += 1,
                     PageEncoding::Same => {
@@ -1689,8 +1688,7 @@ impl<'p> EpochLoop<'p> {
                     PageEncoding::Compressed { .. } => st.compressed_pages += 1,
                 }
                 if enc != PageEncoding::Same && twin_kept(addr) {
-                    self.twins
-                        .put(addr, epoch, &data[data_off..data_off + PAGE as usize]);
+                    self.twins.put(addr, epoch, page);
                 }
                 pages.push(EncodedPage {
                     addr,
@@ -1699,7 +1697,9 @@ impl<'p> EpochLoop<'p> {
                 });
             }
         }
+        drop(list);
         self.buf = data;
+        self.prebuf = pre_data;
         let base = self.base;
         self.base = epoch;
         meta.base_epoch = Some(base);
@@ -1762,18 +1762,16 @@ impl<'p> EpochLoop<'p> {
 /// One worker's output: its bytes, and (address, encoding, offset in those bytes) per page.
 type Encoded = (Vec<u8>, Vec<(u64, PageEncoding, u64)>);
 
-/// Encodes the pages `part` ((address, offset in `data`)) against their twins.
+/// Encodes the pages `part` ((address, contents)) against their twins.
 fn encode_part(
     codec: &mut PageCodec,
     kind: Codec,
     twins: &TwinStore,
-    data: &[u8],
-    part: &[(u64, usize)],
+    part: &[(u64, &[u8])],
 ) -> Encoded {
     let mut out = Vec::with_capacity(part.len() * 64);
     let mut encs = Vec::with_capacity(part.len());
-    for &(addr, off) in part {
-        let page = &data[off..off + PAGE as usize];
+    for &(addr, page) in part {
         let at = out.len() as u64;
         let enc = codec.encode_page(kind, twins.get(addr), page, &mut out);
         encs.push((addr, enc, at));

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Median (p99 for the pause) of the pause and each of its parts, per case, from the per-epoch
 JSON lines of bench/epochs.sh (bench/out/epochs-STAMP.jsonl) or from `tardi profile --out DIR`'s
-epochs.json. Usage: bench/pause_parts.py FILE..."""
+epochs.json. Usage: bench/pause_parts.py [--json] FILE...
+With --json, one JSON object per case instead of a table: pause_p50_us, pause_p99_us,
+epochs_per_s (from time_us, when the epochs carry it), dirty_p50 and the median of each part."""
 import json, sys
 
 PARTS = ["quiesce_us", "take_us", "precheck_us", "hot_us", "cow_us", "scan_us", "copy_us", "layout_us", "meta_checks_us",
@@ -28,7 +30,17 @@ def report(case, eps):
     print("|" + "---:|" * len(cols))
     print("| " + " | ".join(str(int(v)) for _, v in cols) + " |")
 
-for path in sys.argv[1:]:
+def summary(eps):
+    g = lambda k: [e.get(k, 0) or 0 for e in eps]
+    out = {"epochs": len(eps), "pause_p50_us": pct(g("pause_us"), .5), "pause_p99_us": pct(g("pause_us"), .99),
+           "dirty_p50": pct(g("dirty_pages"), .5)}
+    t = [e["time_us"] for e in eps if "time_us" in e]
+    out["epochs_per_s"] = (len(t) - 1) / ((max(t) - min(t)) / 1e6) if len(t) > 1 and max(t) > min(t) else 0
+    out.update({k[:-3] + "_p50_us": pct(g(k), .5) for k in PARTS})
+    return out
+
+as_json = sys.argv[1:2] == ["--json"]
+for path in sys.argv[1 + as_json:]:
     text = open(path).read().strip()
     cases = {}
     if text.startswith("["):
@@ -44,4 +56,7 @@ for path in sys.argv[1:]:
             if "stats" in o and "case" in o:
                 cases.setdefault(o["case"], []).append(o["stats"])
     for c, eps in cases.items():
-        report(c, eps)
+        if as_json:
+            print(json.dumps(summary(eps)))
+        else:
+            report(c, eps)

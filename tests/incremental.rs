@@ -508,9 +508,6 @@ fn full_checkpoint_mid_stream_statemachine_mprotect() {
 /// the loop can fail after the scan: the chain, and the images from the fulls, stay equal to
 /// the live process.
 #[test]
-#[ignore = "known bug, open: after injected failures (AfterResume, then AfterCopy) the chain \
-            sometimes misses a write to a copied-on-write page of a private file mapping \
-            (2 failures in 9 runs on 2026-11-25); run with --ignored"]
 fn full_checkpoint_mid_stream_and_failures_churn_uffd() {
     let (_scratch, run, _name) = churn_run("fullchurn", "loader.env.CHURN_MREMAP_SKIP = \"2\"");
     let cfg = EpochConfig {
@@ -531,6 +528,71 @@ fn full_checkpoint_mid_stream_and_failures_churn_uffd() {
     };
     chain_with(run.pid, cfg, 160, 20, &extra);
     run.stop();
+}
+
+/// A hot page must not lose a write when the hot page before it is replaced. Hot pages are left
+/// writable; the pre-copy's scan reports them as written and protects them again, then leaves
+/// them writable once more for the pause to take. Unprotecting a run of hot pages stops at the
+/// first mapping in it that is not registered (one that replaced armed memory since the last
+/// pause): a hot page after it stays protected, and a write the pre-copy's scan took from it
+/// was lost unless written again before the pause. `hotpair` makes exactly that: its pages A
+/// (anonymous) and B (a private file mapping, copied on write) side by side, both hot; then A
+/// is replaced and B written once more, and the pause right after must hold B's write.
+#[test]
+fn hot_page_after_a_replaced_one_keeps_its_write() {
+    use std::io::{BufRead, Read, Write};
+    let bin = programs::build("hotpair");
+    let scratch = Scratch::new("hotpair");
+    let mut child = std::process::Command::new(&bin)
+        .arg(scratch.0.join("pair.dat"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn hotpair");
+    let pid = child.id() as i32;
+    let mut input = child.stdin.take().unwrap();
+    let mut output = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    output.read_line(&mut line).unwrap();
+    let a = u64::from_str_radix(line.trim(), 16).expect("hotpair prints its address");
+    let mut step = |c: u8| {
+        input.write_all(&[c]).unwrap();
+        let mut k = [0u8];
+        output.read_exact(&mut k).unwrap();
+        assert_eq!(&k, b"k", "hotpair's answer to {:?}", c as char);
+    };
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(1),
+        hot_epochs: 3,
+        // Hot pages stay hot (no random cooling) for the whole test.
+        cold_one_in: u32::MAX,
+        ..Default::default()
+    };
+    let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
+    let mut image = Image::from_full(&roundtrip(&full)).unwrap();
+    let mut hot = 0;
+    for i in 0..5 {
+        step(b'w');
+        let (ck, st) = ep.next().unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        image.apply(&roundtrip(&ck)).unwrap();
+        hot = st.hot_pages;
+    }
+    assert!(hot >= 2, "A and B should be hot by now ({hot} hot pages)");
+    step(b'r');
+    step(b'b');
+    let (ck, _) = ep.next_held().expect("the epoch after the replacement");
+    image.apply(&roundtrip(&ck)).unwrap();
+    let diffs = compare_live(pid, &image, 20).unwrap();
+    ep.release();
+    ep.stop();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        diffs.is_empty(),
+        "the image differs from the live process (A at {a:#x}, B at {:#x}):\n{}",
+        a + 4096,
+        diffs.join("\n")
+    );
 }
 
 /// Failures after the tracker handed the written pages over (inside the pause, after the copy,

@@ -658,7 +658,7 @@ impl Carry {
 }
 
 /// What a pre-copy took: written pages with the offset of their contents in `data` (`None`:
-/// the copy failed, the pause must copy the page).
+/// not copied, a hot page or a failed copy: the pause must copy the page).
 #[derive(Default)]
 struct Precopy {
     pages: Vec<(u64, Option<usize>)>,
@@ -867,8 +867,9 @@ impl<'p> EpochLoop<'p> {
     /// Dirty-page pre-copy (see [`EpochConfig::precopy`]): takes the written pages of every
     /// armed range, which protects them again, and copies them while the service runs. A page
     /// written after that is reported again by the pause's scan and copied there; the others
-    /// still hold what was copied here. Nothing taken here may be lost: pages whose copy failed
-    /// are kept for the pause to copy, and a capture that fails keeps them for the next one.
+    /// still hold what was copied here. Nothing taken here may be lost: pages it does not copy
+    /// (hot ones, failed copies) are kept for the pause to copy, and a capture that fails keeps
+    /// them for the next one.
     fn precopy(&mut self) {
         let t = Instant::now();
         let mut written = Vec::new();
@@ -879,30 +880,26 @@ impl<'p> EpochLoop<'p> {
             Ok(stale) => stale,
             Err((_, i)) => self.armed[i..].to_vec(),
         };
-        // Hot pages will most likely be written again before the pause: not copied now. With
-        // a tracker that leaves them writable they stay so (the scan protected them), and the
-        // pause's scan reports them; otherwise they are kept for the pause to copy (`None`),
-        // written again or not.
-        let writable_hot = self.tracker.hot_pages_writable();
-        if writable_hot {
+        // Hot pages will most likely be written again before the pause: not copied here. Those
+        // this scan took are kept all the same, as pages the pause must copy (`None`), written
+        // again or not. With a tracker that leaves hot pages writable they are unprotected again
+        // (the scan protected them), but that need not reach them all: UFFDIO_WRITEPROTECT
+        // stops (ENOENT) at the first mapping of a run that is not registered, such as one that
+        // replaced armed memory since the last pause, and the hot pages after it in the run stay
+        // protected: the pause's scan would not report the writes this scan took from them.
+        if self.tracker.hot_pages_writable() {
             for (s, e) in coalesce(&self.hot) {
                 let _ = self.tracker.unprotect(s, e);
             }
         }
-        let mut pages: Vec<u64> = Vec::new();
-        let mut hot_taken: Vec<u64> = Vec::new();
-        for a in written
+        let (mut pages, mut hot_taken): (Vec<u64>, Vec<u64>) = written
             .iter()
             .flat_map(|&(s, e, _)| (s..e).step_by(PAGE as usize))
-        {
-            if self.hot.binary_search(&a).is_err() {
-                pages.push(a);
-            } else if !writable_hot {
-                hot_taken.push(a);
-            }
-        }
+            .partition(|a| self.hot.binary_search(a).is_err());
         pages.sort_unstable();
         pages.dedup();
+        hot_taken.sort_unstable();
+        hot_taken.dedup();
         let readable = |a: u64| {
             self.prev_maps
                 .iter()
@@ -929,6 +926,7 @@ impl<'p> EpochLoop<'p> {
             Err(_) => fresh.pages = pages.iter().map(|&a| (a, None)).collect(),
         }
         fresh.pages.extend(hot_taken.into_iter().map(|a| (a, None)));
+        fresh.pages.sort_unstable_by_key(|p| p.0);
         fresh.took = t.elapsed();
         fresh.stale = stale;
         // Pages left from a capture that failed: the newer copy wins.
@@ -1259,8 +1257,8 @@ impl<'p> EpochLoop<'p> {
         dirty.sort_unstable();
         dirty.dedup();
         // Pages the pre-copy took: written this epoch too. Those copied then and not written
-        // since (not in `dirty`) keep that copy; those whose copy failed are copied now. Pages
-        // of fresh ranges are captured with their range.
+        // since (not in `dirty`) keep that copy; those it did not copy (hot pages, failed
+        // copies) are copied now. Pages of fresh ranges are captured with their range.
         let tp = Instant::now();
         let mut pre_copied: Vec<(u64, usize)> = Vec::new();
         if let Some(pre) = &self.pre {
@@ -1588,7 +1586,7 @@ impl<'p> EpochLoop<'p> {
         let (mut precopy_pages, mut precopy_time) = (0, Duration::ZERO);
         let (mut pre_list, mut pre_data) = (Vec::new(), Vec::new());
         if let Some((pages, pre)) = pre {
-            precopy_pages = pre.pages.len() as u64;
+            precopy_pages = pre.pages.iter().filter(|p| p.1.is_some()).count() as u64;
             precopy_time = pre.took;
             (pre_list, pre_data) = (pages, pre.data);
         }

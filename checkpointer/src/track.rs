@@ -28,6 +28,10 @@
 //!   check ([`UffdTracker::count_written`]) is one such scan over all armed ranges.
 //! - Pages zapped by `MADV_DONTNEED` are reported as written.
 //! - `walk_end` is only meaningful when the output vector came back full.
+//! - `UFFDIO_WRITEPROTECT` over a range stops with `ENOENT` at the first mapping in it that is
+//!   not registered (one that replaced armed memory, say): the mappings after it are left as
+//!   they were. An unprotect that fails leaves pages protected (checked by the test
+//!   `hot_page_after_a_replaced_one_keeps_its_write` in `tests/incremental.rs`).
 //!
 
 pub mod mprotect;

@@ -7,7 +7,8 @@
 //! has no memtier_benchmark, and memcslap reports no latency.
 //!
 //! Usage: `kv_load --addr IP:PORT [--test set|get] [--conns 50] [--seconds 5] [--keys 100000]
-//! [--size 64]`. A `get` run first stores every key it asks for (untimed).
+//! [--size 64]`. A `get` run first stores every key it asks for (untimed); every run sends for
+//! one second untimed before the measured seconds.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -57,8 +58,9 @@ fn opts() -> Opts {
     o
 }
 
-/// One connection: requests until `until`; latencies in µs and the error count.
-fn client(o: &Opts, seed: u64, until: Instant, timed: bool) -> std::io::Result<(Vec<u32>, u64)> {
+/// One connection: requests until `until`, latencies (µs) of those sent from `from` on (the
+/// time before warms the service and the connections up), and the error count.
+fn client(o: &Opts, seed: u64, from: Instant, until: Instant) -> std::io::Result<(Vec<u32>, u64)> {
     let s = TcpStream::connect_timeout(&o.addr, Duration::from_secs(5))?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -77,7 +79,7 @@ fn client(o: &Opts, seed: u64, until: Instant, timed: bool) -> std::io::Result<(
         rng ^= rng << 17;
         let key = rng % o.keys;
         req.clear();
-        let get = timed && o.test == "get";
+        let get = o.test == "get";
         if get {
             write!(req, "get key:{key}\r\n")?;
         } else {
@@ -103,7 +105,7 @@ fn client(o: &Opts, seed: u64, until: Instant, timed: bool) -> std::io::Result<(
             }
             break;
         }
-        if timed {
+        if t >= from {
             lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
         }
     }
@@ -125,8 +127,13 @@ fn main() {
                     let mut r = BufReader::new(s);
                     let mut line = String::new();
                     for k in c * per..((c + 1) * per).min(o.keys) {
-                        write!(w, "set key:{k} 0 0 {}\r\n{}\r\n", o.size, "x".repeat(o.size))
-                            .expect("write");
+                        write!(
+                            w,
+                            "set key:{k} 0 0 {}\r\n{}\r\n",
+                            o.size,
+                            "x".repeat(o.size)
+                        )
+                        .expect("write");
                         line.clear();
                         r.read_line(&mut line).expect("read");
                     }
@@ -134,18 +141,21 @@ fn main() {
             }
         });
     }
-    let start = Instant::now();
+    // One second of warm-up, then the measured `--seconds`.
+    let start = Instant::now() + Duration::from_secs(1);
     let until = start + Duration::from_secs_f64(o.seconds);
     let results: Vec<_> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..o.conns as u64)
             .map(|c| {
                 let o = &o;
-                sc.spawn(move || client(o, 0x9E37_79B9_7F4A_7C15 ^ (c + 1) * 7919, until, true))
+                sc.spawn(move || client(o, 0x9E37_79B9_7F4A_7C15 ^ ((c + 1) * 7919), start, until))
             })
             .collect();
-        hs.into_iter().map(|h| h.join().expect("client thread")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("client thread"))
+            .collect()
     });
-    let took = start.elapsed().as_secs_f64();
+    let took = until.duration_since(start).as_secs_f64();
     let mut lat = Vec::new();
     let mut errors = 0;
     for r in results {

@@ -972,3 +972,106 @@ fn full_pause_length() {
     report("redis, 100,000 keys", run.pid);
     run.stop();
 }
+
+/// Descriptors between pauses (the eBPF count of descriptor calls, `tardi_checkpointer::syscount`):
+/// a pause after which the process made no such call takes its descriptors from the last one;
+/// any call (open, close, dup, a flag change, an epoll registration, a socket that starts
+/// listening) makes the next pause read them all again. After every step the held epoch's
+/// descriptors must equal a full read of the held process, and steps without calls must have
+/// reused them (a loop that always reads, or never notices, fails here).
+#[test]
+fn descriptors_are_read_again_exactly_when_the_process_changed_them() {
+    use std::io::{BufRead, Write};
+    const SCRIPT: &str = r#"
+import fcntl, os, select, socket, sys
+ep = select.epoll()
+fds, socks = [], []
+out = sys.stdout
+out.write("ready\n"); out.flush()
+for line in sys.stdin:
+    c = line.strip()
+    if c == "open":
+        fds.append(os.open("/dev/null", os.O_RDONLY))
+    elif c == "close":
+        os.close(fds.pop())
+    elif c == "dup":
+        fds.append(os.dup(fds[-1]))
+    elif c == "nonblock":
+        fl = fcntl.fcntl(fds[-1], fcntl.F_GETFL)
+        fcntl.fcntl(fds[-1], fcntl.F_SETFL, fl ^ os.O_NONBLOCK)
+    elif c == "epoll":
+        r, w = os.pipe()
+        fds += [r, w]
+        ep.register(r, select.EPOLLIN)
+    elif c == "listen":
+        s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); socks.append(s)
+    out.write("k\n"); out.flush()
+"#;
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", SCRIPT])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn python3");
+    let pid = child.id() as i32;
+    let mut input = child.stdin.take().unwrap();
+    let mut output = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    output.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let mut step = |c: &str| {
+        writeln!(input, "{c}").unwrap();
+        line.clear();
+        output.read_line(&mut line).unwrap();
+        assert_eq!(line, "k\n", "the script's answer to {c}");
+    };
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(2),
+        ..Default::default()
+    };
+    let (mut ep, _, _) = Epochs::start(pid, cfg).expect("start epochs");
+    let full_read = || {
+        tardi_checkpointer::procfs::in_view(pid, |p| {
+            tardi_checkpointer::fds::capture(p, None, false)
+        })
+        .unwrap()
+        .unwrap()
+    };
+    let (mut reused, mut read) = (0, 0);
+    let script = [
+        "nop", "open", "nop", "dup", "nop", "nonblock", "nop", "epoll", "nop", "listen", "nop",
+        "close", "nop", "nonblock", "nop",
+    ];
+    for (i, c) in script.iter().enumerate() {
+        step(c);
+        // Two pauses per step: the first sees the step's calls (if any), the second none.
+        for k in 0..2 {
+            let (ck, st) = ep
+                .next_held()
+                .unwrap_or_else(|e| panic!("step {i} ({c}): {e}"));
+            let want = full_read();
+            assert_eq!(
+                format!("{:?}", ck.image.fds),
+                format!("{want:?}"),
+                "step {i} ({c}), pause {k}: descriptors differ from a full read (reused: {})",
+                st.fds_reused
+            );
+            if k == 0 && *c != "nop" {
+                assert!(!st.fds_reused, "step {i} ({c}): its calls went unnoticed");
+            }
+            if st.fds_reused {
+                reused += 1;
+            } else {
+                read += 1;
+            }
+            ep.release();
+        }
+    }
+    ep.stop();
+    drop(input);
+    let _ = child.wait();
+    assert!(
+        reused >= script.len(),
+        "too few pauses reused the descriptors ({reused} reused, {read} read): the count is not in effect"
+    );
+}

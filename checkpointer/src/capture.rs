@@ -302,7 +302,11 @@ pub struct MetaCache {
     heap_end: Option<u64>,
     brk: u64,
     rlimits: Option<Vec<(u32, u64, u64)>>,
-    sockets: fds::SocketCache,
+    fds: fds::FdCache,
+    /// Counts the process's descriptor calls ([`crate::syscount::DESCRIPTOR_CALLS`]); with the
+    /// count at the last descriptor capture. Unset: every capture reads every descriptor.
+    pub(crate) fd_calls: Option<crate::syscount::SyscallCounter>,
+    fd_calls_seen: Option<u64>,
     /// Host TID → (TID in the sandbox, name).
     names: HashMap<Pid, (Pid, String)>,
     auxv: Option<Vec<u64>>,
@@ -327,6 +331,8 @@ pub(crate) struct MetaTimes {
     pub fds: Duration,
     /// Credentials and the final pending-signal check.
     pub pending: Duration,
+    /// The descriptors were taken from the last capture (no descriptor call since).
+    pub fds_reused: bool,
 }
 
 fn capture_stopped(
@@ -477,7 +483,7 @@ pub(crate) fn capture_meta(
     let exe_path = proc.read_link("exe").map_err(proc_err(pid, "exe"))?;
     if refresh {
         cache.rlimits = None;
-        cache.sockets.clear();
+        cache.fds.clear();
     }
     let rlimits = match &cache.rlimits {
         Some(r) => r.clone(),
@@ -488,7 +494,11 @@ pub(crate) fn capture_meta(
         }
     };
     let t3 = Instant::now();
-    let fds = fds::capture(proc, Some(&mut cache.sockets))?;
+    // The process is stopped: no call can be entered between this reading and the capture.
+    let calls = cache.fd_calls.as_ref().map(|c| c.count());
+    let unchanged = !refresh && calls.is_some() && calls == cache.fd_calls_seen;
+    let fds = fds::capture(proc, Some(&mut cache.fds), unchanged)?;
+    cache.fd_calls_seen = calls;
     let t4 = Instant::now();
     let creds = crate::creds::capture(proc, st, maps, &status, &mut cache.creds, refresh)?;
     // Last: a signal that arrived during an injected call was raised again and is pending now.
@@ -499,6 +509,7 @@ pub(crate) fn capture_meta(
         process: t3 - t2,
         fds: t4 - t3,
         pending: t4.elapsed(),
+        fds_reused: unchanged,
     };
     Ok(ProcessImage {
         pid: threads[0].tid,

@@ -157,6 +157,9 @@ pub struct EpochStats {
     pub meta_pending_us: u64,
     pub walk_us: u64,
     pub resume_us: u64,
+    /// The descriptors were not read again: the process made no descriptor call since the
+    /// last pause (counted by eBPF: see [`crate::syscount`]).
+    pub fds_reused: bool,
     /// Parts of `scan_us`: taking the written pages of the armed ranges; checking that the
     /// pre-copied pages are still there; hot-page bookkeeping (unprotecting them); the
     /// copied-on-write list of private file mappings.
@@ -699,6 +702,12 @@ impl<'p> EpochLoop<'p> {
             Vec::new()
         };
         let mut hook = hooks.on_pause;
+        // Before the pause (loading the program takes a while): without it, every pause reads
+        // every descriptor.
+        let mut fd_calls =
+            crate::syscount::SyscallCounter::new(pid, crate::syscount::DESCRIPTOR_CALLS)
+                .inspect_err(|e| tracing::debug!("descriptors read every pause: {e}"))
+                .ok();
         let t0 = Instant::now();
         let mut st = Stopped::stop(proc)
             .map_err(CaptureError::from)
@@ -712,6 +721,7 @@ impl<'p> EpochLoop<'p> {
         let r = (|| -> Result<_> {
             let maps = proc.smaps().map_err(proc_err(pid, "smaps"))?;
             let mut cache = MetaCache::default();
+            cache.fd_calls = fd_calls.take();
             let (mut tracker, maps): (Box<dyn Tracker>, _) = match cfg.tracker {
                 TrackerKind::Uffd => (Box::new(UffdTracker::new(&mut st, &maps, pagemap)?), maps),
                 TrackerKind::Mprotect => {
@@ -1715,6 +1725,7 @@ impl<'p> EpochLoop<'p> {
         st.meta_threads_us = us(pp.meta.threads);
         st.meta_process_us = us(pp.meta.process);
         st.meta_fds_us = us(pp.meta.fds);
+        st.fds_reused = pp.meta.fds_reused;
         st.meta_pending_us = us(pp.meta.pending);
         st.walk_us = us(pp.walk);
         st.resume_us = us(pp.resume);

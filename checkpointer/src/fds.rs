@@ -32,32 +32,79 @@ fn perr(pid: Pid, what: String) -> impl FnOnce(io::Error) -> CaptureError {
 /// connection, where they hardly matter), so its `fdinfo` is not read again either.
 pub type SocketCache = HashMap<String, (SocketImage, bool, i32)>;
 
-/// Captures every descriptor of the (stopped) process. Run inside [`crate::procfs::in_view`] so
-/// that paths read as the process sees them. `sockets`, when given, is consulted and updated.
-pub fn capture(proc: &Proc, mut sockets: Option<&mut SocketCache>) -> Result<Vec<FdImage>> {
-    let pid = proc.pid;
-    let mut numbers: Vec<i32> = proc
-        .list("fd")
-        .map_err(perr(pid, "fd table".into()))?
-        .iter()
-        .filter_map(|n| n.parse().ok())
-        .collect();
-    numbers.sort_unstable();
-    let mut links = Vec::with_capacity(numbers.len());
-    for fd in numbers {
-        match proc.read_link(&format!("fd/{fd}")) {
-            Ok(l) => links.push((fd, l)),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {} // closed meanwhile
-            Err(e) => return Err(perr(pid, format!("fd {fd}"))(e)),
-        }
+/// What one capture learnt that the next can reuse (see [`capture`]).
+#[derive(Debug, Default)]
+pub struct FdCache {
+    pub sockets: SocketCache,
+    /// The descriptor numbers and their links, as last read.
+    links: Option<Vec<(i32, String)>>,
+    /// Descriptors that change only through system calls of the process that a
+    /// [`crate::syscount::SyscallCounter`] over [`crate::syscount::DESCRIPTOR_CALLS`] counts
+    /// (epoll instances: `epoll_ctl`; signal descriptors: `signalfd`), by link.
+    stable: HashMap<String, FdImage>,
+}
+
+impl FdCache {
+    /// Forgets everything (the next capture reads it all).
+    pub fn clear(&mut self) {
+        *self = FdCache::default();
     }
+}
+
+/// Captures every descriptor of the (stopped) process. Run inside [`crate::procfs::in_view`] so
+/// that paths read as the process sees them. `cache`, when given, is consulted and updated.
+///
+/// With `unchanged` (the caller knows that the process made none of the calls in
+/// [`crate::syscount::DESCRIPTOR_CALLS`] since the capture that last filled `cache`), the
+/// table is not read again (no `readlink` per descriptor), and the descriptors that change only
+/// through those calls (sockets that are listening or connected over TCP, epoll instances,
+/// signal descriptors) are taken from the cache, flags included. The others (files: their
+/// offset; pipes: their contents; eventfds and timers: their values; unix sockets: their
+/// queues) are read as always.
+pub fn capture(
+    proc: &Proc,
+    mut cache: Option<&mut FdCache>,
+    unchanged: bool,
+) -> Result<Vec<FdImage>> {
+    let pid = proc.pid;
+    let known = cache
+        .as_deref()
+        .filter(|_| unchanged)
+        .and_then(|c| c.links.clone());
+    let links = match known {
+        Some(l) => l,
+        None => {
+            let l = read_links(proc)?;
+            if let Some(c) = cache.as_deref_mut() {
+                c.links = Some(l.clone());
+            }
+            l
+        }
+    };
+    let (mut sockets, mut stable) = match cache {
+        Some(c) => (Some(&mut c.sockets), Some(&mut c.stable)),
+        None => (None, None),
+    };
     let pidfd = sys::pidfd_open(pid).map_err(perr(pid, "pidfd".into()))?;
     let mut pipes = HashSet::new();
     let mut diags = None;
     let mut out = Vec::with_capacity(links.len());
     for (fd, link) in &links {
         let (fd, link) = (*fd, link.as_str());
+        if unchanged && let Some(img) = stable.as_deref().and_then(|c| c.get(link)) {
+            out.push(FdImage { fd, ..img.clone() });
+            continue;
+        }
         let cached = match sockets.as_deref().and_then(|c| c.get(link)).cloned() {
+            Some((s, cloexec, flags)) if unchanged => {
+                out.push(FdImage {
+                    fd,
+                    cloexec,
+                    flags,
+                    kind: FdKind::Socket(s),
+                });
+                continue;
+            }
             Some((s, cloexec, flags)) if s.state == SocketState::ConnectedTcp => {
                 out.push(FdImage {
                     fd,
@@ -88,20 +135,53 @@ pub fn capture(proc: &Proc, mut sockets: Option<&mut SocketCache>) -> Result<Vec
         {
             cache.insert(link.to_string(), (s.clone(), cloexec, flags));
         }
-        out.push(FdImage {
+        let img = FdImage {
             fd,
             cloexec,
             flags,
             kind,
-        });
+        };
+        if let Some(c) = stable.as_deref_mut()
+            && matches!(img.kind, FdKind::Epoll { .. } | FdKind::SignalFd { .. })
+        {
+            c.insert(link.to_string(), img.clone());
+        }
+        out.push(img);
     }
-    if let Some(cache) = sockets {
-        cache.retain(|l, _| links.iter().any(|(_, x)| x == l));
+    if !unchanged {
+        let live: HashSet<&str> = links.iter().map(|(_, l)| l.as_str()).collect();
+        if let Some(cache) = sockets {
+            cache.retain(|l, _| live.contains(l.as_str()));
+        }
+        if let Some(c) = stable {
+            c.retain(|l, _| live.contains(l.as_str()));
+        }
     }
     if let Some(d) = &diags {
         crate::unix::check_image(&out, d)?;
     }
     Ok(out)
+}
+
+/// The descriptor numbers of the process, in order, with their `/proc/PID/fd` links.
+fn read_links(proc: &Proc) -> Result<Vec<(i32, String)>> {
+    let pid = proc.pid;
+    let mut numbers: Vec<i32> = proc
+        .list("fd")
+        .map_err(perr(pid, "fd table".into()))?
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    numbers.sort_unstable();
+    let mut links = Vec::with_capacity(numbers.len());
+    for fd in numbers {
+        match proc.read_link(&format!("fd/{fd}")) {
+            Ok(l) => links.push((fd, l)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {} // closed meanwhile
+            Err(e) => return Err(perr(pid, format!("fd {fd}"))(e)),
+        }
+    }
+    Ok(links)
 }
 
 #[allow(clippy::too_many_arguments)]

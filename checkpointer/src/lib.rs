@@ -4,7 +4,8 @@
 //! Owns: quiescence (ptrace), reading memory, threads and descriptors from outside, the
 //! restore plan and the freestanding restorer (`restorer/`), write tracking ([`track`]:
 //! userfaultfd, or mprotect through the freestanding agent `agent/` that [`agent`] loads into
-//! the process) and the epoch loop ([`epoch`]).
+//! the process), the epoch loop ([`epoch`]) and its eBPF count of the process's descriptor
+//! calls ([`syscount`]).
 //! Must not touch: namespaces, mounts, networking, manifests (that is `tardi-sandbox`), or
 //! anything about replication: a checkpoint is bytes with an epoch number, and restore takes
 //! bytes.
@@ -28,6 +29,7 @@ pub mod procfs;
 pub mod ptrace;
 pub mod restore;
 pub mod sys;
+pub mod syscount;
 pub mod track;
 pub mod unix;
 pub mod verify;

@@ -206,12 +206,15 @@ impl Stopped {
             proc_dir: proc.dir_fd().map_err(op("dup /proc dir", pid))?,
             _not_send: PhantomData,
         };
+        // Threads found gone (exited, or zombies: a leader that called pthread_exit stays one
+        // while the other threads run): listed by `/proc/PID/task` still, never new again.
+        let mut gone: Vec<Pid> = Vec::new();
         loop {
             let now = proc.tids().map_err(op("list threads", pid))?;
             let new: Vec<Pid> = now
                 .iter()
                 .copied()
-                .filter(|t| !st.tids.contains(t))
+                .filter(|t| !st.tids.contains(t) && !gone.contains(t))
                 .collect();
             if new.is_empty() {
                 break;
@@ -222,11 +225,11 @@ impl Stopped {
                     .and_then(|_| unsafe { ptrace(PTRACE_INTERRUPT, tid, 0, 0) });
                 match r {
                     Ok(_) => st.tids.push(tid),
-                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue, // just exited
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => gone.push(tid), // exited
                     // A thread that has exited but is not reaped yet (a zombie) refuses to be
                     // traced with EPERM: it is gone as far as the process's state goes.
                     Err(e) if e.raw_os_error() == Some(libc::EPERM) && exited(proc, tid) => {
-                        continue;
+                        gone.push(tid);
                     }
                     Err(e) => {
                         return Err(PtraceError::Op {
@@ -245,7 +248,10 @@ impl Stopped {
                     Ok(()) => {}
                     // A thread that exits while we stop the others is simply gone; only the
                     // leader's exit ends the process.
-                    Err(PtraceError::Exited { tid }) if tid != pid => st.tids.retain(|&t| t != tid),
+                    Err(PtraceError::Exited { tid }) if tid != pid => {
+                        st.tids.retain(|&t| t != tid);
+                        gone.push(tid);
+                    }
                     Err(e) => return Err(e),
                 }
             }

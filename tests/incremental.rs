@@ -1075,3 +1075,44 @@ for line in sys.stdin:
         "too few pauses reused the descriptors ({reused} reused, {read} read): the count is not in effect"
     );
 }
+
+/// A service that exits while nobody has reaped it yet stays a zombie, still listed in
+/// `/proc/PID/task`, refusing ptrace. The next epoch must report it gone instead of retrying the
+/// zombie forever (it used to spin at 100% of a CPU until the zombie was reaped).
+#[test]
+fn a_zombie_service_is_reported_gone_not_retried_forever() {
+    use std::io::{BufRead, Write};
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "echo up; read x"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn sh");
+    let pid = child.id() as i32;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "up\n");
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(500),
+        cap_pages: 0,
+        ..Default::default()
+    };
+    let (mut ep, _, _) = Epochs::start(pid, cfg).expect("start epochs");
+    // The epoch starts; during its wait the service exits, and we do not reap it: a zombie.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = ep.next().map(|_| ()).map_err(|e| e.chain());
+        let _ = tx.send(r);
+        drop(ep);
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    child.stdin.take().unwrap().write_all(b"x\n").unwrap();
+    let r = rx.recv_timeout(Duration::from_secs(20));
+    let _ = child.wait();
+    assert_eq!(
+        r.expect("the epoch after the service exited hung"),
+        Err(ChainState::ServiceGone)
+    );
+}

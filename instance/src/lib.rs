@@ -150,11 +150,45 @@ enum Role {
 struct Roles {
     ctx: Arc<Ctx>,
     roles: Mutex<HashMap<String, Role>>,
+    /// Services whose role `reconcile` has taken out of `roles` to change it (a takeover, a
+    /// start, a stop can take seconds): still reported, with this report, until the new role
+    /// is in (or, for a stop, until it has stopped). Without them a heartbeat in that window
+    /// would tell the orchestrator the machine holds nothing of the service.
+    changing: Mutex<HashMap<String, pb::ServiceReport>>,
 }
 
 impl Roles {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Role>> {
         self.roles.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn changing(&self) -> std::sync::MutexGuard<'_, HashMap<String, pb::ServiceReport>> {
+        self.changing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes `name`'s role out to change it; it stays reported as `state` meanwhile (see
+    /// [`Roles::changing`]), until [`Roles::changed`].
+    fn take_for_change(&self, name: &str, view: u64, primary: bool, state: &str) -> Option<Role> {
+        // The report first, then the removal: a heartbeat always sees one of them.
+        self.changing().insert(
+            name.to_string(),
+            pb::ServiceReport {
+                service: name.to_string(),
+                view,
+                role: if primary {
+                    pb::Role::Primary
+                } else {
+                    pb::Role::Backup
+                } as i32,
+                state: state.to_string(),
+                ..Default::default()
+            },
+        );
+        self.lock().remove(name)
+    }
+
+    fn changed(&self, name: &str) {
+        self.changing().remove(name);
     }
 
     fn backup(&self, service: &str) -> Option<Arc<Backup>> {
@@ -165,39 +199,44 @@ impl Roles {
     }
 
     fn reports(&self) -> Vec<pb::ServiceReport> {
-        self.lock()
-            .iter()
-            .map(|(name, r)| match r {
-                Role::Primary(p) => p.report(),
-                Role::Backup(b, _) => {
-                    let r = b.report();
-                    pb::ServiceReport {
-                        service: name.clone(),
-                        view: r.view,
-                        role: pb::Role::Backup as i32,
-                        state: match &r.broken {
-                            Some(e) => format!("backup, chain broken: {e}"),
-                            None if r.has_image => "backup".into(),
-                            None => "backup, waiting for a full checkpoint".into(),
-                        },
-                        epoch: r.queued_epoch,
-                        decided: r.applied_epoch,
-                        epochs_per_sec: r.epochs_per_sec,
-                        checkpoint_bytes: r.mean_bytes,
-                        backup_lag: r.lag,
-                        image_view: r.image_view,
-                        ..Default::default()
-                    }
-                }
-                Role::Failed { view, why } => pb::ServiceReport {
+        // Changing ones first (and kept when both are seen: the new role is in by then).
+        let changing = self.changing().clone();
+        let roles = self.lock();
+        let mut out: Vec<pb::ServiceReport> = changing
+            .into_values()
+            .filter(|r| !roles.contains_key(&r.service))
+            .collect();
+        out.extend(roles.iter().map(|(name, r)| match r {
+            Role::Primary(p) => p.report(),
+            Role::Backup(b, _) => {
+                let r = b.report();
+                pb::ServiceReport {
                     service: name.clone(),
-                    view: *view,
-                    role: pb::Role::Primary as i32,
-                    state: format!("failed: {why}"),
+                    view: r.view,
+                    role: pb::Role::Backup as i32,
+                    state: match &r.broken {
+                        Some(e) => format!("backup, chain broken: {e}"),
+                        None if r.has_image => "backup".into(),
+                        None => "backup, waiting for a full checkpoint".into(),
+                    },
+                    epoch: r.queued_epoch,
+                    decided: r.applied_epoch,
+                    epochs_per_sec: r.epochs_per_sec,
+                    checkpoint_bytes: r.mean_bytes,
+                    backup_lag: r.lag,
+                    image_view: r.image_view,
                     ..Default::default()
-                },
-            })
-            .collect()
+                }
+            }
+            Role::Failed { view, why } => pb::ServiceReport {
+                service: name.clone(),
+                view: *view,
+                role: pb::Role::Primary as i32,
+                state: format!("failed: {why}"),
+                ..Default::default()
+            },
+        }));
+        out
     }
 
     /// Brings this machine's roles in line with the orchestrator's assignments. Runs on its
@@ -215,10 +254,12 @@ impl Roles {
             .cloned()
             .collect();
         for name in gone {
-            if let Some(r) = self.lock().remove(&name) {
+            let view = self.lock().get(&name).map_or(0, role_view);
+            if let Some(r) = self.take_for_change(&name, view, false, "stopping") {
                 tracing::warn!(service = %name, "no longer assigned here; stopping");
                 stop(r);
             }
+            self.changed(&name);
         }
         for s in &a.services {
             let Some(view) = s.view.clone() else { continue };
@@ -243,7 +284,8 @@ impl Roles {
                     }
                 };
             let primary_here = view.primary == *me;
-            let current = self.lock().remove(&s.service);
+            let current =
+                self.take_for_change(&s.service, view.number, primary_here, "changing role");
             let next = match (current, primary_here) {
                 (Some(Role::Primary(p)), true) if !p.failed() => {
                     p.set_view(&view);
@@ -284,6 +326,7 @@ impl Roles {
                 }
             };
             self.lock().insert(s.service.clone(), next);
+            self.changed(&s.service);
         }
     }
 
@@ -516,6 +559,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let roles = Arc::new(Roles {
         ctx: ctx.clone(),
         roles: Mutex::new(HashMap::new()),
+        changing: Mutex::new(HashMap::new()),
     });
     // Assignments are applied on their own thread, newest first (a burst collapses to one).
     let (assign_tx, assign_rx) = std::sync::mpsc::channel::<pb::Assignments>();
@@ -566,6 +610,15 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     }
     rt.shutdown_timeout(Duration::from_secs(1));
     result
+}
+
+/// The view a role was last given.
+fn role_view(r: &Role) -> u64 {
+    match r {
+        Role::Primary(p) => p.report().view,
+        Role::Backup(b, _) => b.report().view,
+        Role::Failed { view, .. } => *view,
+    }
 }
 
 /// The session with the orchestrators' leader: heartbeats out, assignments in; reconnects

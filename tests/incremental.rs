@@ -976,7 +976,8 @@ fn full_pause_length() {
 /// Descriptors between pauses (the eBPF count of descriptor calls, `tardi_checkpointer::syscount`):
 /// a pause after which the process made no such call takes its descriptors from the last one;
 /// any call (open, close, dup, a flag change, an epoll registration, a socket that starts
-/// listening) makes the next pause read them all again. After every step the held epoch's
+/// listening) makes the next pause read them all again. Two epoll instances with different
+/// registrations (their links are the same). After every step the held epoch's
 /// descriptors must equal a full read of the held process, and steps without calls must have
 /// reused them (a loop that always reads, or never notices, fails here).
 #[test]
@@ -985,6 +986,7 @@ fn descriptors_are_read_again_exactly_when_the_process_changed_them() {
     const SCRIPT: &str = r#"
 import fcntl, os, select, socket, sys
 ep = select.epoll()
+ep2 = select.epoll()
 fds, socks = [], []
 out = sys.stdout
 out.write("ready\n"); out.flush()
@@ -1003,6 +1005,7 @@ for line in sys.stdin:
         r, w = os.pipe()
         fds += [r, w]
         ep.register(r, select.EPOLLIN)
+        ep2.register(w, select.EPOLLOUT)
     elif c == "listen":
         s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); socks.append(s)
     out.write("k\n"); out.flush()

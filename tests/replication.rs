@@ -182,6 +182,42 @@ fn primary_power_cut_loses_no_acknowledged_write() {
     );
 }
 
+/// memcached (four worker threads, Debian's binary): a client writing through a failover (the
+/// primary's machine loses power) loses no acknowledged write, as for Redis.
+#[test]
+fn memcached_primary_power_cut_loses_no_acknowledged_write() {
+    use common::memcache;
+    let mut c = Cluster::up(3, &[]);
+    c.deploy(&manifest("memcached.manifest"), 1);
+    let svc = c.wait_active("memcached", Duration::from_secs(30), |_| true);
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let to = addr(&svc, 11211);
+    let writer = |from: u64, n: u64| memcache::write_through_failovers(to, from, n);
+
+    let first = c.lab.in_node("client", || writer(0, 300)).unwrap();
+    assert_eq!(first.len(), 300);
+    c.lab.kill(&primary).unwrap();
+    let t0 = Instant::now();
+    let second = c.lab.in_node("client", || writer(300, 300)).unwrap();
+    let gap = t0.elapsed();
+    assert_eq!(second.len(), 300, "writes resume after the failover");
+    let svc = c.wait_active("memcached", Duration::from_secs(20), |s| {
+        s["primary"] == backup.as_str()
+    });
+    assert_ne!(svc["primary"], primary.as_str());
+    let missing = c
+        .lab
+        .in_node("client", || {
+            memcache::missing_writes(to, first.iter().chain(&second).copied())
+        })
+        .unwrap();
+    assert_eq!(
+        missing, 0,
+        "acknowledged writes lost (failover took {gap:?})"
+    );
+}
+
 /// A backup's death does not stop the service, and a spare takes its place.
 #[test]
 fn backup_power_cut_does_not_stop_the_service_and_a_spare_joins() {

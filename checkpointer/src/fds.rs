@@ -40,8 +40,10 @@ pub struct FdCache {
     links: Option<Vec<(i32, String)>>,
     /// Descriptors that change only through system calls of the process that a
     /// [`crate::syscount::SyscallCounter`] over [`crate::syscount::DESCRIPTOR_CALLS`] counts
-    /// (epoll instances: `epoll_ctl`; signal descriptors: `signalfd`), by link.
-    stable: HashMap<String, FdImage>,
+    /// (epoll instances: `epoll_ctl`; signal descriptors: `signalfd`), by descriptor number:
+    /// their links do not tell them apart (every epoll instance is `anon_inode:[eventpoll]`),
+    /// and a number names the same open file for as long as no counted call was made.
+    stable: HashMap<i32, FdImage>,
 }
 
 impl FdCache {
@@ -85,13 +87,17 @@ pub fn capture(
         Some(c) => (Some(&mut c.sockets), Some(&mut c.stable)),
         None => (None, None),
     };
+    // A full read refills it: what a number was before means nothing now.
+    if !unchanged && let Some(c) = stable.as_deref_mut() {
+        c.clear();
+    }
     let pidfd = sys::pidfd_open(pid).map_err(perr(pid, "pidfd".into()))?;
     let mut pipes = HashSet::new();
     let mut diags = None;
     let mut out = Vec::with_capacity(links.len());
     for (fd, link) in &links {
         let (fd, link) = (*fd, link.as_str());
-        if unchanged && let Some(img) = stable.as_deref().and_then(|c| c.get(link)) {
+        if unchanged && let Some(img) = stable.as_deref().and_then(|c| c.get(&fd)) {
             out.push(FdImage { fd, ..img.clone() });
             continue;
         }
@@ -144,7 +150,7 @@ pub fn capture(
         if let Some(c) = stable.as_deref_mut()
             && matches!(img.kind, FdKind::Epoll { .. } | FdKind::SignalFd { .. })
         {
-            c.insert(link.to_string(), img.clone());
+            c.insert(fd, img.clone());
         }
         out.push(img);
     }
@@ -152,9 +158,6 @@ pub fn capture(
         let live: HashSet<&str> = links.iter().map(|(_, l)| l.as_str()).collect();
         if let Some(cache) = sockets {
             cache.retain(|l, _| live.contains(l.as_str()));
-        }
-        if let Some(c) = stable {
-            c.retain(|l, _| live.contains(l.as_str()));
         }
     }
     if let Some(d) = &diags {

@@ -147,74 +147,60 @@ fn output_is_held_until_the_backup_acknowledges() {
     assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
 }
 
-/// A client writing to redis through a failover (the primary's machine loses power) loses no
-/// acknowledged write.
-#[test]
-fn primary_power_cut_loses_no_acknowledged_write() {
+/// A client writing to `service` (deployed from `manifest`, on `port`) through a failover (the
+/// primary's machine loses power) loses no acknowledged write: `write(to, from, n)` writes
+/// through failovers and returns what was acknowledged, `missing(to, acked)` counts what no
+/// longer reads back.
+fn power_cut_loses_no_acknowledged_write(
+    manifest_name: &str,
+    service: &str,
+    port: u16,
+    write: fn(SocketAddr, u64, u64) -> Vec<u64>,
+    missing: fn(SocketAddr, Vec<u64>) -> usize,
+) {
     let mut c = Cluster::up(3, &[]);
-    c.deploy(&manifest("redis.manifest"), 1);
-    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    c.deploy(&manifest(manifest_name), 1);
+    let svc = c.wait_active(service, Duration::from_secs(30), |_| true);
     let primary = svc["primary"].as_str().unwrap().to_string();
     let backup = svc["backups"][0].as_str().unwrap().to_string();
-    let to = addr(&svc, 6379);
-    let writer = |from: u64, n: u64| common::resp::write_through_failovers(to, from, n);
-
-    let first = c.lab.in_node("client", || writer(0, 300)).unwrap();
+    let to = addr(&svc, port);
+    let first = c.lab.in_node("client", || write(to, 0, 300)).unwrap();
     assert_eq!(first.len(), 300);
     c.lab.kill(&primary).unwrap();
     let t0 = Instant::now();
-    let second = c.lab.in_node("client", || writer(300, 300)).unwrap();
+    let second = c.lab.in_node("client", || write(to, 300, 300)).unwrap();
     let gap = t0.elapsed();
     assert_eq!(second.len(), 300, "writes resume after the failover");
-    let svc = c.wait_active("redis", Duration::from_secs(20), |s| {
+    let svc = c.wait_active(service, Duration::from_secs(20), |s| {
         s["primary"] == backup.as_str()
     });
     assert_ne!(svc["primary"], primary.as_str());
-    let missing = c
-        .lab
-        .in_node("client", || {
-            missing_writes(to, first.iter().chain(&second).copied())
-        })
-        .unwrap();
-    assert_eq!(
-        missing, 0,
-        "acknowledged writes lost (failover took {gap:?})"
+    let acked: Vec<u64> = first.into_iter().chain(second).collect();
+    let lost = c.lab.in_node("client", || missing(to, acked)).unwrap();
+    assert_eq!(lost, 0, "acknowledged writes lost (failover took {gap:?})");
+}
+
+/// Redis: a client writing through a primary power cut loses no acknowledged write.
+#[test]
+fn primary_power_cut_loses_no_acknowledged_write() {
+    power_cut_loses_no_acknowledged_write(
+        "redis.manifest",
+        "redis",
+        6379,
+        common::resp::write_through_failovers,
+        |to, acked| missing_writes(to, acked),
     );
 }
 
-/// memcached (four worker threads, Debian's binary): a client writing through a failover (the
-/// primary's machine loses power) loses no acknowledged write, as for Redis.
+/// memcached (four worker threads, Debian's binary): the same.
 #[test]
 fn memcached_primary_power_cut_loses_no_acknowledged_write() {
-    use common::memcache;
-    let mut c = Cluster::up(3, &[]);
-    c.deploy(&manifest("memcached.manifest"), 1);
-    let svc = c.wait_active("memcached", Duration::from_secs(30), |_| true);
-    let primary = svc["primary"].as_str().unwrap().to_string();
-    let backup = svc["backups"][0].as_str().unwrap().to_string();
-    let to = addr(&svc, 11211);
-    let writer = |from: u64, n: u64| memcache::write_through_failovers(to, from, n);
-
-    let first = c.lab.in_node("client", || writer(0, 300)).unwrap();
-    assert_eq!(first.len(), 300);
-    c.lab.kill(&primary).unwrap();
-    let t0 = Instant::now();
-    let second = c.lab.in_node("client", || writer(300, 300)).unwrap();
-    let gap = t0.elapsed();
-    assert_eq!(second.len(), 300, "writes resume after the failover");
-    let svc = c.wait_active("memcached", Duration::from_secs(20), |s| {
-        s["primary"] == backup.as_str()
-    });
-    assert_ne!(svc["primary"], primary.as_str());
-    let missing = c
-        .lab
-        .in_node("client", || {
-            memcache::missing_writes(to, first.iter().chain(&second).copied())
-        })
-        .unwrap();
-    assert_eq!(
-        missing, 0,
-        "acknowledged writes lost (failover took {gap:?})"
+    power_cut_loses_no_acknowledged_write(
+        "memcached.manifest",
+        "memcached",
+        11211,
+        common::memcache::write_through_failovers,
+        |to, acked| common::memcache::missing_writes(to, acked),
     );
 }
 

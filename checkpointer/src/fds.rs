@@ -102,16 +102,9 @@ pub fn capture(
             continue;
         }
         let cached = match sockets.as_deref().and_then(|c| c.get(link)).cloned() {
-            Some((s, cloexec, flags)) if unchanged => {
-                out.push(FdImage {
-                    fd,
-                    cloexec,
-                    flags,
-                    kind: FdKind::Socket(s),
-                });
-                continue;
-            }
-            Some((s, cloexec, flags)) if s.state == SocketState::ConnectedTcp => {
+            // Flags included: they change only through counted calls (a connected TCP socket
+            // is restored as reset, where they hardly matter).
+            Some((s, cloexec, flags)) if unchanged || s.state == SocketState::ConnectedTcp => {
                 out.push(FdImage {
                     fd,
                     cloexec,

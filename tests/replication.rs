@@ -188,7 +188,7 @@ fn primary_power_cut_loses_no_acknowledged_write() {
         "redis",
         6379,
         common::resp::write_through_failovers,
-        |to, acked| missing_writes(to, acked),
+        missing_writes,
     );
 }
 
@@ -200,7 +200,7 @@ fn memcached_primary_power_cut_loses_no_acknowledged_write() {
         "memcached",
         11211,
         common::memcache::write_through_failovers,
-        |to, acked| common::memcache::missing_writes(to, acked),
+        common::memcache::missing_writes,
     );
 }
 

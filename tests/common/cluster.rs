@@ -18,6 +18,45 @@ pub struct Cluster {
     pub lab: Lab,
 }
 
+/// A failing test keeps the daemons' logs (the lab removes them with itself): copied to
+/// `CARGO_TARGET_TMPDIR/lab-logs/<test>/`, and the place printed.
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let test = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .replace("::", "-");
+        let to = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join("lab-logs")
+            .join(test);
+        // Every node's log sits beside the orchestrator's.
+        let Some(dir) = self
+            .lab
+            .log_path("o1")
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+        else {
+            return;
+        };
+        let copied = std::fs::create_dir_all(&to).and_then(|_| {
+            let mut n = 0;
+            for e in std::fs::read_dir(&dir)? {
+                let e = e?;
+                std::fs::copy(e.path(), to.join(e.file_name()))?;
+                n += 1;
+            }
+            Ok(n)
+        });
+        match copied {
+            Ok(n) => eprintln!("the lab's {n} daemon logs are kept in {}", to.display()),
+            Err(e) => eprintln!("keeping the lab's logs in {} failed: {e}", to.display()),
+        }
+    }
+}
+
 impl Cluster {
     /// `machines` machines and one orchestrator; `orchestrator_args` are added to
     /// `tardi orchestrator` (e.g. a longer failure timeout).

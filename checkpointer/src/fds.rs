@@ -63,29 +63,25 @@ impl FdCache {
 /// signal descriptors) are taken from the cache, flags included. The others (files: their
 /// offset; pipes: their contents; eventfds and timers: their values; unix sockets: their
 /// queues) are read as always.
-pub fn capture(
-    proc: &Proc,
-    mut cache: Option<&mut FdCache>,
-    unchanged: bool,
-) -> Result<Vec<FdImage>> {
+pub fn capture(proc: &Proc, cache: Option<&mut FdCache>, unchanged: bool) -> Result<Vec<FdImage>> {
     let pid = proc.pid;
-    let known = cache
-        .as_deref()
-        .filter(|_| unchanged)
-        .and_then(|c| c.links.clone());
-    let links = match known {
-        Some(l) => l,
-        None => {
-            let l = read_links(proc)?;
-            if let Some(c) = cache.as_deref_mut() {
-                c.links = Some(l.clone());
-            }
-            l
-        }
+    let (mut sockets, mut kept, mut stable) = match cache {
+        Some(c) => (
+            Some(&mut c.sockets),
+            Some(&mut c.links),
+            Some(&mut c.stable),
+        ),
+        None => (None, None, None),
     };
-    let (mut sockets, mut stable) = match cache {
-        Some(c) => (Some(&mut c.sockets), Some(&mut c.stable)),
-        None => (None, None),
+    // The kept links are taken out (not copied) and put back once the capture succeeded; a
+    // failed capture leaves none, and the next one reads the table.
+    let links = match kept
+        .as_deref_mut()
+        .filter(|_| unchanged)
+        .and_then(Option::take)
+    {
+        Some(l) => l,
+        None => read_links(proc)?,
     };
     // A full read refills it: what a number was before means nothing now.
     if !unchanged && let Some(c) = stable.as_deref_mut() {
@@ -155,6 +151,9 @@ pub fn capture(
     }
     if let Some(d) = &diags {
         crate::unix::check_image(&out, d)?;
+    }
+    if let Some(k) = kept {
+        *k = Some(links);
     }
     Ok(out)
 }

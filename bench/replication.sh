@@ -31,6 +31,9 @@
 #                       as Tardigrade's ping server: checkpoints as large as the dirtying) instead
 #                       of the dirtier (one byte per page: delta-encoded to almost nothing);
 #                       results and plots get the suffix -full
+#        KEEP_SCRATCH=1 keep the scratch directory (the instances' epoch logs, one JSON line per
+#                       epoch with the pause's parts: `bench/pause_parts.py` reads them)
+#        REDIS_MANIFEST another manifest for the redis part (e.g. with other [tardi.epoch] knobs)
 #        EXTRA          more arguments for replication_bench (e.g. --fresh-lab)
 # Run as root (namespaces, sandboxes). Needs gcc, redis-server and redis-benchmark. The whole
 # set takes about 30-40 minutes on an idle machine (much longer on a busy one).

@@ -288,8 +288,11 @@ impl Env {
         }
     }
 
+    /// `REDIS_MANIFEST`, else the repo's.
     fn redis_manifest(&self) -> PathBuf {
-        root().join("gramine-manifests/redis.manifest")
+        std::env::var_os("REDIS_MANIFEST")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root().join("gramine-manifests/redis.manifest"))
     }
 
     /// Writes the raw results of `what`.
@@ -1819,7 +1822,11 @@ fn main() {
         };
         env.save(&name, &v);
     }
-    let _ = std::fs::remove_dir_all(&env.tmp);
+    if std::env::var_os("KEEP_SCRATCH").is_some() {
+        eprintln!("[bench] scratch kept (KEEP_SCRATCH): {}", env.tmp.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&env.tmp);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -426,4 +426,9 @@ pub struct ProfileArgs {
     /// (the pre-copy shortens the pause; only the userfaultfd tracker does it).
     #[arg(long)]
     pub no_precopy: bool,
+    /// Pre-copy only when the epoch before wrote at least N pages (0: every epoch). Below
+    /// that, copying in the pause costs less than the pre-copy delays it. Default: the
+    /// manifest's `tardi.epoch.precopy_min_pages`, else 256.
+    #[arg(long, value_name = "N")]
+    pub precopy_min_pages: Option<u64>,
 }

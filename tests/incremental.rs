@@ -239,6 +239,7 @@ fn statemachine_chain_uffd_hot_pages_two_encoders() {
     statemachine_chain(
         "hot",
         EpochConfig {
+            precopy_min_pages: 0, // pre-copy every epoch, however few pages
             interval: Duration::from_millis(5),
             encode_workers: 2,
             ..Default::default()
@@ -366,6 +367,7 @@ fn churn_chain_uffd_hot_pages() {
     churn_chain(
         "churn",
         EpochConfig {
+            precopy_min_pages: 0, // pre-copy every epoch, however few pages
             interval: Duration::from_millis(5),
             ..Default::default()
         },
@@ -385,6 +387,7 @@ fn churn_chain_uffd_with_multi_mapping_mremap() {
     churn_chain(
         "churnall",
         EpochConfig {
+            precopy_min_pages: 0, // pre-copy every epoch, however few pages
             interval: Duration::from_millis(5),
             ..Default::default()
         },
@@ -470,6 +473,7 @@ fn app_segv_handler_and_mprotect_work_under_the_mprotect_tracker() {
 fn full_checkpoint_mid_stream_statemachine_uffd() {
     let (_scratch, run, addr) = statemachine_run("fullmid");
     let cfg = EpochConfig {
+        precopy_min_pages: 0, // pre-copy every epoch, however few pages
         interval: Duration::from_millis(5),
         ..Default::default()
     };
@@ -511,6 +515,7 @@ fn full_checkpoint_mid_stream_statemachine_mprotect() {
 fn full_checkpoint_mid_stream_and_failures_churn_uffd() {
     let (_scratch, run, _name) = churn_run("fullchurn", "loader.env.CHURN_MREMAP_SKIP = \"2\"");
     let cfg = EpochConfig {
+        precopy_min_pages: 0, // pre-copy every epoch, however few pages
         interval: Duration::from_millis(5),
         private_dirs: vec!["/mnt".into()],
         ..Default::default()
@@ -562,6 +567,7 @@ fn hot_page_after_a_replaced_one_keeps_its_write() {
         assert_eq!(&k, b"k", "hotpair's answer to {:?}", c as char);
     };
     let cfg = EpochConfig {
+        precopy_min_pages: 0, // pre-copy every epoch, however few pages
         interval: Duration::from_millis(1),
         hot_epochs: 3,
         // Hot pages stay hot (no random cooling) for the whole test.
@@ -603,6 +609,7 @@ fn hot_page_after_a_replaced_one_keeps_its_write() {
 fn failures_after_the_scan_keep_the_chain_intact() {
     let (_scratch, run, addr) = statemachine_run("carry");
     let cfg = EpochConfig {
+        precopy_min_pages: 0, // pre-copy every epoch, however few pages
         interval: Duration::from_millis(5),
         ..Default::default()
     };
@@ -1118,4 +1125,59 @@ fn a_zombie_service_is_reported_gone_not_retried_forever() {
         r.expect("the epoch after the service exited hung"),
         Err(ChainState::ServiceGone)
     );
+}
+
+/// The pre-copy runs before a pause exactly when the epoch before wrote at least
+/// `precopy_min_pages` pages (the first epoch always pre-copies: nothing predicts it). A
+/// dirtier writing ~20 pages per epoch, under a threshold above that and one below it.
+#[test]
+fn precopy_runs_only_after_an_epoch_that_wrote_enough_pages() {
+    let bin = programs::build("dirtier");
+    for min in [256, 8] {
+        let port = 20000 + (std::process::id() % 20000) as u16 + min as u16;
+        let mut child = std::process::Command::new(&bin)
+            .args(["--port", &port.to_string(), "--mb", "8", "--rate-mbps", "8"])
+            .spawn()
+            .expect("spawn dirtier");
+        std::thread::sleep(Duration::from_millis(200)); // its region touched
+        let cfg = EpochConfig {
+            interval: Duration::from_millis(10),
+            precopy_min_pages: min,
+            ..Default::default()
+        };
+        let (mut ep, _full, _) = Epochs::start(child.id() as i32, cfg).expect("start epochs");
+        let mut prev: Option<u64> = None;
+        let (mut ran, mut skipped) = (0, 0);
+        for i in 0..40 {
+            let (_, st) = ep.next().unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+            // The first incremental's prediction is the full checkpoint's pause: none.
+            if let Some(p) = prev {
+                assert_eq!(
+                    st.precopy_ran,
+                    p >= min,
+                    "epoch {}: the epoch before wrote {p} pages, threshold {min}",
+                    st.epoch
+                );
+                if st.precopy_ran {
+                    ran += 1;
+                } else {
+                    skipped += 1;
+                }
+            }
+            prev = Some(st.dirty_pages);
+        }
+        ep.stop();
+        let _ = child.kill();
+        let _ = child.wait();
+        // ~20 pages an epoch: the high threshold skips (almost) every pre-copy, the low one
+        // runs (almost) every one.
+        if min == 256 {
+            assert!(
+                skipped > 30,
+                "threshold {min}: {skipped} skipped, {ran} ran"
+            );
+        } else {
+            assert!(ran > 30, "threshold {min}: {ran} ran, {skipped} skipped");
+        }
+    }
 }

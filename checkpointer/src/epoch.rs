@@ -99,6 +99,12 @@ pub struct EpochConfig {
     /// again) and copy them while the service still runs; the pause then copies only what was
     /// written since. Needs a tracker that can scan without stopping (userfaultfd).
     pub precopy: bool,
+    /// Pre-copy only when the previous epoch wrote at least this many pages (0: always). A
+    /// pre-copy runs after the epoch's end is decided, so it delays the pause, and the replies
+    /// waiting for it, by its scan and copy (~2.7 µs a page on Redis, ~200 µs at 70 pages,
+    /// against ~0.3 µs a page copied inside the pause): it pays only when the pause would copy
+    /// many pages. See docs/BENCHMARKS.md ("Checkpoint path").
+    pub precopy_min_pages: u64,
 }
 
 impl Default for EpochConfig {
@@ -116,6 +122,7 @@ impl Default for EpochConfig {
             private_dirs: Vec::new(),
             tracker: TrackerKind::Uffd,
             precopy: true,
+            precopy_min_pages: 256,
         }
     }
 }
@@ -167,6 +174,12 @@ pub struct EpochStats {
     pub precheck_us: u64,
     pub hot_us: u64,
     pub cow_us: u64,
+    /// Opening the executable (while stopped); describing the mappings, opening their files
+    /// and the tracker's commit (protections for the next epoch); the pause hook
+    /// ([`EpochHooks::on_pause`]: the output gate's epoch boundary).
+    pub exe_us: u64,
+    pub commit_us: u64,
+    pub hook_us: u64,
     /// Twin-diff and codec (after the resume).
     pub encode_us: u64,
     /// Pages written during the epoch (hot pages included).
@@ -192,6 +205,8 @@ pub struct EpochStats {
     /// again before the pause), and how long that took (not part of the pause).
     pub precopy_pages: u64,
     pub precopy_us: u64,
+    /// A pre-copy ran before this pause (see [`EpochConfig::precopy_min_pages`]).
+    pub precopy_ran: bool,
     /// Write faults the tracker counted itself this epoch: for the mprotect tracker, the pages
     /// its agent made writable (system-call buffers included). `None` for userfaultfd, whose
     /// faults the kernel resolves alone (they show in the process's minor-fault count).
@@ -626,6 +641,8 @@ struct EpochLoop<'p> {
     dirs: DirTracker,
     /// Pages taken (and protected again) by the pre-copy and not yet part of a checkpoint.
     pre: Option<Precopy>,
+    /// Pages the last captured epoch wrote: the pre-copy's predictor.
+    last_dirty: u64,
     prebuf: Vec<u8>,
     /// What failed pauses took from the tracker: the next checkpoint carries it.
     carry: Carry,
@@ -815,6 +832,7 @@ impl<'p> EpochLoop<'p> {
             buf: Vec::new(),
             dirs,
             pre: None,
+            last_dirty: u64::MAX,
             prebuf: Vec::new(),
             carry: Carry::default(),
             hook,
@@ -974,7 +992,11 @@ impl<'p> EpochLoop<'p> {
         let ended_by = self.wait();
         // With swap active, "present" cannot tell a zapped page from a swapped one (see
         // `crate::track::has_contents`), which the pre-copy relies on: no pre-copy then.
-        if self.cfg.precopy && self.tracker.precopy_capable() && self.contents == PAGE_IS_PRESENT {
+        if self.cfg.precopy
+            && self.last_dirty >= self.cfg.precopy_min_pages
+            && self.tracker.precopy_capable()
+            && self.contents == PAGE_IS_PRESENT
+        {
             self.precopy();
         }
         // The full checkpoint's copy buffer, faulted in before the pause.
@@ -1031,9 +1053,11 @@ impl<'p> EpochLoop<'p> {
         self.epoch += 1;
         let epoch = self.epoch;
         self.trigger.clear();
+        let th = Instant::now();
         if let Some(h) = self.hook.as_mut() {
             h(epoch);
         }
+        let hook = th.elapsed();
         if hold {
             let r = self.finish(c, epoch, interval, quiesce, t0.elapsed(), ended_by);
             let r = self.settle(r, journal);
@@ -1062,6 +1086,7 @@ impl<'p> EpochLoop<'p> {
         }
         let mut c = c;
         c.parts.resume = tr.elapsed();
+        c.parts.hook = hook;
         let r = self.finish(c, epoch, interval, quiesce, pause, ended_by);
         Some(self.settle(r, journal))
     }
@@ -1151,8 +1176,10 @@ impl<'p> EpochLoop<'p> {
         self.tracker.threads(&meta.threads, &maps);
         self.tracker.patch_image(&mut meta);
         // Opened now: after the resume the process may be gone.
+        let tx = Instant::now();
         let mut exe = capture::PendingFile::exe(&meta.exe.path);
         exe.open(self.proc)?;
+        parts.exe = tx.elapsed();
         // Nothing above changed tracking state: a failure there can be retried as it is. From
         // here on, what the tracker hands over goes into the journal `j` first.
         let ts = Instant::now();
@@ -1395,6 +1422,7 @@ impl<'p> EpochLoop<'p> {
         parts.cow = tcow.elapsed();
         let scan = ts.elapsed();
 
+        let tcm = Instant::now();
         let (vmas, mut files) = describe_vmas(&maps)?;
         for f in &mut files {
             if !self.file_refs.contains_key(&(f.path.clone(), f.inode)) {
@@ -1416,6 +1444,7 @@ impl<'p> EpochLoop<'p> {
         }
         // A page is sent once: as copied now if it is (the pre-copy's copy is older).
         pre_copied.retain(|p| dirty.binary_search(&p.0).is_err());
+        parts.commit = tcm.elapsed();
 
         // Copy every page to send.
         let tc = Instant::now();
@@ -1472,6 +1501,7 @@ impl<'p> EpochLoop<'p> {
                 .extend(pre.pages.iter().map(|&(a, _)| (a, a + PAGE)));
         }
         let pre = self.pre.take().map(|p| (pre_copied, p));
+        self.last_dirty = written_all.len() as u64;
         Ok(Captured {
             meta,
             exe,
@@ -1593,6 +1623,7 @@ impl<'p> EpochLoop<'p> {
         });
         // The pre-copied pages are encoded from the pre-copy's buffer where they are (moving
         // them next to the pause's pages cost a pass over memory as long as the encoding).
+        let precopy_ran = pre.is_some();
         let (mut precopy_pages, mut precopy_time) = (0, Duration::ZERO);
         let (mut pre_list, mut pre_data) = (Vec::new(), Vec::new());
         if let Some((pages, pre)) = pre {
@@ -1733,6 +1764,9 @@ impl<'p> EpochLoop<'p> {
         st.precheck_us = us(pp.precheck);
         st.hot_us = us(pp.hot);
         st.cow_us = us(pp.cow);
+        st.exe_us = us(pp.exe);
+        st.commit_us = us(pp.commit);
+        st.hook_us = us(pp.hook);
         st.dirty_pages = dirty;
         st.fresh_pages = fresh_pages;
         st.hot_pages = hot;
@@ -1748,6 +1782,7 @@ impl<'p> EpochLoop<'p> {
         st.precopy_pages = precopy_pages;
         st.write_faults = write_faults;
         st.precopy_us = precopy_time.as_micros() as u64;
+        st.precopy_ran = precopy_ran;
         st.encode_us = te.elapsed().as_micros() as u64;
         let ck = Checkpoint {
             epoch,
@@ -1826,6 +1861,9 @@ struct Parts {
     precheck: Duration,
     hot: Duration,
     cow: Duration,
+    exe: Duration,
+    commit: Duration,
+    hook: Duration,
     resume: Duration,
 }
 

@@ -10,8 +10,10 @@
 //! ```json
 //! {"service":"dirtier","machine":"m1","run":1,"epoch":42,"unix_us":1767000000000000,
 //!  "interval_us":10012,"pause_us":180,"encoded_bytes":5120,"raw_bytes":614400,
-//!  "dirty_pages":150,"ended_by":"Interval"}
+//!  "dirty_pages":150,"ended_by":"Interval", ...}
 //! ```
+//!
+//! (every field of [`EpochStats`], the pause's parts included).
 //!
 //! `unix_us` is when the line was written (after the epoch's pause and encoding); `run` is the
 //! view the primary started in. Epoch 0 (the full checkpoint) is not logged. A log that cannot
@@ -40,14 +42,10 @@ struct Line<'a> {
     service: &'a str,
     machine: &'a str,
     run: u64,
-    epoch: u64,
     unix_us: u64,
-    interval_us: u64,
-    pause_us: u64,
-    encoded_bytes: u64,
-    raw_bytes: u64,
-    dirty_pages: u64,
-    ended_by: tardi_checkpointer::epoch::EndedBy,
+    /// Every figure of the epoch (interval, pause and its parts, pages, bytes, why it ended).
+    #[serde(flatten)]
+    stats: &'a EpochStats,
 }
 
 impl EpochLog {
@@ -78,16 +76,10 @@ impl EpochLog {
             service: &self.service,
             machine: &self.machine,
             run: self.run,
-            epoch: st.epoch,
             unix_us: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros() as u64),
-            interval_us: st.interval_us,
-            pause_us: st.pause_us,
-            encoded_bytes: st.encoded_bytes,
-            raw_bytes: st.raw_bytes,
-            dirty_pages: st.dirty_pages,
-            ended_by: st.ended_by,
+            stats: st,
         };
         let r = serde_json::to_writer(&mut *out, &line)
             .map_err(std::io::Error::other)

@@ -474,6 +474,7 @@ fn epoch_config(m: &tardi_manifest::Manifest, svc: &Service) -> EpochConfig {
         cap_pages: e.cap_pages,
         hot_epochs: e.hot_epochs,
         tracker: e.tracker.parse().unwrap_or_default(),
+        precopy_min_pages: e.precopy_min_pages,
         private_dirs: svc.private_dirs(),
         ..EpochConfig::default()
     }

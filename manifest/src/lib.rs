@@ -107,6 +107,7 @@ impl Default for Epoch {
             cap_pages: 1000,
             hot_epochs: 3,
             tracker: "uffd".to_string(),
+            precopy_min_pages: 256,
         }
     }
 }
@@ -229,6 +230,10 @@ pub struct Epoch {
     /// `tracker`: how written pages are found, `"uffd"` (userfaultfd write-protect, Linux >=
     /// 6.7, the default) or `"mprotect"` (mprotect + SIGSEGV through an in-process agent).
     pub tracker: String,
+    /// `precopy_min_pages`: pre-copy the written pages before a pause only when the epoch
+    /// before wrote at least this many (0: before every pause), default 256. Under the
+    /// userfaultfd tracker only.
+    pub precopy_min_pages: u64,
 }
 
 /// `[tardi.network]`.

@@ -61,6 +61,7 @@ const KNOWN_KEYS: &[&str] = &[
     "tardi.epoch.cap_pages",
     "tardi.epoch.hot_epochs",
     "tardi.epoch.tracker",
+    "tardi.epoch.precopy_min_pages",
     "tardi.network",
     "tardi.network.subnet",
 ];
@@ -768,6 +769,10 @@ impl<'t> Ctx<'t> {
                             self.invalid(&e, format!("must be in 1..={}, got {n}", u32::MAX))
                         );
                     }
+                },
+                "precopy_min_pages" => match self.integer(&e)? {
+                    n if n >= 0 => st.epoch.precopy_min_pages = n as u64,
+                    n => return Err(self.invalid(&e, format!("must not be negative, got {n}"))),
                 },
                 "tracker" => match self.string(&e)? {
                     t @ ("uffd" | "mprotect") => st.epoch.tracker = t.to_string(),

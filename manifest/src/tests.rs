@@ -53,6 +53,7 @@ fn defaults() {
     assert_eq!(m.tardi.epoch.min_ms, 1.0);
     assert_eq!(m.tardi.epoch.cap_pages, 1000);
     assert_eq!(m.tardi.epoch.hot_epochs, 3);
+    assert_eq!(m.tardi.epoch.precopy_min_pages, 256);
     assert_eq!(m.tardi.network.subnet, Ipv4Addr::new(10, 213, 0, 0));
     assert!(m.source.is_absolute());
     assert!(m.source.ends_with(SRC));
@@ -88,6 +89,7 @@ min_ms = 0.5
 cap_pages = 64
 hot_epochs = 5
 tracker = "mprotect"
+precopy_min_pages = 0
 
 [tardi.network]
 subnet = "10.42.0.0"
@@ -125,6 +127,7 @@ subnet = "10.42.0.0"
     assert_eq!(m.tardi.epoch.cap_pages, 64);
     assert_eq!(m.tardi.epoch.hot_epochs, 5);
     assert_eq!(m.tardi.epoch.tracker, "mprotect");
+    assert_eq!(m.tardi.epoch.precopy_min_pages, 0);
     assert_eq!(m.tardi.network.subnet, Ipv4Addr::new(10, 42, 0, 0));
     assert_eq!(m.tardi.ports[0].to_string(), "tcp:6379");
 }
@@ -491,6 +494,11 @@ fn error_invalid_values() {
         (
             "[tardi.epoch]\nhot_epochs = -1\n",
             "tardi.epoch.hot_epochs",
+            4,
+        ),
+        (
+            "[tardi.epoch]\nprecopy_min_pages = -1\n",
+            "tardi.epoch.precopy_min_pages",
             4,
         ),
         (

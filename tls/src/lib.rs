@@ -250,6 +250,24 @@ impl Security {
         }
     }
 
+    /// The checkpoint stream's client configuration ([`Identity::stream_client`]); `None`:
+    /// plaintext.
+    pub fn stream_client(&self) -> Option<Arc<rustls::ClientConfig>> {
+        match self {
+            Security::Tls(id) => Some(id.stream_client()),
+            Security::Plaintext => None,
+        }
+    }
+
+    /// The checkpoint stream's server configuration ([`Identity::stream_server`]); `None`:
+    /// plaintext.
+    pub fn stream_server(&self) -> Option<Arc<rustls::ServerConfig>> {
+        match self {
+            Security::Tls(id) => Some(id.stream_server()),
+            Security::Plaintext => None,
+        }
+    }
+
     /// The gRPC server's TLS configuration: clients must present a certificate from the CA.
     pub fn server_tls(&self) -> Option<tonic::transport::ServerTlsConfig> {
         match self {

@@ -189,6 +189,9 @@ fn read_len_or_end(r: &mut impl Read) -> io::Result<Option<[u8; 4]>> {
             }
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // A TLS peer that closed the connection without `close_notify`, between frames:
+            // the same end as a TCP peer's FIN there (a cut inside a frame is still an error).
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && got == 0 => return Ok(None),
             Err(e) => return Err(e),
         }
     }
@@ -303,8 +306,25 @@ impl Connection {
         read_ack(self)
     }
 
-    /// Ends both directions: a thread blocked in [`Connection::recv_ack`] returns.
+    /// Ends both directions (with TLS, after a `close_notify` if the socket takes it within
+    /// 100 ms): a thread blocked in [`Connection::recv_ack`] returns.
     pub fn shutdown(&self) {
+        if let Some(tls) = &self.tls {
+            let mut out = Vec::new();
+            {
+                let mut c = lock(tls);
+                c.send_close_notify();
+                while c.wants_write() {
+                    if c.write_tls(&mut out).is_err() {
+                        break;
+                    }
+                }
+            }
+            let _ = self
+                .sock
+                .set_write_timeout(Some(Duration::from_millis(100)));
+            let _ = (&self.sock).write_all(&out);
+        }
         let _ = self.sock.shutdown(Shutdown::Both);
     }
 }

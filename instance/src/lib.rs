@@ -507,6 +507,12 @@ fn serve_streams(
             .spawn(move || {
                 let peer = conn.peer_addr().ok();
                 match stream::Accepted::accept(conn, tls, Duration::from_secs(2)) {
+                    // Closed before a byte: a port probe (the lab's readiness check).
+                    Err(stream::StreamError::Handshake(e) | stream::StreamError::Io(e))
+                        if e.kind() == std::io::ErrorKind::UnexpectedEof =>
+                    {
+                        tracing::debug!(?peer, error = %e, "checkpoint stream closed at once");
+                    }
                     Err(e) => {
                         tracing::warn!(?peer, error = %e, "checkpoint stream refused");
                     }

@@ -45,6 +45,68 @@ pub enum Command {
     #[command(about = tardi_lab::ABOUT, long_about = tardi_lab::LONG_ABOUT)]
     Lab(tardi_lab::LabArgs),
     Profile(ProfileArgs),
+    Certs(CertsArgs),
+}
+
+/// How this program authenticates to the other nodes of the cluster.
+#[derive(Args, Debug, Clone)]
+pub struct TlsArgs {
+    /// This node's TLS directory (ca.pem, node.pem, node.key), made by `tardi certs`: every
+    /// connection to or from another node (orchestrators, instances, this CLI) is mutual TLS,
+    /// both ends presenting a certificate from the cluster's CA. Required unless
+    /// --insecure-plaintext is given.
+    #[arg(long, env = "TARDI_TLS_DIR", value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
+    /// Talk to the other nodes in plaintext: nothing is encrypted or authenticated, anyone who
+    /// reaches a port can deploy, read the cluster's state or send checkpoints. For tests on
+    /// a closed network only.
+    #[arg(long, env = "TARDI_INSECURE_PLAINTEXT", conflicts_with = "tls_dir")]
+    pub insecure_plaintext: bool,
+}
+
+/// Make the certificates for a cluster's mutual TLS: a CA and a certificate + key per node.
+///
+/// Writes into DIR (created):
+///   DIR/ca.pem, DIR/ca.key        the cluster's CA (keep ca.key on this machine: it signs)
+///   DIR/NAME/ca.pem, node.pem, node.key   one directory per node: copy it to the node and
+///                                          pass it as --tls-dir (or TARDI_TLS_DIR)
+///
+/// Orchestrators and instances are named with the addresses their peers dial (IP addresses or
+/// DNS names): a node's certificate carries its name and these as subject alternative names,
+/// and a peer checks the address it dialled against them. A client identity (--client) is for
+/// the CLI: `tardi deploy`, `status`, `undeploy`, `orchestrator join|leave`.
+///
+/// If DIR already has a CA (ca.pem + ca.key) it signs the new certificates: run this again to
+/// add a node. Existing node files are never replaced unless --force is given. Keys are ECDSA
+/// P-256, written with mode 0600. `tardi lab up` does all this by itself.
+///
+/// Example:
+///   tardi certs /etc/tardi/pki --orchestrator o1=10.0.0.11 --orchestrator o2=10.0.0.12 \
+///       --orchestrator o3=10.0.0.13 --instance m1=10.0.0.21 --instance m2=10.0.0.22 \
+///       --client admin
+///   scp -r /etc/tardi/pki/m1 m1:/etc/tardi/tls       # then on m1: tardi instance --tls-dir /etc/tardi/tls ...
+///   TARDI_TLS_DIR=/etc/tardi/pki/admin tardi status --orchestrator 10.0.0.11:7700
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct CertsArgs {
+    /// The directory to write into (created if missing).
+    pub dir: PathBuf,
+    /// An orchestrator node: NAME=ADDR[,ADDR...] (repeat the flag for each node).
+    #[arg(long = "orchestrator", value_name = "NAME=ADDR[,ADDR...]")]
+    pub orchestrators: Vec<String>,
+    /// An instance (machine): NAME=ADDR[,ADDR...], the address its checkpoint stream is dialled
+    /// at (repeat the flag for each machine).
+    #[arg(long = "instance", value_name = "NAME=ADDR[,ADDR...]")]
+    pub instances: Vec<String>,
+    /// A client identity for the CLI: NAME (repeat for more).
+    #[arg(long = "client", value_name = "NAME")]
+    pub clients: Vec<String>,
+    /// How long the node certificates are valid, in days (the CA: ten years longer).
+    #[arg(long, default_value_t = 825)]
+    pub days: u32,
+    /// Replace the files of nodes that already have some (the CA is kept).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Run a service from a Gramine-format manifest in a sandbox, in the foreground.
@@ -133,6 +195,8 @@ pub struct StatusArgs {
     /// machine are listed instead.
     #[arg(long, env = "TARDI_ORCHESTRATOR")]
     pub orchestrator: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Take the answer of the first orchestrator that answers, even a follower's (its own
     /// replicated state, without liveness), instead of the leader's.
     #[arg(long)]
@@ -155,6 +219,8 @@ pub struct UndeployArgs {
     /// The orchestrators (comma-separated host:port or URLs; the leader is found among them).
     #[arg(long, env = "TARDI_ORCHESTRATOR")]
     pub orchestrator: String,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Return once the orchestrator forgot the service, without waiting for the machines.
     #[arg(long)]
     pub no_wait: bool,
@@ -189,6 +255,8 @@ pub struct DeployArgs {
     /// The orchestrators (comma-separated host:port or URLs; the leader is found among them).
     #[arg(long, env = "TARDI_ORCHESTRATOR")]
     pub orchestrator: String,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Return once the orchestrator accepted the deployment, without waiting for protection.
     #[arg(long)]
     pub no_wait: bool,
@@ -250,6 +318,8 @@ pub struct OrchestratorArgs {
     /// tardi_service_*, tardi_primary_*, tardi_backup_*).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -272,6 +342,8 @@ pub struct JoinArgs {
     /// The cluster's orchestrators (comma-separated host:port or URLs).
     #[arg(long, env = "TARDI_ORCHESTRATOR")]
     pub orchestrator: String,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 #[derive(Args, Debug)]
@@ -282,6 +354,8 @@ pub struct LeaveArgs {
     /// The cluster's orchestrators (comma-separated host:port or URLs).
     #[arg(long, env = "TARDI_ORCHESTRATOR")]
     pub orchestrator: String,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 /// Run this machine's instance: primary, backup or spare for each deployed service.
@@ -306,6 +380,8 @@ pub struct InstanceArgs {
     /// The orchestrators (comma-separated host:port or URLs; the session follows the leader).
     #[arg(long, env = "TARDI_ORCHESTRATOR")]
     pub orchestrator: String,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// The interface clients reach services through (the service address is claimed there).
     #[arg(long, default_value = "eth0")]
     pub service_if: String,

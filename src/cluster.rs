@@ -3,12 +3,66 @@
 //! `tardi-instance`; this module parses, calls and prints.
 
 use crate::cli::{
-    DeployArgs, InstanceArgs, OrchestratorAction, OrchestratorArgs, StatusArgs, UndeployArgs,
+    CertsArgs, DeployArgs, InstanceArgs, OrchestratorAction, OrchestratorArgs, StatusArgs, TlsArgs,
+    UndeployArgs,
 };
 use anyhow::Context;
 use std::time::Duration;
 use tardi_orchestrator::client;
 use tardi_proto as pb;
+use tardi_tls::Security;
+
+/// The security the flags ask for: a TLS identity, or plaintext if explicitly asked.
+fn security(t: &TlsArgs, who: &str) -> anyhow::Result<Security> {
+    Ok(Security::from_flags(
+        t.tls_dir.as_deref(),
+        t.insecure_plaintext,
+        who,
+    )?)
+}
+
+/// `tardi certs`.
+pub fn certs(a: CertsArgs) -> anyhow::Result<()> {
+    use tardi_tls::certs::{NodeSpec, Role};
+    let mut nodes = Vec::new();
+    for (role, list) in [
+        (Role::Orchestrator, &a.orchestrators),
+        (Role::Instance, &a.instances),
+        (Role::Client, &a.clients),
+    ] {
+        for s in list {
+            nodes.push(NodeSpec::parse(role, s)?);
+        }
+    }
+    let made = tardi_tls::certs::make(&a.dir, &nodes, a.days, a.force)?;
+    if made.new_ca {
+        println!(
+            "made a new cluster CA: {} (its key {} signs every node: keep it here)",
+            a.dir.join(tardi_tls::certs::CA_CERT).display(),
+            a.dir.join(tardi_tls::certs::CA_KEY).display()
+        );
+    } else {
+        println!(
+            "signed with the CA already in {}",
+            a.dir.join(tardi_tls::certs::CA_CERT).display()
+        );
+    }
+    for (n, d) in nodes.iter().zip(&made.nodes) {
+        let mut names = vec![n.name.clone()];
+        names.extend(n.addrs.iter().cloned());
+        println!(
+            "{} ({}): {} [{}]",
+            n.name,
+            n.role.as_str(),
+            d.display(),
+            names.join(", ")
+        );
+    }
+    println!(
+        "copy each node's directory to it and pass it as --tls-dir DIR (or set TARDI_TLS_DIR)"
+    );
+    Ok(())
+}
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
@@ -19,7 +73,8 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 pub fn orchestrator(a: OrchestratorArgs) -> anyhow::Result<()> {
     match a.action {
         Some(OrchestratorAction::Join(j)) => {
-            let r = runtime()?.block_on(client::join(&j.orchestrator, &j.name, &j.addr))?;
+            let sec = security(&j.tls, "tardi orchestrator join")?;
+            let r = runtime()?.block_on(client::join(&j.orchestrator, &sec, &j.name, &j.addr))?;
             println!(
                 "{} joined the orchestrator cluster; members: {}",
                 j.name,
@@ -28,7 +83,8 @@ pub fn orchestrator(a: OrchestratorArgs) -> anyhow::Result<()> {
             return Ok(());
         }
         Some(OrchestratorAction::Leave(l)) => {
-            let r = runtime()?.block_on(client::leave(&l.orchestrator, &l.name))?;
+            let sec = security(&l.tls, "tardi orchestrator leave")?;
+            let r = runtime()?.block_on(client::leave(&l.orchestrator, &sec, &l.name))?;
             println!(
                 "{} left the orchestrator cluster; members: {}",
                 l.name,
@@ -41,6 +97,7 @@ pub fn orchestrator(a: OrchestratorArgs) -> anyhow::Result<()> {
     if a.failure_timeout == 0 {
         anyhow::bail!("--failure-timeout must be at least 1 ms");
     }
+    let sec = security(&a.tls, "tardi orchestrator")?;
     let peers = a
         .peers
         .iter()
@@ -67,6 +124,7 @@ pub fn orchestrator(a: OrchestratorArgs) -> anyhow::Result<()> {
             peers,
             join: a.join,
             metrics: a.metrics,
+            security: sec,
         },
     ))?;
     Ok(())
@@ -76,6 +134,7 @@ pub fn instance(a: InstanceArgs) -> anyhow::Result<()> {
     if a.heartbeat_ms == 0 || a.queue_len == 0 {
         anyhow::bail!("--heartbeat-ms and --queue-len must be at least 1");
     }
+    let sec = security(&a.tls, "tardi instance")?;
     tardi_instance::run(tardi_instance::Options {
         machine: a.machine,
         listen: a.listen,
@@ -88,12 +147,14 @@ pub fn instance(a: InstanceArgs) -> anyhow::Result<()> {
         heartbeat: Duration::from_millis(a.heartbeat_ms),
         epoch_log: a.epoch_log,
         metrics: a.metrics,
+        security: sec,
     })
 }
 
 pub fn undeploy(a: UndeployArgs) -> anyhow::Result<()> {
     let wait = (!a.no_wait).then(|| Duration::from_secs(a.timeout));
-    runtime()?.block_on(client::undeploy(&a.orchestrator, &a.service, wait))?;
+    let sec = security(&a.tls, "tardi undeploy")?;
+    runtime()?.block_on(client::undeploy(&a.orchestrator, &sec, &a.service, wait))?;
     if wait.is_some() {
         println!("{:?} is undeployed: no machine runs it any more", a.service);
     } else {
@@ -123,8 +184,10 @@ pub fn deploy(a: DeployArgs) -> anyhow::Result<()> {
             m.tardi.name, a.backups, a.orchestrator
         );
     }
+    let sec = security(&a.tls, "tardi deploy")?;
     let reply = runtime()?.block_on(client::deploy(
         &a.orchestrator,
+        &sec,
         text,
         path.display().to_string(),
         a.backups,
@@ -169,7 +232,8 @@ pub fn deploy(a: DeployArgs) -> anyhow::Result<()> {
 
 /// `tardi status` with an orchestrator: the cluster's services.
 pub fn status(a: &StatusArgs, addr: &str) -> anyhow::Result<()> {
-    let st = runtime()?.block_on(client::status_from(addr, !a.any_node))?;
+    let sec = security(&a.tls, "tardi status")?;
+    let st = runtime()?.block_on(client::status_from(addr, &sec, !a.any_node))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&status_json(&st))?);
         return Ok(());

@@ -43,6 +43,7 @@ fn main() {
             .map_err(anyhow::Error::from)
             .and_then(|exe| tardi_lab::run(a.command, &exe)),
         cli::Command::Profile(a) => profile::profile(a),
+        cli::Command::Certs(a) => cluster::certs(a),
     };
     if let Err(e) = result {
         eprintln!("tardi: error: {}", output::describe(&e));

@@ -284,7 +284,11 @@ fn malformed_and_out_of_view_checkpoints_are_refused_with_nothing_applied() {
     let to = addr(&svc, 6379);
     let api = c.lab.api(&backup).unwrap().to_string();
     c.lab.in_node("client", || set_keys(to, "r", 100)).unwrap();
-    // Sent straight to the backup's checkpoint stream, as a rogue or deposed primary would.
+    // Sent straight to the backup's checkpoint stream, as a rogue or deposed primary would
+    // (one holding a certificate from the cluster's CA: the client's).
+    let tls = tardi_tls::Security::tls(&c.lab.node("client").unwrap().tls_dir())
+        .unwrap()
+        .stream_client();
     let errors = c
         .lab
         .in_node("client", || {
@@ -304,7 +308,7 @@ fn malformed_and_out_of_view_checkpoints_are_refused_with_nothing_applied() {
             ];
             for (what, m, data) in cases {
                 // A refusal closes the stream: one connection per case.
-                let mut conn = Connection::connect(&api, Duration::from_secs(2))
+                let mut conn = Connection::connect(&api, Duration::from_secs(2), tls.clone())
                     .expect("connect to the backup's checkpoint stream");
                 conn.send(&m, &data).expect("send");
                 let ack = conn.recv_ack().expect("an ack").expect("an ack");

@@ -1,6 +1,6 @@
 //! The systemd units in `dist/systemd/`: `systemd-analyze verify` accepts them (with the real
-//! binary in place of /usr/local/bin/tardi and the example environment files), and the arguments
-//! the example environment files give are all flags the daemons know.
+//! binary in place of /usr/local/bin/tardi and the example environment files), the arguments
+//! the example environment files give are all flags the daemons know, and they run with TLS.
 
 mod common;
 
@@ -56,6 +56,11 @@ fn check(unit: &str, env: &str, var: &str, subcommand: &str) {
     // Every flag of the example is known, and every value parses (`--help` comes last: the
     // parser reads what comes before it first).
     let args = env_value(&dist().join(env), var);
+    // Nodes talk mutual TLS: the example names the node's TLS directory, never plaintext.
+    assert!(
+        args.contains("--tls-dir /etc/tardi/tls") && !args.contains("--insecure-plaintext"),
+        "{env}: the daemon must run with --tls-dir: {args}"
+    );
     let out = Command::new(&exe)
         .arg(subcommand)
         .args(args.split_whitespace())

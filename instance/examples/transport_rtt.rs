@@ -3,12 +3,15 @@
 //! (as epochs leave the stream idle between checkpoints). The instance's transport (the
 //! dedicated TCP stream, `tardi_instance::stream`, as the instance serves it) against the gRPC
 //! bidirectional stream (`Replica` in `proto/tardi.proto`, with 8/16 MiB HTTP/2 windows) the
-//! instances used before; same payloads, same loopback, one run. The receiver only
+//! instances used before; same payloads, same loopback, one run. The stream is measured twice:
+//! plain TCP, and inside mutual TLS 1.3 (rustls with ring, node certificates from
+//! `tardi_tls::certs`, as the instances run it with `--tls-dir`). The receiver only
 //! acknowledges: this measures the transport, not the backup's checks.
 //!
 //! Run: cargo run --release -p tardi-instance --example transport_rtt [-- ROUNDS]
 
 use std::net::TcpListener;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tardi_instance::stream;
 use tardi_proto as pb;
@@ -112,15 +115,18 @@ fn grpc(rt: &tokio::runtime::Runtime, size: usize, rounds: usize, gap: Duration)
     })
 }
 
-fn tcp(size: usize, rounds: usize, gap: Duration) -> Vec<Duration> {
+/// The TLS configurations of both ends, or `None` for plain TCP.
+type Tls = Option<(Arc<rustls::ClientConfig>, Arc<rustls::ServerConfig>)>;
+
+fn tcp(size: usize, rounds: usize, gap: Duration, tls: &Tls) -> Vec<Duration> {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
+    let server_tls = tls.as_ref().map(|t| t.1.clone());
     let server = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        s.set_nodelay(true).unwrap();
-        stream::read_hello(&mut s).unwrap();
-        stream::write_hello(&mut s).unwrap();
-        let mut input = std::io::BufReader::with_capacity(256 << 10, s.try_clone().unwrap());
+        let (s, _) = l.accept().unwrap();
+        // As the instance serves it (TCP_NODELAY, handshake, hellos).
+        let s = stream::Accepted::accept(s, server_tls, Duration::from_secs(2)).unwrap();
+        let mut input = std::io::BufReader::with_capacity(256 << 10, s);
         while let Some(m) = stream::read_checkpoint(&mut input).unwrap() {
             let ack = pb::Ack {
                 service: String::new(),
@@ -128,10 +134,15 @@ fn tcp(size: usize, rounds: usize, gap: Duration) -> Vec<Duration> {
                 epoch: m.epoch,
                 error: String::new(),
             };
-            stream::write_ack(&mut s, &ack).unwrap();
+            stream::write_ack(input.get_mut(), &ack).unwrap();
         }
     });
-    let mut c = stream::Connection::connect(&addr.to_string(), Duration::from_secs(1)).unwrap();
+    let mut c = stream::Connection::connect(
+        &addr.to_string(),
+        Duration::from_secs(1),
+        tls.as_ref().map(|t| t.0.clone()),
+    )
+    .unwrap();
     let data = vec![0xa5u8; size];
     let mut out = Vec::with_capacity(rounds);
     for i in 0..rounds + 20 {
@@ -169,10 +180,24 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // A cluster CA and two node identities for loopback, as `tardi certs` makes them.
+    let dir = std::env::temp_dir().join(format!("tardi-transport-rtt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nodes = [
+        tardi_tls::certs::NodeSpec::parse(tardi_tls::certs::Role::Instance, "m1=127.0.0.1")
+            .unwrap(),
+        tardi_tls::certs::NodeSpec::parse(tardi_tls::certs::Role::Instance, "m2=127.0.0.1")
+            .unwrap(),
+    ];
+    tardi_tls::certs::make(&dir, &nodes, 1, false).unwrap();
+    let primary = tardi_tls::Identity::load(&dir.join("m1")).unwrap();
+    let backup = tardi_tls::Identity::load(&dir.join("m2")).unwrap();
+    let tls: Tls = Some((primary.stream_client(), backup.stream_server()));
+    let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "| checkpoint bytes | gap | stream p50 µs | stream p99 µs | stream mean µs | gRPC p50 µs | gRPC p99 µs | gRPC mean µs |"
+        "| checkpoint bytes | gap | TCP p50 µs | TCP p99 µs | TCP mean µs | TLS p50 µs | TLS p99 µs | TLS mean µs | gRPC p50 µs | gRPC p99 µs | gRPC mean µs |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for gap_ms in [0u64, 3] {
         let gap = Duration::from_millis(gap_ms);
         for size in [512usize, 4 << 10, 64 << 10, 1 << 20] {
@@ -180,11 +205,12 @@ fn main() {
             if gap_ms > 0 {
                 n = n.min(500);
             }
-            let t = percentiles(tcp(size, n, gap));
+            let t = percentiles(tcp(size, n, gap, &None));
+            let s = percentiles(tcp(size, n, gap, &tls));
             let g = percentiles(grpc(&rt, size, n, gap));
             println!(
-                "| {size} | {gap_ms} ms | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
-                t.0, t.1, t.2, g.0, g.1, g.2
+                "| {size} | {gap_ms} ms | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+                t.0, t.1, t.2, s.0, s.1, s.2, g.0, g.1, g.2
             );
         }
     }

@@ -58,6 +58,9 @@ pub struct Options {
     pub epoch_log: Option<PathBuf>,
     /// Serve Prometheus metrics on `http://ADDR/metrics` ([`metrics`]).
     pub metrics: Option<SocketAddr>,
+    /// Mutual TLS (the orchestrator session and the checkpoint streams both ways) or
+    /// plaintext.
+    pub security: tardi_tls::Security,
 }
 
 /// One service as assigned to this machine.
@@ -484,7 +487,11 @@ fn metrics(machine: &str, reports: &[pb::ServiceReport]) -> String {
 /// answered by its acknowledgement once the backup queued it (or refused it: the connection
 /// then closes). A connection that does not open with the stream's hello (a port probe, a
 /// stray client) is closed.
-fn serve_streams(listener: std::net::TcpListener, roles: Arc<Roles>) {
+fn serve_streams(
+    listener: std::net::TcpListener,
+    roles: Arc<Roles>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
     for conn in listener.incoming() {
         let conn = match conn {
             Ok(c) => c,
@@ -494,13 +501,26 @@ fn serve_streams(listener: std::net::TcpListener, roles: Arc<Roles>) {
                 continue;
             }
         };
-        let roles = roles.clone();
+        let (roles, tls) = (roles.clone(), tls.clone());
         let spawned = std::thread::Builder::new()
             .name("stream-in".into())
             .spawn(move || {
                 let peer = conn.peer_addr().ok();
-                if let Err(e) = serve_stream(conn, &roles) {
-                    tracing::debug!(?peer, error = %e, "checkpoint stream ended");
+                match stream::Accepted::accept(conn, tls, Duration::from_secs(2)) {
+                    // Closed before a byte: a port probe (the lab's readiness check).
+                    Err(stream::StreamError::Handshake(e) | stream::StreamError::Io(e))
+                        if e.kind() == std::io::ErrorKind::UnexpectedEof =>
+                    {
+                        tracing::debug!(?peer, error = %e, "checkpoint stream closed at once");
+                    }
+                    Err(e) => {
+                        tracing::warn!(?peer, error = %e, "checkpoint stream refused");
+                    }
+                    Ok(io) => {
+                        if let Err(e) = serve_stream(io, &roles) {
+                            tracing::debug!(?peer, error = %e, "checkpoint stream ended");
+                        }
+                    }
                 }
             });
         if let Err(e) = spawned {
@@ -509,13 +529,8 @@ fn serve_streams(listener: std::net::TcpListener, roles: Arc<Roles>) {
     }
 }
 
-fn serve_stream(mut conn: std::net::TcpStream, roles: &Roles) -> Result<(), stream::StreamError> {
-    conn.set_nodelay(true)?;
-    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream::read_hello(&mut conn)?;
-    stream::write_hello(&mut conn)?;
-    conn.set_read_timeout(None)?;
-    let mut input = std::io::BufReader::with_capacity(256 << 10, conn.try_clone()?);
+fn serve_stream(conn: stream::Accepted, roles: &Roles) -> Result<(), stream::StreamError> {
+    let mut input = std::io::BufReader::with_capacity(256 << 10, conn);
     while let Some(m) = stream::read_checkpoint(&mut input)? {
         tracing::trace!(epoch = m.epoch, bytes = m.data.len(), "checkpoint received");
         let (service, view, epoch) = (m.service.clone(), m.view, m.epoch);
@@ -533,7 +548,7 @@ fn serve_stream(mut conn: std::net::TcpStream, roles: &Roles) -> Result<(), stre
         if refused {
             tracing::warn!(service = %ack.service, view, epoch, error = %ack.error, "checkpoint refused");
         }
-        stream::write_ack(&mut conn, &ack)?;
+        stream::write_ack(input.get_mut(), &ack)?;
         if refused {
             break;
         }
@@ -554,7 +569,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         opts: opts.clone(),
         rt: rt.handle().clone(),
         machines: Mutex::new(HashMap::new()),
-        orchestrators: Orchestrators::new(&opts.orchestrator),
+        orchestrators: Orchestrators::new(&opts.orchestrator, opts.security.clone()),
     });
     let roles = Arc::new(Roles {
         ctx: ctx.clone(),
@@ -579,10 +594,10 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let listener = std::net::TcpListener::bind(opts.listen)
         .with_context(|| format!("cannot listen on {}", opts.listen))?;
     {
-        let roles = roles.clone();
+        let (roles, tls) = (roles.clone(), opts.security.stream_server());
         std::thread::Builder::new()
             .name("stream-accept".into())
-            .spawn(move || serve_streams(listener, roles))?;
+            .spawn(move || serve_streams(listener, roles, tls))?;
     }
     let result = rt.block_on(async {
         let _metrics = match opts.metrics {

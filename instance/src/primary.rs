@@ -701,7 +701,8 @@ fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
         .ctx
         .machine_api(b)
         .ok_or_else(|| anyhow::anyhow!("no address known for machine {b}"))?;
-    let mut conn = crate::stream::Connection::connect(&api, Duration::from_millis(500))?;
+    let tls = sh.ctx.opts.security.stream_client();
+    let mut conn = crate::stream::Connection::connect(&api, Duration::from_millis(500), tls)?;
     // Why the acknowledgements stopped, once they did (read by the sending loop).
     let ended: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
     let acks = {

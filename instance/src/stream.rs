@@ -18,11 +18,21 @@
 //! - each acknowledgement, in the order of the checkpoints: length (u32), a protobuf [`pb::Ack`]
 //!   (a non-empty `error` is a refusal; the backup then closes the connection).
 //!
-//! Owns: framing and the hello. Must not touch: what a checkpoint means (the backup checks it).
+//! With a TLS identity (`--tls-dir`) all of this runs inside TLS 1.3 (rustls, the node
+//! certificates of `tardi certs`): the backup accepts only a primary whose client certificate
+//! the cluster's CA signed, and the primary only a backup whose certificate names the address
+//! it dialled. The stream carries the service's whole memory and the backup applies it, so an
+//! unauthenticated peer must not get past the handshake. The sockets keep `TCP_NODELAY`; each
+//! write of the framing becomes TLS records sent at once (`docs/BENCHMARKS.md`, "Transport":
+//! the cost per round trip).
+//!
+//! Owns: framing, the hello and the TLS session. Must not touch: what a checkpoint means (the
+//! backup checks it).
 
 use prost::Message;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tardi_proto as pb;
 
@@ -57,6 +67,10 @@ pub enum StreamError {
         what: &'static str,
         source: prost::DecodeError,
     },
+    #[error("TLS handshake of the checkpoint stream: {0}")]
+    Handshake(io::Error),
+    #[error("TLS session of the checkpoint stream: {0}")]
+    Tls(#[from] rustls::Error),
     #[error(transparent)]
     Io(#[from] io::Error),
 }
@@ -175,6 +189,9 @@ fn read_len_or_end(r: &mut impl Read) -> io::Result<Option<[u8; 4]>> {
             }
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // A TLS peer that closed the connection without `close_notify`, between frames:
+            // the same end as a TCP peer's FIN there (a cut inside a frame is still an error).
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && got == 0 => return Ok(None),
             Err(e) => return Err(e),
         }
     }
@@ -214,45 +231,237 @@ pub fn read_ack(r: &mut impl Read) -> Result<Option<pb::Ack>> {
 }
 
 /// The primary's end of a checkpoint stream (also what a test uses to play a rogue primary).
+/// One handle sends (the sender thread); a [`Connection::try_clone`] reads the
+/// acknowledgements on another thread. With TLS both share the session behind a mutex held
+/// only to encrypt or decrypt, never across a blocking socket call, so a large checkpoint
+/// being written does not hold back the acknowledgements of earlier ones.
 pub struct Connection {
     sock: TcpStream,
+    tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
+    /// Ciphertext read from the socket (TLS only).
+    inbuf: Vec<u8>,
 }
 
+/// Plaintext bytes encrypted per lock of the session.
+const TLS_CHUNK: usize = 256 << 10;
+
 impl Connection {
-    /// Connects to the backup whose API listens on `api` and exchanges hellos.
-    pub fn connect(api: &str, timeout: Duration) -> Result<Connection> {
+    /// Connects to the backup whose stream listens on `api`, makes the TLS handshake (with
+    /// `tls`) and exchanges hellos.
+    pub fn connect(
+        api: &str,
+        timeout: Duration,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> Result<Connection> {
         let addr = stream_addr(api)?;
-        let sock = TcpStream::connect_timeout(&addr, timeout)
+        let mut sock = TcpStream::connect_timeout(&addr, timeout)
             .map_err(|source| StreamError::Connect { addr, source })?;
         sock.set_nodelay(true)?;
-        // The hello must not hang on a peer that accepts and says nothing.
+        // The handshake and hello must not hang on a peer that accepts and says nothing.
         sock.set_read_timeout(Some(timeout))?;
-        let mut c = Connection { sock };
-        write_hello(&mut c.sock)?;
-        read_hello(&mut c.sock)?;
+        sock.set_write_timeout(Some(timeout))?;
+        let tls = match tls {
+            None => None,
+            Some(cfg) => {
+                // The backup's certificate must carry the address dialled.
+                let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+                let mut c = rustls::ClientConnection::new(cfg, name)?;
+                c.set_buffer_limit(None);
+                while c.is_handshaking() {
+                    c.complete_io(&mut sock).map_err(StreamError::Handshake)?;
+                }
+                Some(Arc::new(Mutex::new(c)))
+            }
+        };
+        let mut c = Connection {
+            sock,
+            tls,
+            inbuf: Vec::new(),
+        };
+        write_hello(&mut c)?;
+        // With TLS 1.3 a backup that refuses our certificate says so after the client's side
+        // of the handshake is done: its alert is what this read gets.
+        read_hello(&mut c)?;
         c.sock.set_read_timeout(None)?;
+        c.sock.set_write_timeout(None)?;
         Ok(c)
     }
 
-    /// A second handle on the socket, for reading the acknowledgements on another thread.
+    /// A second handle on the stream, for reading the acknowledgements on another thread
+    /// (it must not send).
     pub fn try_clone(&self) -> Result<Connection> {
         Ok(Connection {
             sock: self.sock.try_clone()?,
+            tls: self.tls.clone(),
+            inbuf: Vec::new(),
         })
     }
 
     pub fn send(&mut self, header: &pb::CheckpointMsg, data: &[u8]) -> Result<()> {
-        write_checkpoint(&mut self.sock, header, data)
+        write_checkpoint(self, header, data)
     }
 
     /// The next acknowledgement; `None` when the backup closed the stream.
     pub fn recv_ack(&mut self) -> Result<Option<pb::Ack>> {
-        read_ack(&mut self.sock)
+        read_ack(self)
     }
 
-    /// Ends both directions: a thread blocked in [`Connection::recv_ack`] returns.
+    /// Ends both directions (with TLS, after a `close_notify` if the socket takes it within
+    /// 100 ms): a thread blocked in [`Connection::recv_ack`] returns.
     pub fn shutdown(&self) {
+        if let Some(tls) = &self.tls {
+            let mut out = Vec::new();
+            {
+                let mut c = lock(tls);
+                c.send_close_notify();
+                while c.wants_write() {
+                    if c.write_tls(&mut out).is_err() {
+                        break;
+                    }
+                }
+            }
+            let _ = self
+                .sock
+                .set_write_timeout(Some(Duration::from_millis(100)));
+            let _ = (&self.sock).write_all(&out);
+        }
         let _ = self.sock.shutdown(Shutdown::Both);
+    }
+}
+
+fn lock(
+    tls: &Mutex<rustls::ClientConnection>,
+) -> std::sync::MutexGuard<'_, rustls::ClientConnection> {
+    tls.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Read for Connection {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let Some(tls) = self.tls.clone() else {
+            return self.sock.read(out);
+        };
+        loop {
+            match lock(&tls).reader().read(out) {
+                // 0: the backup closed the session cleanly.
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            // Nothing decrypted is waiting: read ciphertext without holding the session.
+            self.inbuf.resize(16 << 10, 0);
+            let n = self.sock.read(&mut self.inbuf)?;
+            let mut c = lock(&tls);
+            let mut rd = &self.inbuf[..n];
+            loop {
+                // An empty slice tells rustls the socket ended.
+                c.read_tls(&mut rd)?;
+                c.process_new_packets()
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                if rd.is_empty() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl Write for Connection {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let Some(tls) = self.tls.clone() else {
+            return self.sock.write(buf);
+        };
+        let mut out = Vec::new();
+        for chunk in buf.chunks(TLS_CHUNK) {
+            out.clear();
+            {
+                let mut c = lock(&tls);
+                c.writer().write_all(chunk)?;
+                while c.wants_write() {
+                    c.write_tls(&mut out)?;
+                }
+            }
+            self.sock.write_all(&out)?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.sock.flush()
+    }
+}
+
+/// A checkpoint stream as the backup's instance serves it: plain TCP or a TLS session.
+pub enum Accepted {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ServerConnection, TcpStream>>),
+}
+
+impl Accepted {
+    /// Takes a connection to the stream's port: the TLS handshake (with `tls`: only a client
+    /// whose certificate the cluster's CA signed completes it), then the hellos. Each step has
+    /// `timeout` (a port probe or a peer that says nothing is dropped).
+    pub fn accept(
+        mut sock: TcpStream,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        timeout: Duration,
+    ) -> Result<Accepted> {
+        sock.set_nodelay(true)?;
+        sock.set_read_timeout(Some(timeout))?;
+        sock.set_write_timeout(Some(timeout))?;
+        let mut io = match tls {
+            None => Accepted::Plain(sock),
+            Some(cfg) => {
+                let mut c = rustls::ServerConnection::new(cfg)?;
+                while c.is_handshaking() {
+                    c.complete_io(&mut sock).map_err(StreamError::Handshake)?;
+                }
+                Accepted::Tls(Box::new(rustls::StreamOwned::new(c, sock)))
+            }
+        };
+        read_hello(&mut io)?;
+        write_hello(&mut io)?;
+        io.flush()?;
+        let s = io.socket();
+        s.set_read_timeout(None)?;
+        s.set_write_timeout(None)?;
+        Ok(io)
+    }
+
+    fn socket(&self) -> &TcpStream {
+        match self {
+            Accepted::Plain(s) => s,
+            Accepted::Tls(t) => &t.sock,
+        }
+    }
+
+    /// The peer's address, for logs.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        self.socket().peer_addr().ok()
+    }
+}
+
+impl Read for Accepted {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Accepted::Plain(s) => s.read(buf),
+            Accepted::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Accepted {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Accepted::Plain(s) => s.write(buf),
+            Accepted::Tls(t) => t.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Accepted::Plain(s) => s.flush(),
+            Accepted::Tls(t) => t.flush(),
+        }
     }
 }
 

@@ -71,8 +71,9 @@ pub enum LabCommand {
     /// Run a command inside a node, e.g. `tardi lab exec client -- redis-cli -h 10.213.0.6`.
     ///
     /// The command runs in the node's network namespace (and cgroup: `kill` stops it too),
-    /// with TARDI_ORCHESTRATOR set to the orchestrators' URLs; stdin, stdout and stderr are
-    /// yours, and `tardi lab exec` exits with the command's status.
+    /// with TARDI_ORCHESTRATOR set to the orchestrators' URLs and TARDI_TLS_DIR to the node's
+    /// TLS identity (so `tardi status` works unchanged); stdin, stdout and stderr are yours,
+    /// and `tardi lab exec` exits with the command's status.
     Exec(ExecArgs),
 
     /// Power cut: SIGKILL every process of a node at once (its sandboxes too) and take its link
@@ -120,6 +121,12 @@ pub struct UpArgs {
     /// Seconds each daemon may take to accept connections.
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     pub timeout: u64,
+
+    /// Run without TLS: the daemons and `tardi lab exec` get --insecure-plaintext. By default
+    /// the lab makes a CA and an identity per node (/var/lib/tardi-lab/tls/NODE) and every
+    /// connection between nodes is mutual TLS.
+    #[arg(long)]
+    pub insecure_plaintext: bool,
 }
 
 /// Arguments of `tardi lab status`.
@@ -228,6 +235,7 @@ fn up(a: UpArgs, tardi_exe: &Path) -> anyhow::Result<()> {
         .orchestrators(usize::from(a.orchestrators))
         .daemons(daemons);
     opts.ready_timeout = Duration::from_secs(a.timeout);
+    opts.tls = !a.insecure_plaintext;
     opts.lock_wait = CLI_LOCK_WAIT;
     opts.progress = true;
     let lab = Lab::up(opts).context("tardi lab up")?;
@@ -272,10 +280,11 @@ fn describe_up(s: &Summary) -> String {
     );
     out.push_str(&table(&rows));
     out.push_str(&format!(
-        "\nIn every node TARDI_ORCHESTRATOR={}; daemon logs are in {}.\n\
+        "\nIn every node TARDI_ORCHESTRATOR={} and TARDI_TLS_DIR (the node's identity under {}); daemon logs are in {}.\n\
          Services get addresses from {SERVICE_SUBNET}/{SERVICE_PREFIX}, reachable from the client.\n\n\
          Next steps:\n",
         s.orchestrator,
+        layout::tls_dir().display(),
         layout::log_dir().display(),
     ));
     let steps = [
@@ -392,6 +401,15 @@ fn status(a: StatusArgs) -> anyhow::Result<()> {
     }
     print!("{}", table(&rows));
     println!("TARDI_ORCHESTRATOR={}", lab.orchestrator_url());
+    if lab.state().tls {
+        println!(
+            "TARDI_TLS_DIR={}/NODE (mutual TLS; the client's identity is {}/client)",
+            crate::layout::tls_dir().display(),
+            crate::layout::tls_dir().display()
+        );
+    } else {
+        println!("TARDI_INSECURE_PLAINTEXT=1 (no TLS)");
+    }
     if matches!(
         lab.state().daemons,
         Daemons::Tardi(_) | Daemons::TardiWith { .. }

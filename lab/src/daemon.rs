@@ -55,17 +55,24 @@ impl Daemons {
 
 /// The command line of `node`'s daemon, or `None` when it runs none (the client, or
 /// [`Daemons::None`]).
-pub fn daemon_command(daemons: &Daemons, node: &Node, layout: &Layout) -> Option<Vec<String>> {
+/// With `tls`, the real daemons get the node's identity (`--tls-dir`); without, they are told
+/// `--insecure-plaintext`.
+pub fn daemon_command(
+    daemons: &Daemons,
+    node: &Node,
+    layout: &Layout,
+    tls: bool,
+) -> Option<Vec<String>> {
     let api = node.api()?;
     match daemons {
         Daemons::None => None,
-        Daemons::Tardi(exe) => Some(tardi_command(exe, node, api, layout)),
+        Daemons::Tardi(exe) => Some(tardi_command(exe, node, api, layout, tls)),
         Daemons::TardiWith {
             exe,
             orchestrator,
             instance,
         } => {
-            let mut argv = tardi_command(exe, node, api, layout);
+            let mut argv = tardi_command(exe, node, api, layout, tls);
             argv.extend(match node.role {
                 Role::Orchestrator => orchestrator.iter().cloned(),
                 _ => instance.iter().cloned(),
@@ -80,9 +87,23 @@ pub fn daemon_command(daemons: &Daemons, node: &Node, layout: &Layout) -> Option
 }
 
 /// The real daemons' command lines.
-fn tardi_command(exe: &Path, node: &Node, api: SocketAddrV4, layout: &Layout) -> Vec<String> {
+fn tardi_command(
+    exe: &Path,
+    node: &Node,
+    api: SocketAddrV4,
+    layout: &Layout,
+    tls: bool,
+) -> Vec<String> {
     let exe = exe.to_string_lossy().into_owned();
-    match node.role {
+    let security = if tls {
+        vec![
+            "--tls-dir".to_string(),
+            node.tls_dir().to_string_lossy().into_owned(),
+        ]
+    } else {
+        vec!["--insecure-plaintext".to_string()]
+    };
+    let mut argv = match node.role {
         Role::Orchestrator => vec![
             exe,
             "orchestrator".into(),
@@ -124,7 +145,9 @@ fn tardi_command(exe: &Path, node: &Node, api: SocketAddrV4, layout: &Layout) ->
             "--metrics".into(),
             SocketAddrV4::new(*api.ip(), METRICS_PORT).to_string(),
         ],
-    }
+    };
+    argv.extend(security);
+    argv
 }
 
 fn expand(word: &str, node: &Node, api: SocketAddrV4, layout: &Layout) -> String {
@@ -143,7 +166,7 @@ pub(crate) fn start(
     node: &Node,
     argv: &[String],
     cgroup: Option<&Path>,
-    orchestrators: &str,
+    env: &[(&str, String)],
 ) -> Result<Child> {
     let Some((program, args)) = argv.split_first() else {
         return Err(LabError::NodeState {
@@ -174,14 +197,7 @@ pub(crate) fn start(
     let err_log = log
         .try_clone()
         .ctx(|| format!("duplicating {}", log_path.display()))?;
-    let mut cmd = node_command(
-        &node.namespace(),
-        cgroup,
-        orchestrators,
-        program,
-        args,
-        Session::New,
-    )?;
+    let mut cmd = node_command(&node.namespace(), cgroup, env, program, args, Session::New)?;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::from(log))
         .stderr(Stdio::from(err_log));
@@ -256,25 +272,34 @@ mod tests {
         let l = Layout::new(2, 2).unwrap();
         let d = Daemons::Tardi("/usr/bin/tardi".into());
         assert_eq!(
-            daemon_command(&d, l.node("o2").unwrap(), &l)
+            daemon_command(&d, l.node("o2").unwrap(), &l, true)
                 .unwrap()
                 .join(" "),
             "/usr/bin/tardi orchestrator --listen 10.77.0.12:7700 --name o2 \
              --data-dir /var/lib/tardi-lab/o2/orchestrator \
-             --peers o1=10.77.0.11:7700,o2=10.77.0.12:7700 --metrics 10.77.0.12:9100"
+             --peers o1=10.77.0.11:7700,o2=10.77.0.12:7700 --metrics 10.77.0.12:9100 \
+             --tls-dir /var/lib/tardi-lab/tls/o2"
         );
         assert_eq!(
-            daemon_command(&d, l.node("m2").unwrap(), &l)
+            daemon_command(&d, l.node("m2").unwrap(), &l, true)
                 .unwrap()
                 .join(" "),
             "/usr/bin/tardi instance --machine m2 --listen 10.77.0.22:7701 \
              --orchestrator http://10.77.0.11:7700,http://10.77.0.12:7700 --service-if eth0 \
              --state-dir /var/lib/tardi-lab/m2 --run-dir /run/tardi-lab/m2/run \
-             --metrics 10.77.0.22:9100"
+             --metrics 10.77.0.22:9100 --tls-dir /var/lib/tardi-lab/tls/m2"
         );
-        assert_eq!(daemon_command(&d, l.node("client").unwrap(), &l), None);
+        assert!(
+            daemon_command(&d, l.node("m2").unwrap(), &l, false)
+                .unwrap()
+                .ends_with(&["--insecure-plaintext".to_string()])
+        );
         assert_eq!(
-            daemon_command(&Daemons::None, l.node("m1").unwrap(), &l),
+            daemon_command(&d, l.node("client").unwrap(), &l, true),
+            None
+        );
+        assert_eq!(
+            daemon_command(&Daemons::None, l.node("m1").unwrap(), &l, true),
             None
         );
     }
@@ -286,18 +311,18 @@ mod tests {
             "serve --bind {addr} {port} -n {node}/{role} {listen} {orchestrator}",
         );
         assert_eq!(
-            daemon_command(&d, l.node("m1").unwrap(), &l)
+            daemon_command(&d, l.node("m1").unwrap(), &l, true)
                 .unwrap()
                 .join(" "),
             "serve --bind 10.77.0.21 7701 -n m1/machine 10.77.0.21:7701 \
              http://10.77.0.11:7700,http://10.77.0.12:7700"
         );
         assert_eq!(
-            daemon_command(&d, l.node("o2").unwrap(), &l).unwrap()[2..4],
+            daemon_command(&d, l.node("o2").unwrap(), &l, true).unwrap()[2..4],
             ["10.77.0.12", "7700"]
         );
         assert_eq!(
-            daemon_command(&Daemons::template("  "), l.node("m1").unwrap(), &l),
+            daemon_command(&Daemons::template("  "), l.node("m1").unwrap(), &l, true),
             None
         );
     }

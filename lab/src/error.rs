@@ -26,6 +26,10 @@ pub enum LabError {
     )]
     Busy { path: PathBuf, waited: Duration },
 
+    /// The lab's certificates could not be made.
+    #[error("making the lab's TLS certificates in {}: {reason}", dir.display())]
+    Certs { dir: PathBuf, reason: String },
+
     /// A node name that is not in the lab.
     #[error("no node named {name:?} in the lab (nodes: {})", known.join(", "))]
     UnknownNode { name: String, known: Vec<String> },

@@ -29,22 +29,29 @@ pub(crate) enum Session {
     New,
 }
 
-/// `ip netns exec <ns> <program> <args>` with `TARDI_ORCHESTRATOR=<orchestrators>`, joining
+/// Where the node's TLS identity is, in every command the lab runs in a node (when the lab uses
+/// TLS).
+pub const TLS_DIR_ENV: &str = "TARDI_TLS_DIR";
+
+/// Set to `1` in every command the lab runs in a node when the lab runs without TLS.
+pub const PLAINTEXT_ENV: &str = "TARDI_INSECURE_PLAINTEXT";
+
+/// `ip netns exec <ns> <program> <args>` with `env` (`TARDI_ORCHESTRATOR`, TLS), joining
 /// `cgroup` (if given and present) before the first exec, so that everything the program starts
 /// is in it too. Stdio is left to the caller.
 pub(crate) fn node_command<S: AsRef<OsStr>>(
     ns: &str,
     cgroup: Option<&Path>,
-    orchestrators: &str,
+    env: &[(&str, String)],
     program: impl AsRef<OsStr>,
     args: &[S],
     session: Session,
 ) -> Result<Command> {
     let mut cmd = Command::new(ip_exe());
-    cmd.args(["netns", "exec", ns])
-        .arg(program)
-        .args(args)
-        .env(ORCHESTRATOR_ENV, orchestrators);
+    cmd.args(["netns", "exec", ns]).arg(program).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     let procs = match cgroup {
         Some(cg) => cgroup::open_procs(cg)?,
         None => None,

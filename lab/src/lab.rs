@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::daemon::{self, Daemons};
 use crate::error::{IoContext, LabError, Result};
-use crate::exec::{Session, node_command};
+use crate::exec::{ORCHESTRATOR_ENV, PLAINTEXT_ENV, Session, TLS_DIR_ENV, node_command};
 use crate::layout::{self, Layout, Node, Role, SERVICE_PREFIX, SERVICE_SUBNET, SUBNET_PREFIX};
 use crate::lock::LabLock;
 use crate::state::{LabState, NodeState, Owner};
@@ -38,6 +38,9 @@ pub struct LabOptions {
     /// Put each node's processes in a cgroup (if cgroup2 is there). Without, a kill walks
     /// `/proc` for the node's processes and their descendants; tests of that path turn it off.
     pub cgroups: bool,
+    /// Make a CA and an identity per node and run everything with mutual TLS (the default);
+    /// without, daemons and commands run with `--insecure-plaintext`.
+    pub tls: bool,
 }
 
 impl LabOptions {
@@ -52,6 +55,7 @@ impl LabOptions {
             lock_wait: Duration::from_secs(30 * 60),
             progress: false,
             cgroups: true,
+            tls: true,
         }
     }
 
@@ -147,7 +151,8 @@ impl Lab {
         network::check_ip()?;
         let lock = LabLock::acquire(opts.lock_wait)?;
         clear_orphan(opts.progress)?;
-        let state = LabState::new(&layout, Owner::Held, opts.daemons.clone());
+        let mut state = LabState::new(&layout, Owner::Held, opts.daemons.clone());
+        state.tls = opts.tls;
         state.save()?;
         let mut lab = Lab {
             cgroups: opts.cgroups,
@@ -264,15 +269,28 @@ impl Lab {
         }
     }
 
+    /// The environment of every command run in `node`: `TARDI_ORCHESTRATOR`, and
+    /// `TARDI_TLS_DIR` (the node's identity) or `TARDI_INSECURE_PLAINTEXT=1`, so that
+    /// `tardi status` and the other commands work in a node unchanged.
+    pub fn node_env(&self, node: &Node) -> Vec<(&'static str, String)> {
+        let mut env = vec![(ORCHESTRATOR_ENV, self.orchestrator_url())];
+        if self.state.tls {
+            env.push((TLS_DIR_ENV, node.tls_dir().to_string_lossy().into_owned()));
+        } else {
+            env.push((PLAINTEXT_ENV, "1".into()));
+        }
+        env
+    }
+
     /// A command running `program` in node `name` (its namespace and cgroup, with
-    /// `TARDI_ORCHESTRATOR` set); add arguments and stdio as with any [`Command`].
+    /// [`Lab::node_env`] set); add arguments and stdio as with any [`Command`].
     pub fn command(&self, name: &str, program: impl AsRef<OsStr>) -> Result<Command> {
         let node = self.node(name)?;
         let cg = self.state.cgroup_of(node);
         node_command(
             &node.namespace(),
             cg.as_deref(),
-            &self.orchestrator_url(),
+            &self.node_env(node),
             program,
             &[] as &[&str],
             Session::Same,
@@ -451,6 +469,9 @@ impl Lab {
             ));
             network::create_node(&node)?;
         }
+        if self.state.tls {
+            self.make_certs()?;
+        }
         // Orchestrators first: the instances talk to them when they start.
         let mut order: Vec<Node> = self.layout.orchestrators().cloned().collect();
         order.extend(
@@ -466,9 +487,42 @@ impl Lab {
         Ok(())
     }
 
+    /// The lab's CA and one identity per node (orchestrators and machines named with their
+    /// address; the client as a client), in `layout::tls_dir()`.
+    fn make_certs(&self) -> Result<()> {
+        use tardi_tls::certs::{NodeSpec, Role as CertRole};
+        let dir = layout::tls_dir();
+        self.step(&format!(
+            "TLS: a CA and an identity per node in {}",
+            dir.display()
+        ));
+        let nodes: Vec<NodeSpec> = self
+            .layout
+            .nodes()
+            .iter()
+            .map(|n| NodeSpec {
+                name: n.name.clone(),
+                role: match n.role {
+                    Role::Orchestrator => CertRole::Orchestrator,
+                    Role::Machine => CertRole::Instance,
+                    Role::Client => CertRole::Client,
+                },
+                addrs: vec![n.address.to_string()],
+            })
+            .collect();
+        // A year: a lab lives for minutes, but one left up must keep working.
+        tardi_tls::certs::make(&dir, &nodes, 365, true).map_err(|e| LabError::Certs {
+            dir: dir.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(())
+    }
+
     /// Starts `node`'s daemon (if it has one) and waits until it accepts connections.
     fn start_daemon(&mut self, node: &Node) -> Result<()> {
-        let Some(argv) = daemon::daemon_command(&self.state.daemons, node, &self.layout) else {
+        let Some(argv) =
+            daemon::daemon_command(&self.state.daemons, node, &self.layout, self.state.tls)
+        else {
             return Ok(());
         };
         let Some(api) = node.api() else {
@@ -477,7 +531,7 @@ impl Lab {
         self.step(&format!("{}: starting {}", node.name, argv.join(" ")));
         let started = Instant::now();
         let cg = self.state.cgroup_of(node);
-        let mut child = daemon::start(node, &argv, cg.as_deref(), &self.orchestrator_url())?;
+        let mut child = daemon::start(node, &argv, cg.as_deref(), &self.node_env(node))?;
         let pid = child.id();
         self.state.node_mut(&node.name)?.pid = Some(pid);
         self.state.save()?;

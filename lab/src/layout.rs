@@ -131,10 +131,21 @@ impl Node {
         PathBuf::from(RUN_DIR).join(&self.name).join("run")
     }
 
+    /// Its TLS identity (`ca.pem`, `node.pem`, `node.key`): the daemon's `--tls-dir`, and
+    /// `TARDI_TLS_DIR` of the commands run in it.
+    pub fn tls_dir(&self) -> PathBuf {
+        tls_dir().join(&self.name)
+    }
+
     /// Its daemon's log (stdout and stderr).
     pub fn log_path(&self) -> PathBuf {
         log_dir().join(format!("{}.log", self.name))
     }
+}
+
+/// The lab's CA and every node's TLS identity (made by `Lab::up`, removed with the lab).
+pub fn tls_dir() -> PathBuf {
+    PathBuf::from(STATE_DIR).join("tls")
 }
 
 /// Where the daemons' logs go.

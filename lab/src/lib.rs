@@ -51,7 +51,7 @@ pub use cli::{
 };
 pub use daemon::{DAEMON_CMD_ENV, Daemons, METRICS_PORT, daemon_command, log_tail};
 pub use error::{LabError, Result};
-pub use exec::ORCHESTRATOR_ENV;
+pub use exec::{ORCHESTRATOR_ENV, PLAINTEXT_ENV, TLS_DIR_ENV};
 pub use lab::{DownReport, Lab, LabOptions, NodeStatus, NodeSummary, Summary};
 pub use layout::{Layout, Node, Role};
 pub use lock::LabLock;

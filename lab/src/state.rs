@@ -55,6 +55,9 @@ pub struct LabState {
     pub cgroup: Option<PathBuf>,
     /// Which daemons the nodes run (to start one again after a kill).
     pub daemons: crate::daemon::Daemons,
+    /// Whether the nodes use mutual TLS (identities under `layout::tls_dir()`).
+    #[serde(default)]
+    pub tls: bool,
     pub nodes: Vec<NodeState>,
 }
 
@@ -68,6 +71,7 @@ impl LabState {
             orchestrators: layout.orchestrator_count(),
             cgroup: None,
             daemons,
+            tls: false,
             nodes: layout
                 .nodes()
                 .iter()

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tardi_proto as pb;
 use tardi_proto::orchestrator_client::OrchestratorClient;
+use tardi_tls::Security;
 use tonic::transport::Channel;
 
 /// Where the CLI finds the orchestrators when `--orchestrator` is not given.
@@ -50,7 +51,8 @@ pub fn leader_hint(s: &tonic::Status) -> Option<String> {
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error(
-        "cannot reach the orchestrator at {addr}: {source} (is `tardi orchestrator` running there? set --orchestrator or {ENV})"
+        "cannot reach the orchestrator at {addr}: {} (is `tardi orchestrator` running there, with the same --tls-dir CA or --insecure-plaintext? set --orchestrator or {ENV})",
+        causes(.source)
     )]
     Connect {
         addr: String,
@@ -66,14 +68,35 @@ pub enum ClientError {
     Timeout { secs: u64, what: String },
 }
 
-/// Connects to one orchestrator. HTTP/2 keepalive pings (every 100 ms, 200 ms to answer) notice
-/// a dead node fast: an instance's session moves to the new leader within a few hundred ms.
-pub async fn connect(url: &str) -> Result<OrchestratorClient<Channel>, ClientError> {
+/// An error and its causes on one line (tonic's transport error alone says only "transport
+/// error"; the TLS or connection failure is in its sources).
+pub fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let c_s = c.to_string();
+        if !s.contains(&c_s) {
+            s.push_str(": ");
+            s.push_str(&c_s);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// Connects to one orchestrator (with mutual TLS unless `security` is plaintext). HTTP/2
+/// keepalive pings (every 100 ms, 200 ms to answer) notice a dead node fast: an instance's
+/// session moves to the new leader within a few hundred ms.
+pub async fn connect(
+    url: &str,
+    security: &Security,
+) -> Result<OrchestratorClient<Channel>, ClientError> {
     let err = |source| ClientError::Connect {
         addr: url.to_string(),
         source,
     };
-    let ch = tonic::transport::Endpoint::from_shared(url.to_string())
+    let ch = security
+        .endpoint(url)
         .map_err(err)?
         .connect_timeout(Duration::from_millis(300))
         .tcp_nodelay(true)
@@ -94,15 +117,21 @@ pub struct Orchestrators {
     list: String,
     /// The node to try first (the last that served a call, or the last leader hint).
     preferred: Mutex<Option<String>>,
+    security: Security,
 }
 
 impl Orchestrators {
-    pub fn new(list: &str) -> Orchestrators {
+    pub fn new(list: &str, security: Security) -> Orchestrators {
         Orchestrators {
             urls: urls(list),
             list: list.to_string(),
             preferred: Mutex::new(None),
+            security,
         }
+    }
+
+    pub fn security(&self) -> &Security {
+        &self.security
     }
 
     pub fn list(&self) -> &str {
@@ -154,7 +183,7 @@ impl Orchestrators {
         let mut tried_in_round = 0;
         let mut hints = 0;
         loop {
-            let err = match connect(&target).await {
+            let err = match connect(&target, &self.security).await {
                 Ok(c) => match f(c, target.clone()).await {
                     Ok(v) => {
                         self.prefer(&target);
@@ -206,17 +235,18 @@ const CLI_PATIENCE: Duration = Duration::from_secs(5);
 
 /// The cluster's status: from the leader if it can be reached (it alone knows which machines
 /// are alive and their reports), else from any node.
-pub async fn status(list: &str) -> Result<pb::ClusterStatus, ClientError> {
-    status_from(list, true).await
+pub async fn status(list: &str, security: &Security) -> Result<pb::ClusterStatus, ClientError> {
+    status_from(list, security, true).await
 }
 
 /// The cluster's status from the first node that answers, and with `prefer_leader` from the
 /// leader if that node is a follower and the leader answers within a second.
 pub async fn status_from(
     list: &str,
+    security: &Security,
     prefer_leader: bool,
 ) -> Result<pb::ClusterStatus, ClientError> {
-    let o = Orchestrators::new(list);
+    let o = Orchestrators::new(list, security.clone());
     let st = o
         .call(CLI_PATIENCE, |mut c, _| async move {
             c.status(pb::StatusRequest {}).await.map(|r| r.into_inner())
@@ -230,7 +260,7 @@ pub async fn status_from(
         return Ok(st);
     };
     let from_leader = async {
-        let mut c = connect(&leader.addr).await.ok()?;
+        let mut c = connect(&leader.addr, security).await.ok()?;
         c.status(pb::StatusRequest {})
             .await
             .ok()
@@ -248,10 +278,11 @@ pub async fn status_from(
 /// i.e. its primary's sandbox is torn down and its backups dropped their images.
 pub async fn undeploy(
     list: &str,
+    security: &Security,
     service: &str,
     wait: Option<Duration>,
 ) -> Result<(), ClientError> {
-    let o = Orchestrators::new(list);
+    let o = Orchestrators::new(list, security.clone());
     let req = pb::UndeployRequest {
         service: service.to_string(),
     };
@@ -269,7 +300,7 @@ pub async fn undeploy(
     loop {
         // The service is gone from the views at once; machines drop their roles as their next
         // assignment reaches them. Reports of the service still arriving mean some still hold it.
-        let st = status(list).await?;
+        let st = status(list, security).await?;
         let held = st
             .machines
             .iter()
@@ -289,13 +320,14 @@ pub async fn undeploy(
 
 pub async fn deploy(
     list: &str,
+    security: &Security,
     manifest: String,
     manifest_path: String,
     backups: u32,
     wait: Option<Duration>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<pb::DeployReply, ClientError> {
-    let o = Orchestrators::new(list);
+    let o = Orchestrators::new(list, security.clone());
     let req = pb::DeployRequest {
         manifest,
         manifest_path,
@@ -314,7 +346,7 @@ pub async fn deploy(
     let t0 = Instant::now();
     let mut last = String::new();
     loop {
-        let st = status(list).await?;
+        let st = status(list, security).await?;
         if let Some(s) = st.services.iter().find(|s| s.name == reply.service) {
             let state = s
                 .primary
@@ -356,12 +388,17 @@ pub async fn deploy(
 
 /// Adds a running node (started with `--join`) to the orchestrator cluster: it catches up as a
 /// learner, then becomes a voter.
-pub async fn join(list: &str, name: &str, addr: &str) -> Result<pb::MembershipReply, ClientError> {
+pub async fn join(
+    list: &str,
+    security: &Security,
+    name: &str,
+    addr: &str,
+) -> Result<pb::MembershipReply, ClientError> {
     let req = pb::JoinRequest {
         name: name.to_string(),
         addr: endpoint(addr),
     };
-    Orchestrators::new(list)
+    Orchestrators::new(list, security.clone())
         .call(Duration::from_secs(30), |mut c, _| {
             let req = req.clone();
             async move { c.join(req).await.map(|r| r.into_inner()) }
@@ -370,11 +407,15 @@ pub async fn join(list: &str, name: &str, addr: &str) -> Result<pb::MembershipRe
 }
 
 /// Removes a node from the orchestrator cluster.
-pub async fn leave(list: &str, name: &str) -> Result<pb::MembershipReply, ClientError> {
+pub async fn leave(
+    list: &str,
+    security: &Security,
+    name: &str,
+) -> Result<pb::MembershipReply, ClientError> {
     let req = pb::LeaveRequest {
         name: name.to_string(),
     };
-    Orchestrators::new(list)
+    Orchestrators::new(list, security.clone())
         .call(Duration::from_secs(30), |mut c, _| {
             let req = req.clone();
             async move { c.leave(req).await.map(|r| r.into_inner()) }

@@ -69,6 +69,8 @@ pub enum WireError {
 #[derive(Clone)]
 pub struct Network {
     pub reach: Arc<Reach>,
+    /// Mutual TLS to the other orchestrators, or plaintext.
+    pub security: tardi_tls::Security,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -80,6 +82,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             addr: node.addr.clone(),
             client: None,
             reach: self.reach.clone(),
+            security: self.security.clone(),
         }
     }
 }
@@ -89,6 +92,7 @@ pub struct Peer {
     addr: String,
     client: Option<RaftClient<Channel>>,
     reach: Arc<Reach>,
+    security: tardi_tls::Security,
 }
 
 #[derive(Clone, Copy)]
@@ -107,7 +111,9 @@ impl Peer {
             return Ok(c.clone());
         }
         // Lazy: connects on first use and reconnects after failures by itself.
-        let ch = tonic::transport::Endpoint::from_shared(self.addr.clone())
+        let ch = self
+            .security
+            .endpoint(&self.addr)
             .map_err(|source| WireError::Addr {
                 addr: self.addr.clone(),
                 source,

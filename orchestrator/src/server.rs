@@ -50,6 +50,8 @@ pub struct Options {
     pub join: bool,
     /// Serve Prometheus metrics on `http://ADDR/metrics` ([`Orch::metrics`]).
     pub metrics: Option<SocketAddr>,
+    /// Mutual TLS (gRPC served, raft peers dialled) or plaintext.
+    pub security: tardi_tls::Security,
 }
 
 /// How long a new leader waits before it suspects anyone: twice the failure timeout, plus a
@@ -962,6 +964,7 @@ pub async fn serve_until(
         Arc::new(config),
         Network {
             reach: reach.clone(),
+            security: opts.security.clone(),
         },
         log,
         sm,
@@ -1043,16 +1046,23 @@ pub async fn serve_until(
             }
         })
     };
-    tracing::info!(listen = %opts.listen, name = %opts.name, "orchestrator serving");
+    let security = match &opts.security {
+        tardi_tls::Security::Tls(id) => format!("mutual TLS from {}", id.dir().display()),
+        tardi_tls::Security::Plaintext => "PLAINTEXT, unauthenticated".to_string(),
+    };
+    tracing::info!(listen = %opts.listen, name = %opts.name, %security, "orchestrator serving");
     println!(
-        "orchestrator {} listening on {} (failure timeout {} ms, data in {})",
+        "orchestrator {} listening on {} ({security}; failure timeout {} ms, data in {})",
         opts.name,
         opts.listen,
         opts.failure_timeout.as_millis(),
         opts.data_dir.display()
     );
-    let r = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
+    let mut server = tonic::transport::Server::builder().tcp_nodelay(true);
+    if let Some(tls) = opts.security.server_tls() {
+        server = server.tls_config(tls)?;
+    }
+    let r = server
         .add_service(pb::orchestrator_server::OrchestratorServer::new(Svc(orch)))
         .add_service(
             pb::raft_server::RaftServer::new(RaftSvc {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tardi_orchestrator::client;
 use tardi_orchestrator::server::{Options, serve_until};
 use tardi_proto as pb;
+use tardi_tls::Security;
 use tokio::sync::oneshot;
 
 struct Node {
@@ -37,6 +38,7 @@ impl Node {
             peers: vec![],
             join,
             metrics,
+            security: Security::Plaintext,
         };
         let task = tokio::spawn(async move {
             serve_until(opts, async {
@@ -83,7 +85,7 @@ fn temp_dir(tag: &str) -> TempDir {
 async fn wait(url: &str, what: &str, ok: impl Fn(&pb::ClusterStatus) -> bool) -> pb::ClusterStatus {
     let t0 = Instant::now();
     loop {
-        let st = client::status_from(url, false).await;
+        let st = client::status_from(url, &Security::Plaintext, false).await;
         if let Ok(st) = &st
             && ok(st)
         {
@@ -122,7 +124,9 @@ async fn join_catches_up_from_a_snapshot_leave_and_restart() {
     // 1,100 registrations of one machine (its address changes each time): more than the
     // snapshot policy's 1,000 entries, so the log's start is purged.
     let n = 1100;
-    let mut c = client::connect(&o1.url).await.unwrap();
+    let mut c = client::connect(&o1.url, &Security::Plaintext)
+        .await
+        .unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(n);
     for i in 0..n {
         tx.send(pb::Heartbeat {
@@ -150,7 +154,9 @@ async fn join_catches_up_from_a_snapshot_leave_and_restart() {
     // o2 joins: it waits (--join), catches up as a learner (from a snapshot: the log's start is
     // gone), becomes a voter.
     let o2 = Node::start("o2", a2, &d2.0, true);
-    let r = client::join(&o1.url, "o2", &a2.to_string()).await.unwrap();
+    let r = client::join(&o1.url, &Security::Plaintext, "o2", &a2.to_string())
+        .await
+        .unwrap();
     let mut members = r.members.clone();
     members.sort();
     assert_eq!(members, ["o1", "o2"]);
@@ -164,7 +170,7 @@ async fn join_catches_up_from_a_snapshot_leave_and_restart() {
     assert!(cl.members.iter().all(|m| m.voter), "{cl:?}");
 
     // A write through a follower is refused with the leader's address; the client follows it.
-    let err = client::connect(&o2.url)
+    let err = client::connect(&o2.url, &Security::Plaintext)
         .await
         .unwrap()
         .activate(pb::ActivateRequest {
@@ -176,7 +182,7 @@ async fn join_catches_up_from_a_snapshot_leave_and_restart() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
     assert_eq!(client::leader_hint(&err).as_deref(), Some(o1.url.as_str()));
-    let via = client::Orchestrators::new(&format!("{},{}", o2.url, o1.url));
+    let via = client::Orchestrators::new(&format!("{},{}", o2.url, o1.url), Security::Plaintext);
     let reply = via
         .call(Duration::from_secs(5), |mut c, _| async move {
             c.activate(pb::ActivateRequest {
@@ -195,9 +201,13 @@ async fn join_catches_up_from_a_snapshot_leave_and_restart() {
     );
 
     // o2 leaves.
-    let r = client::leave(&format!("{},{}", o2.url, o1.url), "o2")
-        .await
-        .unwrap();
+    let r = client::leave(
+        &format!("{},{}", o2.url, o1.url),
+        &Security::Plaintext,
+        "o2",
+    )
+    .await
+    .unwrap();
     assert_eq!(r.members, ["o1"]);
     o2.stop().await;
 

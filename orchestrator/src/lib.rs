@@ -15,6 +15,7 @@ pub mod client;
 pub mod consensus;
 pub mod network;
 pub mod server;
+pub mod status;
 pub mod store;
 pub mod views;
 

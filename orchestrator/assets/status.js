@@ -43,8 +43,9 @@ function us(v) {
   return v >= 1000 ? (v / 1000).toFixed(v >= 10000 ? 0 : 1) + " ms" : Math.round(v) + " µs";
 }
 function bytes(v) {
-  if (v >= 1 << 20) return (v / (1 << 20)).toFixed(1) + " MiB";
-  if (v >= 1 << 10) return (v / (1 << 10)).toFixed(1) + " KiB";
+  const short = (x) => x.toFixed(1).replace(/\.0$/, "");
+  if (v >= 1 << 20) return short(v / (1 << 20)) + " MiB";
+  if (v >= 1 << 10) return short(v / (1 << 10)) + " KiB";
   return Math.round(v) + " B";
 }
 function count(v) {
@@ -67,12 +68,30 @@ function niceTop(max) {
   return 10 * p;
 }
 
-// One plot as an SVG: time on x (the last `window_s` up to the server's `now_ms`), the lines'
-// values on y, the service's view changes as dashed verticals. `data-points` counts the values
-// drawn, for tests and for people reading the DOM.
-function plot(spec, series, changes, page) {
-  const W = 460, H = 170, L = 58, R = 10, T = 10, B = 22;
-  const t1 = page.now_ms, t0 = t1 - page.window_s * 1000;
+// Y axis top for byte counts: a nice number of B, KiB or MiB.
+function niceBytes(max) {
+  for (const u of [1 << 20, 1 << 10]) if (max >= u / 2) return niceTop(max / u) * u;
+  return niceTop(max);
+}
+
+// The time a service's plots span: the window, or less while the series is younger (at least
+// 20 s), up to the server's `now_ms`.
+function span(series, page) {
+  const t1 = page.now_ms, ts = series.t_ms || [];
+  const first = ts.length ? ts[0] : t1;
+  return { t0: t1 - Math.min(page.window_s * 1000, Math.max(20000, t1 - first)), t1 };
+}
+
+function ago(ms) {
+  return ms >= 60000 ? `−${Math.round(ms / 60000)} min` : `−${Math.round(ms / 1000)} s`;
+}
+
+// One plot as an SVG: time on x (`range`), the lines' values on y, the service's view changes
+// as dashed verticals. `data-points` counts the values drawn, for tests and for people reading
+// the DOM.
+function plot(spec, series, changes, page, range) {
+  const W = 460, H = 170, L = 64, R = 10, T = 10, B = 22;
+  const { t0, t1 } = range;
   const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
   const ts = series.t_ms || [];
   let max = 0, points = 0;
@@ -81,7 +100,7 @@ function plot(spec, series, changes, page) {
       if (v !== null) { max = Math.max(max, v); points++; }
     }
   }
-  const top = niceTop(max);
+  const top = spec.fmt === bytes ? niceBytes(max) : niceTop(max);
   const y = (v) => T + (1 - v / top) * (H - T - B);
   const s = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "data-plot": spec.key,
                          "data-points": points, "aria-label": spec.title });
@@ -89,16 +108,20 @@ function plot(spec, series, changes, page) {
     s.append(svg("line", { class: "axis", x1: L, x2: W - R, y1: y(top * f), y2: y(top * f) }));
     s.append(svg("text", { x: L - 6, y: y(top * f) + 4, "text-anchor": "end" }, spec.fmt(top * f)));
   }
-  for (let m = page.window_s / 60; m >= 0; m--) {
-    const t = t1 - m * 60000;
-    s.append(svg("text", { x: x(t), y: H - 6, "text-anchor": m === 0 ? "end" : "middle" },
-                 m === 0 ? "now" : `−${m} min`));
+  const step = [5000, 10000, 15000, 30000, 60000].find((st) => (t1 - t0) / st <= 6) || 60000;
+  for (let a = Math.floor((t1 - t0) / step) * step; a >= 0; a -= step) {
+    s.append(svg("text", { x: x(t1 - a), y: H - 6, "text-anchor": a === 0 ? "end" : "middle" },
+                 a === 0 ? "now" : ago(a)));
   }
+  // View changes close together get their labels one under the other.
+  let lastX = -Infinity, row = 0;
   for (const c of changes) {
     if (c.proposed_ms < t0 || c.proposed_ms > t1) continue;
     const cx = x(c.proposed_ms);
+    row = cx - lastX < 24 ? row + 1 : 0;
+    lastX = cx;
     s.append(svg("line", { class: "change", x1: cx, x2: cx, y1: T, y2: H - B }));
-    s.append(svg("text", { class: "change-label", x: cx + 3, y: T + 10 }, "v" + c.view));
+    s.append(svg("text", { class: "change-label", x: cx + 3, y: T + 10 + 12 * row }, "v" + c.view));
   }
   const gap = 3 * page.interval_ms;
   for (const [col, , color] of spec.lines) {
@@ -157,6 +180,7 @@ function service(s, page) {
     `pause p50 ${us(r.pause_p50_us)} p99 ${us(r.pause_p99_us)}, lag ${r.backup_lag} epochs, ` +
     `held ${r.held_packets} packets / ${bytes(r.held_bytes)}`
     : "no report from the primary";
+  const range = span(s.series, page);
   const role = (label, value, id) =>
     el("div", {}, el("span", {}, label), el("strong", { id }, value));
   return el("section", { class: "service", "data-service": s.name },
@@ -168,8 +192,9 @@ function service(s, page) {
       role("backups", s.backups.join(", ") || "none", `backups-${s.name}`),
       role("spares", s.spares.join(", ") || "none", `spares-${s.name}`)),
     el("div", { class: "figures" }, figures),
-    el("h3", {}, `Last ${Math.round(page.window_s / 60)} minutes`),
-    el("div", { class: "plots" }, ...PLOTS.map((p) => plot(p, s.series, s.changes, page))),
+    el("h3", {}, `Last ${ago(range.t1 - range.t0).slice(1)}` +
+                 (s.changes.length ? " (dashed: view changes)" : "")),
+    el("div", { class: "plots" }, ...PLOTS.map((p) => plot(p, s.series, s.changes, page, range))),
     el("h3", {}, "View history"),
     history(s.changes));
 }

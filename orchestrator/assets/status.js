@@ -113,7 +113,8 @@ function plot(spec, series, changes, page, range) {
     s.append(svg("text", { x: x(t1 - a), y: H - 6, "text-anchor": a === 0 ? "end" : "middle" },
                  a === 0 ? "now" : ago(a)));
   }
-  // View changes close together get their labels one under the other.
+  // View changes close together get their labels one under the other, three deep; a fourth
+  // in a crowd goes unlabelled (the history table has them all).
   let lastX = -Infinity, row = 0;
   for (const c of changes) {
     if (c.proposed_ms < t0 || c.proposed_ms > t1) continue;
@@ -121,6 +122,10 @@ function plot(spec, series, changes, page, range) {
     row = cx - lastX < 24 ? row + 1 : 0;
     lastX = cx;
     s.append(svg("line", { class: "change", x1: cx, x2: cx, y1: T, y2: H - B }));
+    if (row > 2) {
+      row = -1;
+      continue;
+    }
     s.append(svg("text", { class: "change-label", x: cx + 3, y: T + 10 + 12 * row }, "v" + c.view));
   }
   const gap = 3 * page.interval_ms;
@@ -150,11 +155,14 @@ function plot(spec, series, changes, page, range) {
             el("div", { class: "plot-title" }, el("span", {}, spec.title), legend), s);
 }
 
+// The newest changes first; older ones beyond `HISTORY_ROWS` are only counted.
+const HISTORY_ROWS = 20;
+
 function history(changes) {
   const t = el("table", { class: "history" },
     el("tr", {}, ...["view", "proposed", "change", "primary", "backups", "active after",
                      "detected after", "outage ≈", "takeover"].map((h) => el("th", {}, h))));
-  for (const c of [...changes].reverse()) {
+  for (const c of changes.slice(-HISTORY_ROWS).reverse()) {
     t.append(el("tr", { "data-view": c.view },
       el("td", {}, c.view),
       el("td", {}, clock(c.proposed_ms)),
@@ -167,6 +175,10 @@ function history(changes) {
       el("td", { title: "from the failed primary's last heartbeat to the new view's activation" },
          ms(c.outage_ms)),
       el("td", { title: "the new primary's restore, until it served" }, ms(c.takeover_ms))));
+  }
+  if (changes.length > HISTORY_ROWS) {
+    t.append(el("tr", {}, el("td", { colspan: 9 },
+      `… ${changes.length - HISTORY_ROWS} earlier changes (all in status.json)`)));
   }
   return t;
 }

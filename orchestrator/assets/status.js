@@ -191,6 +191,7 @@ function service(s, page) {
     `${Math.round(r.epochs_per_sec)} epochs/s, checkpoint ${bytes(r.checkpoint_bytes)}, ` +
     `pause p50 ${us(r.pause_p50_us)} p99 ${us(r.pause_p99_us)}, lag ${r.backup_lag} epochs, ` +
     `held ${r.held_packets} packets / ${bytes(r.held_bytes)}`
+    : page.source === "follower" ? "no figures here: they are the leader's only"
     : "no report from the primary";
   const range = span(s.series, page);
   const role = (label, value, id) =>

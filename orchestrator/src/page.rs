@@ -198,6 +198,19 @@ pub fn page_json(
             },
         ),
     };
+    // A node that is not the leader may hold reports from when it was: stale, not shown.
+    let own;
+    let st = if st.cluster.as_ref().is_some_and(|c| c.from_leader) {
+        st
+    } else {
+        let mut s = st.clone();
+        for svc in &mut s.services {
+            svc.primary = None;
+            svc.backup_reports.clear();
+        }
+        own = s;
+        &own
+    };
     let mut v = crate::status::json(st);
     v["page"] = serde_json::json!({
         "node": node,
@@ -433,12 +446,14 @@ mod tests {
         assert_eq!(j["page"]["source"], "follower");
         let note = j["page"]["note"].as_str().unwrap();
         assert!(note.contains("cannot reach the leader o1"), "{note}");
-        // Without the leader's liveness no failover can be timed.
-        assert_eq!(
-            j["services"][0]["changes"][1]["outage_ms"],
-            serde_json::Value::Null
-        );
-        assert_eq!(j["services"][0]["changes"][1]["failed"], "m2");
+        // Without the leader's liveness no failover can be timed; its own reports (from when
+        // it led, perhaps) are stale and not shown.
+        let svc = &j["services"][0];
+        assert_eq!(svc["changes"][1]["outage_ms"], serde_json::Value::Null);
+        assert_eq!(svc["changes"][1]["failed"], "m2");
+        assert_eq!(svc["changes"][1]["takeover_ms"], serde_json::Value::Null);
+        assert_eq!(svc["primary_report"], serde_json::Value::Null, "{svc}");
+        assert_eq!(svc["primary"], "m3", "the views are its own: {svc}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what Tardi needs on a fresh Debian 12 machine (idempotent): the services used by the
-# tests and the demo, the tools the sandbox calls, and a Rust toolchain if there is none.
+# Installs what Tardi needs on a fresh Debian 12 machine (idempotent): the services and the browser
+# (headless Chromium, for the status page's test) the tests use, the tools the sandbox calls, and a
+# Rust toolchain if there is none.
 set -euo pipefail
 need=()
 for pkg_bin in redis-server:/usr/bin/redis-server redis-tools:/usr/bin/redis-cli \
@@ -8,7 +9,8 @@ for pkg_bin in redis-server:/usr/bin/redis-server redis-tools:/usr/bin/redis-cli
                python3:/usr/bin/python3 clang:/usr/bin/clang libclang-dev:/usr/lib/llvm-14/lib/libclang.so \
                fonts-dejavu-core:/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf \
                protobuf-compiler:/usr/bin/protoc nftables:/usr/sbin/nft iptables:/usr/sbin/iptables-nft \
-               memcached:/usr/bin/memcached systemd:/usr/bin/systemd-analyze; do
+               memcached:/usr/bin/memcached systemd:/usr/bin/systemd-analyze \
+               chromium:/usr/bin/chromium; do
   [ -e "${pkg_bin#*:}" ] || need+=("${pkg_bin%%:*}")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -315,7 +315,9 @@ pub struct OrchestratorArgs {
     /// Serve Prometheus metrics on http://ADDR/metrics: this node's raft state (leader, term,
     /// log index, members' reachability) and, from the leader, every machine, service, view
     /// and the primaries' and backups' latest reports (tardi_orchestrator_*, tardi_machine_*,
-    /// tardi_service_*, tardi_primary_*, tardi_backup_*).
+    /// tardi_service_*, tardi_primary_*, tardi_backup_*); and on http://ADDR/ a read-only
+    /// status page (cluster, services, views, the last five minutes' plots, view history; its
+    /// data at /status.json).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
     #[command(flatten)]

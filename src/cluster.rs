@@ -9,7 +9,6 @@ use crate::cli::{
 use anyhow::Context;
 use std::time::Duration;
 use tardi_orchestrator::client;
-use tardi_proto as pb;
 use tardi_tls::Security;
 
 /// The security the flags ask for: a TLS identity, or plaintext if explicitly asked.
@@ -235,7 +234,10 @@ pub fn status(a: &StatusArgs, addr: &str) -> anyhow::Result<()> {
     let sec = security(&a.tls, "tardi status")?;
     let st = runtime()?.block_on(client::status_from(addr, &sec, !a.any_node))?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&status_json(&st))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&tardi_orchestrator::status::json(&st))?
+        );
         return Ok(());
     }
     let cl = st.cluster.clone().unwrap_or_default();
@@ -333,77 +335,4 @@ pub fn status(a: &StatusArgs, addr: &str) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-fn report_json(r: &pb::ServiceReport) -> serde_json::Value {
-    serde_json::json!({
-        "state": r.state,
-        "view": r.view,
-        "epoch": r.epoch,
-        "decided": r.decided,
-        "epochs_per_sec": r.epochs_per_sec,
-        "checkpoint_bytes": r.checkpoint_bytes,
-        "backup_lag": r.backup_lag,
-        "held_packets": r.held_packets,
-        "held_bytes": r.held_bytes,
-        "pause_p50_us": r.pause_p50_us,
-        "pause_p99_us": r.pause_p99_us,
-        "takeover_us": r.takeover_us,
-    })
-}
-
-fn status_json(st: &pb::ClusterStatus) -> serde_json::Value {
-    let cl = st.cluster.clone().unwrap_or_default();
-    let members: serde_json::Map<String, serde_json::Value> = cl
-        .members
-        .iter()
-        .map(|m| {
-            (
-                m.name.clone(),
-                serde_json::json!({
-                    "addr": m.addr,
-                    "voter": m.voter,
-                    "reachable": m.reachable,
-                    // The leader's view of the member's log (null when a follower answered).
-                    "log_index": cl.from_leader.then_some(m.matched_index),
-                }),
-            )
-        })
-        .collect();
-    serde_json::json!({
-        "orchestrator": st.orchestrator,
-        "cluster": {
-            "leader": (!cl.leader.is_empty()).then_some(&cl.leader),
-            "from_leader": cl.from_leader,
-            "term": cl.term,
-            "last_log_index": cl.last_log_index,
-            "last_applied": cl.last_applied,
-            "members": members,
-            "unreachable": cl.members.iter().filter(|m| !m.reachable).map(|m| &m.name).collect::<Vec<_>>(),
-        },
-        "machines": st.machines.iter().map(|m| serde_json::json!({
-            "name": m.name, "api": m.api, "alive": m.alive, "last_seen_ms": m.last_seen_ms,
-            "services": m.services,
-        })).collect::<Vec<_>>(),
-        "services": st.services.iter().map(|s| {
-            let v = s.view.clone().unwrap_or_default();
-            serde_json::json!({
-                "name": s.name,
-                "address": s.address,
-                "health": s.health,
-                "view": v.number,
-                "active": v.active,
-                "primary": v.primary,
-                "backups": v.backups,
-                "spares": s.spares,
-                "backups_wanted": s.backups_wanted,
-                "primary_report": s.primary.as_ref().map(report_json),
-                "backup_reports": s.backup_reports.iter().map(report_json).collect::<Vec<_>>(),
-                "history": s.history.iter().map(|h| serde_json::json!({
-                    "view": h.view, "primary": h.primary, "backups": h.backups,
-                    "reason": h.reason, "proposed_ms": h.proposed_ms, "activated_ms": h.activated_ms,
-                })).collect::<Vec<_>>(),
-            })
-        }).collect::<Vec<_>>(),
-    })
 }

@@ -172,16 +172,24 @@ pub async fn serve(
 /// `GET /metrics` from `addr` (plain HTTP/1.1, blocking): the body of a 200 answer. For tests
 /// and tools that read a daemon's metrics.
 pub fn scrape(addr: SocketAddr, timeout: std::time::Duration) -> std::io::Result<String> {
+    get(addr, "/metrics", timeout)
+}
+
+/// `GET path` from `addr` (plain HTTP/1.1, blocking): the body of a 200 answer (a daemon's
+/// metrics, or the orchestrator's status page and its `/status.json`).
+pub fn get(addr: SocketAddr, path: &str, timeout: std::time::Duration) -> std::io::Result<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: tardi\r\nConnection: close\r\n\r\n")?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: tardi\r\nConnection: close\r\n\r\n").as_bytes(),
+    )?;
     let mut r = String::new();
     s.read_to_string(&mut r)?;
     if !r.starts_with("HTTP/1.1 200") {
         let status = r.lines().next().unwrap_or_default().to_string();
         return Err(std::io::Error::other(format!(
-            "{addr}/metrics answered {status:?}"
+            "{addr}{path} answered {status:?}"
         )));
     }
     Ok(r.split_once("\r\n\r\n")

@@ -4,8 +4,10 @@
 //! Owns: the view manager ([`views`], a deterministic state machine over [`views::Command`]s),
 //! its replication across orchestrator nodes with openraft ([`consensus`]: types and timing;
 //! [`store`]: the log and state machine in redb; [`network`]: raft over tonic), the failure
-//! detector and the gRPC control plane ([`server`]), and reaching the cluster's leader from
-//! instances and the CLI ([`client`]). One node is a cluster of one: the same code path.
+//! detector and the gRPC control plane ([`server`]), reaching the cluster's leader from
+//! instances and the CLI ([`client`]), the status as JSON ([`status`]) and the status page
+//! served beside the metrics ([`page`], with its time series in [`series`]). One node is a
+//! cluster of one: the same code path.
 //!
 //! Must not touch: a service's memory or checkpoints. It decides roles and views only; safety
 //! never depends on its failure detector (a view is activated only when its primary asks, and
@@ -14,7 +16,10 @@
 pub mod client;
 pub mod consensus;
 pub mod network;
+pub mod page;
+pub mod series;
 pub mod server;
+pub mod status;
 pub mod store;
 pub mod views;
 

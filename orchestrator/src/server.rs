@@ -48,7 +48,8 @@ pub struct Options {
     pub peers: Vec<(String, String)>,
     /// Do not initialize anything: wait to be added (`tardi orchestrator join`).
     pub join: bool,
-    /// Serve Prometheus metrics on `http://ADDR/metrics` ([`Orch::metrics`]).
+    /// Serve Prometheus metrics on `http://ADDR/metrics` ([`Orch::metrics`]) and the status page
+    /// on `http://ADDR/` ([`crate::page`]).
     pub metrics: Option<SocketAddr>,
     /// Mutual TLS (gRPC served, raft peers dialled) or plaintext.
     pub security: tardi_tls::Security,
@@ -1019,15 +1020,23 @@ pub async fn serve_until(
         reach: reach.clone(),
         opts: opts.clone(),
     });
+    // The metrics and, beside them, the status page and the sampler of its plots.
     let metrics = match opts.metrics {
         Some(addr) => {
             let o = orch.clone();
             let render: tardi_metrics::Render = Arc::new(move || o.metrics());
-            Some(
-                tardi_metrics::serve(addr, tardi_metrics::router(render))
-                    .await
-                    .map_err(ServeError::Metrics)?,
-            )
+            let o = orch.clone();
+            let page = crate::page::Page::new(
+                &opts.name,
+                opts.security.clone(),
+                Arc::new(move || o.status()),
+            );
+            let router = tardi_metrics::router(render).merge(crate::page::router(page.clone()));
+            let served = tardi_metrics::serve(addr, router)
+                .await
+                .map_err(ServeError::Metrics)?;
+            tracing::info!(%addr, "serving the status page on /");
+            Some((served, tokio::spawn(page.sample())))
         }
         None => None,
     };
@@ -1079,8 +1088,9 @@ pub async fn serve_until(
         .await;
     detector.abort();
     leadership.abort();
-    if let Some(m) = metrics {
-        m.abort();
+    if let Some((served, sampler)) = metrics {
+        served.abort();
+        sampler.abort();
     }
     let _ = raft.shutdown().await;
     r.map_err(ServeError::from)

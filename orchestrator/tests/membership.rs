@@ -1,6 +1,7 @@
 //! Orchestrator nodes in one process on loopback: a cluster of one that a node joins (catching
 //! up from a snapshot, the log being purged by then) and leaves, and a node restarted from its
-//! data directory with its state. Real gRPC, real redb files.
+//! data directory with its state; the metrics and the status page they serve. Real gRPC, real
+//! redb files.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -304,4 +305,83 @@ async fn metrics_show_the_raft_state_machines_and_services() {
     }
     drop(tx);
     node.stop().await;
+}
+
+/// The status page beside the metrics: the leader's `/status.json` is its own status; a
+/// follower's page shows the leader's status, fetched by its sampler, and once the leader is
+/// gone (after [`page::LEADER_FRESH`]) its own state, saying it cannot reach the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_status_page_shows_the_leaders_view_while_it_answers() {
+    use std::sync::Arc;
+    use tardi_orchestrator::page;
+    let dir = temp_dir("page");
+    let (addr, maddr) = (free_addr(), free_addr());
+    let node = Node::start_with("o1", addr, &dir.0, false, Some(maddr));
+    wait(&node.url, "a leader", |s| {
+        s.cluster.as_ref().is_some_and(|c| c.from_leader)
+    })
+    .await;
+    let own = tokio::task::spawn_blocking(move || {
+        tardi_metrics::get(maddr, "/status.json", Duration::from_secs(5))
+    })
+    .await
+    .unwrap()
+    .expect("status.json");
+    let own: serde_json::Value = serde_json::from_str(&own).unwrap();
+    assert_eq!(own["page"]["source"], "leader", "{own}");
+    assert_eq!(own["page"]["node"], "o1", "{own}");
+    assert_eq!(own["cluster"]["leader"], "o1", "{own}");
+
+    // A follower "o2" whose own state names o1, at the node's address, as its leader.
+    let url = node.url.clone();
+    let follower = move || pb::ClusterStatus {
+        orchestrator: "o2".into(),
+        cluster: Some(pb::OrchestratorCluster {
+            leader: "o1".into(),
+            from_leader: false,
+            members: vec![pb::OrchestratorMember {
+                name: "o1".into(),
+                addr: url.clone(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let p = page::Page::new("o2", Security::Plaintext, Arc::new(follower));
+    let sampler = tokio::spawn(p.clone().sample());
+    let until = |what: &'static str, ok: fn(&serde_json::Value) -> bool| {
+        let p = p.clone();
+        async move {
+            let t0 = Instant::now();
+            loop {
+                let j = p.json();
+                if ok(&j) {
+                    return j;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(15),
+                    "timed out waiting for {what}: {j}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let j = until("the leader's view", |j| j["page"]["source"] == "via_leader").await;
+    assert_eq!(j["orchestrator"], "o1", "the leader answered: {j}");
+    assert_eq!(j["cluster"]["from_leader"], true, "{j}");
+    assert_eq!(j["page"]["node"], "o2", "{j}");
+    node.stop().await;
+    let j = until("the follower's own view", |j| {
+        j["page"]["source"] == "follower"
+    })
+    .await;
+    assert_eq!(j["orchestrator"], "o2", "{j}");
+    assert!(
+        j["page"]["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("cannot reach the leader o1")),
+        "{j}"
+    );
+    sampler.abort();
 }

@@ -317,6 +317,7 @@ mod tests {
                     cap_pages: 1000,
                     hot_epochs: 3,
                     tracker: "uffd".into(),
+                    precopy_min_pages: 256,
                 },
                 network: Network {
                     subnet: Ipv4Addr::new(10, 99, 0, 0),

@@ -1181,3 +1181,68 @@ fn precopy_runs_only_after_an_epoch_that_wrote_enough_pages() {
         }
     }
 }
+
+/// The main thread's stack grows with no system call (the kernel extends `[stack]` on a fault
+/// below it), and pages of a private file mapping are copied on write, while the loop carries
+/// the layout and the copied-on-write list between pauses (no layout call was counted): the
+/// grown pages, the new copies and their bytes are in the chain, and the periodic full read
+/// finds nothing the count missed.
+#[test]
+fn a_stack_grown_without_a_call_is_captured_while_the_layout_is_carried() {
+    use std::io::{Read, Write};
+    let bin = programs::build("stackgrow");
+    let mut child = std::process::Command::new(&bin)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn stackgrow");
+    let pid = child.id() as i32;
+    let mut input = child.stdin.take().unwrap();
+    let mut output = child.stdout.take().unwrap();
+    let mut step = |c: u8| {
+        input.write_all(&[c]).unwrap();
+        let mut k = [0u8];
+        output.read_exact(&mut k).unwrap();
+        assert_eq!(&k, b"k", "stackgrow's answer to {:?}", c as char);
+    };
+    step(b'w'); // past start-up: its loader's calls are done
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(2),
+        // A full read (the check of the carrying) every 5 pauses.
+        refresh_every: 5,
+        ..Default::default()
+    };
+    let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
+    let mut image = Image::from_full(&roundtrip(&full)).unwrap();
+    let (mut carried, mut missed) = (0, 0);
+    for i in 0..16 {
+        step([b'g', b'f', b'w'][i % 3]);
+        let (ck, st) = ep.next().unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        image.apply(&roundtrip(&ck)).unwrap();
+        carried += st.layout_carried as u32;
+        missed = st.layout_missed;
+    }
+    step(b'g');
+    let (ck, st) = ep.next_held().expect("the last epoch");
+    image.apply(&roundtrip(&ck)).unwrap();
+    carried += st.layout_carried as u32;
+    let diffs = compare_live(pid, &image, 20).unwrap();
+    ep.release();
+    ep.stop();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        diffs.is_empty(),
+        "the image differs from the live process:\n{}",
+        diffs.join("\n")
+    );
+    // Most pauses carried the layout (else this tests nothing); none missed a change.
+    assert!(
+        carried >= 8,
+        "only {carried} of 17 pauses carried the layout"
+    );
+    assert_eq!(
+        missed, 0,
+        "full reads found layout changes no call was counted for"
+    );
+}

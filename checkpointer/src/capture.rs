@@ -303,9 +303,10 @@ pub struct MetaCache {
     brk: u64,
     rlimits: Option<Vec<(u32, u64, u64)>>,
     fds: fds::FdCache,
-    /// Counts the process's descriptor calls ([`crate::syscount::DESCRIPTOR_CALLS`]); with the
-    /// count at the last descriptor capture. Unset: every capture reads every descriptor.
-    pub(crate) fd_calls: Option<crate::syscount::SyscallCounter>,
+    /// Counts the process's descriptor and layout calls ([`crate::syscount::CHANGE_GROUPS`]);
+    /// with the descriptor count at the last descriptor capture. Unset: every capture reads
+    /// every descriptor (and the epoch loop the whole layout).
+    pub(crate) calls: Option<crate::syscount::SyscallCounter>,
     fd_calls_seen: Option<u64>,
     /// Host TID → (TID in the sandbox, name).
     names: HashMap<Pid, (Pid, String)>,
@@ -495,7 +496,10 @@ pub(crate) fn capture_meta(
     };
     let t3 = Instant::now();
     // The process is stopped: no call can be entered between this reading and the capture.
-    let calls = cache.fd_calls.as_ref().map(|c| c.count());
+    let calls = cache
+        .calls
+        .as_ref()
+        .map(|c| c.count(crate::syscount::DESCRIPTORS));
     let unchanged = !refresh && calls.is_some() && calls == cache.fd_calls_seen;
     let fds = fds::capture(proc, Some(&mut cache.fds), unchanged)?;
     cache.fd_calls_seen = calls;

@@ -167,6 +167,12 @@ pub struct EpochStats {
     /// The descriptors were not read again: the process made no descriptor call since the
     /// last pause (counted by eBPF: see [`crate::syscount`]).
     pub fds_reused: bool,
+    /// The layout (and the copied-on-write list) was carried from the last pause: the process
+    /// made no layout call since (counted by eBPF: [`crate::syscount::LAYOUT_CALLS`]).
+    pub layout_carried: bool,
+    /// Periodic full reads so far that found a layout change no call was counted for (a
+    /// missed change notification; expected 0).
+    pub layout_missed: u64,
     /// Parts of `scan_us`: taking the written pages of the armed ranges; checking that the
     /// pre-copied pages are still there; hot-page bookkeeping (unprotecting them); the
     /// copied-on-write list of private file mappings.
@@ -613,6 +619,15 @@ struct EpochLoop<'p> {
     /// Mappings armed for tracking, as (start, end).
     armed: Vec<(u64, u64)>,
     prev_maps: Vec<MapEntry>,
+    /// The layout-call count ([`crate::syscount::LAYOUT_CALLS`]) at the end of the last
+    /// capture, and the copied-on-write pages of private file mappings then (sorted): both
+    /// carried to the next pause when the count has not moved (see `capture`).
+    layout_seen: Option<u64>,
+    prev_cow: Vec<u64>,
+    /// Periodic full reads that found a layout change no call was counted for.
+    layout_missed: u64,
+    /// `/proc/PID/maps`, open for `PROCMAP_QUERY` (stacks growing down).
+    maps_file: Option<std::fs::File>,
     cache: MetaCache,
     /// One set of codec contexts per encode worker.
     codecs: Vec<PageCodec>,
@@ -722,7 +737,7 @@ impl<'p> EpochLoop<'p> {
         // Before the pause (loading the program takes a while): without it, every pause reads
         // every descriptor.
         let mut fd_calls =
-            crate::syscount::SyscallCounter::new(pid, crate::syscount::DESCRIPTOR_CALLS)
+            crate::syscount::SyscallCounter::new(pid, &crate::syscount::CHANGE_GROUPS)
                 .inspect_err(|e| tracing::debug!("descriptors read every pause: {e}"))
                 .ok();
         let t0 = Instant::now();
@@ -738,7 +753,7 @@ impl<'p> EpochLoop<'p> {
         let r = (|| -> Result<_> {
             let maps = proc.smaps().map_err(proc_err(pid, "smaps"))?;
             let mut cache = MetaCache::default();
-            cache.fd_calls = fd_calls.take();
+            cache.calls = fd_calls.take();
             let (mut tracker, maps): (Box<dyn Tracker>, _) = match cfg.tracker {
                 TrackerKind::Uffd => (Box::new(UffdTracker::new(&mut st, &maps, pagemap)?), maps),
                 TrackerKind::Mprotect => {
@@ -817,6 +832,10 @@ impl<'p> EpochLoop<'p> {
             tracker,
             armed,
             prev_maps: maps,
+            layout_seen: None,
+            prev_cow: Vec::new(),
+            layout_missed: 0,
+            maps_file: proc.open_file("maps", libc::O_RDONLY).ok(),
             cache,
             codecs: vec![codec],
             streak: Vec::new(),
@@ -1142,21 +1161,52 @@ impl<'p> EpochLoop<'p> {
 
     /// The part inside the pause. Whatever it takes from the tracker goes into `j` first (see
     /// [`Carry`]); `fullbuf` is the copy buffer of a full checkpoint, if one is wanted.
-    fn capture(
-        &mut self,
-        st: &mut Stopped,
-        fullbuf: &mut Option<Vec<u8>>,
-        j: &mut Carry,
-    ) -> Result<Captured> {
+    /// The last pause's layout (taken from `prev_maps`), with every mapping that grows down
+    /// (`gd`: the main thread's stack, extended by the kernel on a fault below it, with no
+    /// system call) as the kernel has it now. `None`, `prev_maps` left as it was, when that
+    /// cannot be asked or such a mapping is not where it was.
+    fn grown_stacks(&mut self) -> Option<Vec<MapEntry>> {
+        let file = self.maps_file.as_ref()?;
+        let mut maps = std::mem::take(&mut self.prev_maps);
+        for m in maps.iter_mut().filter(|m| m.has_flag("gd")) {
+            match Proc::mapping_at(file, m.end - PAGE) {
+                Ok(Some((start, end))) if end == m.end && start <= m.start => {
+                    if m.kernel.0 == m.start {
+                        m.kernel.0 = start;
+                    }
+                    m.start = start;
+                }
+                _ => {
+                    self.prev_maps = maps;
+                    return None;
+                }
+            }
+        }
+        Some(maps)
+    }
+
+    /// The layout read from `/proc`: `maps`, and `smaps` for the flags only when the layout
+    /// is not the last pause's. With `expect_same` (no layout call was counted since the last
+    /// pause: a periodic full read that checks the carrying), a difference is a change the
+    /// count missed: logged and counted (`EpochStats::layout_missed`).
+    fn read_layout(&mut self, expect_same: bool) -> Result<Vec<MapEntry>> {
         let pid = self.proc.pid;
-        self.tracker.begin(st)?;
-        let mut parts = Parts::default();
-        let tl = Instant::now();
+        if expect_same && let Some(m) = self.grown_stacks() {
+            self.prev_maps = m;
+        }
         let maps = self
             .tracker
             .layout(self.proc.maps().map_err(proc_err(pid, "maps"))?);
+        let same = same_layout(&maps, &self.prev_maps);
+        if expect_same && !same {
+            self.layout_missed += 1;
+            tracing::warn!(
+                pid,
+                "the layout changed with no layout call counted: caught by the periodic full read"
+            );
+        }
         // VmFlags come from smaps, which is costly: only when the layout changed.
-        let maps = if same_layout(&maps, &self.prev_maps) {
+        Ok(if same {
             // The flags are the previous pause's; the rest (the kernel mappings behind each
             // entry, which a tracker's protection may have split differently) is this one's.
             let mut maps = maps;
@@ -1167,10 +1217,47 @@ impl<'p> EpochLoop<'p> {
         } else {
             self.tracker
                 .layout(self.proc.smaps().map_err(proc_err(pid, "smaps"))?)
-        };
-        parts.layout = tl.elapsed();
+        })
+    }
+
+    fn capture(
+        &mut self,
+        st: &mut Stopped,
+        fullbuf: &mut Option<Vec<u8>>,
+        j: &mut Carry,
+    ) -> Result<Captured> {
+        let pid = self.proc.pid;
+        self.tracker.begin(st)?;
+        let mut parts = Parts::default();
+        let tl = Instant::now();
         let epoch = self.epoch + 1;
         let refresh = self.cfg.refresh_every > 0 && epoch.is_multiple_of(self.cfg.refresh_every);
+        // The layout is carried from the last pause when the process made no layout call
+        // since (counted by eBPF while it ran; it is stopped now, so the count is final), the
+        // tracker changes no mapping by itself between pauses, and this is not a refresh.
+        // What moves without a call — a stack growing down — is asked of the kernel below.
+        let layout_calls = self
+            .cache
+            .calls
+            .as_ref()
+            .map(|c| c.count(crate::syscount::LAYOUT));
+        let unchanged = layout_calls.is_some()
+            && layout_calls == self.layout_seen
+            && self.tracker.layout_carried()
+            && !self.prev_maps.is_empty();
+        let carried = if unchanged && !refresh {
+            self.grown_stacks()
+        } else {
+            None
+        };
+        let layout_carried = carried.is_some();
+        let maps = match carried {
+            Some(maps) => maps,
+            None => self.read_layout(unchanged && refresh)?,
+        };
+        self.layout_seen = None; // set again once this capture succeeds
+        parts.layout = tl.elapsed();
+        parts.layout_carried = layout_carried;
         let mut meta = capture::capture_meta(self.proc, st, &maps, &mut self.cache, refresh)?;
         parts.meta = self.cache.times;
         self.tracker.threads(&meta.threads, &maps);
@@ -1188,9 +1275,11 @@ impl<'p> EpochLoop<'p> {
         // they were armed (see `UffdTracker::replaced`: one scan over all of them, a check of
         // the mappings alone for replaced ones).
         let mut written = Vec::new();
+        // (A carried layout has no replaced mapping: replacing one takes a layout call.)
+        let replaced_check = (!layout_carried).then_some(&maps[..]);
         let mut stale = match self
             .tracker
-            .take_all(&self.armed, Some(&maps), &mut written)
+            .take_all(&self.armed, replaced_check, &mut written)
         {
             Ok(stale) => stale,
             Err((err, i)) => {
@@ -1321,36 +1410,39 @@ impl<'p> EpochLoop<'p> {
             // read since), yet the scan above does not report it: the zap left the
             // write-protect marker the pre-copy set. So check that each is still there; one
             // scan per armed range holding some.
-            pre_copied.sort_unstable_by_key(|p| p.0);
-            let mut present: Vec<(u64, u64, u64)> = Vec::new();
-            let mut i = 0;
-            while i < pre_copied.len() {
-                let a = pre_copied[i].0;
-                let r = armed[armed.partition_point(|r| r.1 <= a)];
-                let j = i + pre_copied[i..].partition_point(|p| p.0 < r.1);
-                // Present, and not the zero page (read back after the zap).
-                let q = Query {
-                    anyof: PAGE_IS_PRESENT,
-                    mask: PAGE_IS_PFNZERO,
-                    inverted: PAGE_IS_PFNZERO,
-                    ret: PAGE_IS_PRESENT,
-                    ..Default::default()
-                };
-                self.tracker
-                    .scan(a, pre_copied[j - 1].0 + PAGE, q, &mut present)?;
-                i = j;
-            }
-            let still = |a: u64| {
-                let k = present.partition_point(|r| r.1 <= a);
-                present.get(k).is_some_and(|r| r.0 <= a)
-            };
-            pre_copied.retain(|&(a, _)| {
-                let keep = still(a);
-                if !keep {
-                    dirty.push(a); // copied now: it reads as zeros (or the file)
+            // (With the layout carried, no zap can have happened: it takes a layout call.)
+            if !layout_carried {
+                pre_copied.sort_unstable_by_key(|p| p.0);
+                let mut present: Vec<(u64, u64, u64)> = Vec::new();
+                let mut i = 0;
+                while i < pre_copied.len() {
+                    let a = pre_copied[i].0;
+                    let r = armed[armed.partition_point(|r| r.1 <= a)];
+                    let j = i + pre_copied[i..].partition_point(|p| p.0 < r.1);
+                    // Present, and not the zero page (read back after the zap).
+                    let q = Query {
+                        anyof: PAGE_IS_PRESENT,
+                        mask: PAGE_IS_PFNZERO,
+                        inverted: PAGE_IS_PFNZERO,
+                        ret: PAGE_IS_PRESENT,
+                        ..Default::default()
+                    };
+                    self.tracker
+                        .scan(a, pre_copied[j - 1].0 + PAGE, q, &mut present)?;
+                    i = j;
                 }
-                keep
-            });
+                let still = |a: u64| {
+                    let k = present.partition_point(|r| r.1 <= a);
+                    present.get(k).is_some_and(|r| r.0 <= a)
+                };
+                pre_copied.retain(|&(a, _)| {
+                    let keep = still(a);
+                    if !keep {
+                        dirty.push(a); // copied now: it reads as zeros (or the file)
+                    }
+                    keep
+                });
+            }
             dirty.sort_unstable();
             dirty.dedup();
         }
@@ -1402,22 +1494,38 @@ impl<'p> EpochLoop<'p> {
         parts.hot = th.elapsed();
         let tcow = Instant::now();
         let mut cow_list: Vec<u64> = Vec::new();
-        let mut found = Vec::new();
-        for (start, end) in file_spans(&maps) {
-            found.clear();
-            let q = Query {
-                anyof: self.contents,
-                mask: PAGE_IS_FILE,
-                inverted: PAGE_IS_FILE,
-                ret: PAGE_IS_PRESENT,
-                ..Default::default()
+        // (Not when a range is stale: a failed scan may have taken writes it did not report.)
+        if layout_carried && stale.is_empty() {
+            // No zap, unmapping or truncation since the last pause (each takes a counted
+            // call): its list still holds, and a page becomes copied-on-write only by a write,
+            // which the scan reported. So: the last list, plus this epoch's written pages in
+            // private file mappings (a written page is never the file's own).
+            let spans = file_spans(&maps);
+            let in_span = |a: u64| {
+                let k = spans.partition_point(|r| r.1 <= a);
+                spans.get(k).is_some_and(|r| r.0 <= a)
             };
-            self.tracker.scan(start, end, q, &mut found)?;
-            for &(s, e, _) in &found {
-                cow_list.extend((s..e).step_by(PAGE as usize));
+            cow_list = std::mem::take(&mut self.prev_cow);
+            cow_list.extend(written_all.iter().copied().filter(|&a| in_span(a)));
+        } else {
+            let mut found = Vec::new();
+            for (start, end) in file_spans(&maps) {
+                found.clear();
+                let q = Query {
+                    anyof: self.contents,
+                    mask: PAGE_IS_FILE,
+                    inverted: PAGE_IS_FILE,
+                    ret: PAGE_IS_PRESENT,
+                    ..Default::default()
+                };
+                self.tracker.scan(start, end, q, &mut found)?;
+                for &(s, e, _) in &found {
+                    cow_list.extend((s..e).step_by(PAGE as usize));
+                }
             }
         }
         cow_list.sort_unstable();
+        cow_list.dedup();
         let cow = coalesce(&cow_list);
         parts.cow = tcow.elapsed();
         let scan = ts.elapsed();
@@ -1502,6 +1610,14 @@ impl<'p> EpochLoop<'p> {
         }
         let pre = self.pre.take().map(|p| (pre_copied, p));
         self.last_dirty = written_all.len() as u64;
+        // The count after everything this pause did to the process (injected calls included):
+        // the next pause carries the layout if it has not moved by then.
+        self.layout_seen = self
+            .cache
+            .calls
+            .as_ref()
+            .map(|c| c.count(crate::syscount::LAYOUT));
+        self.prev_cow = cow_list;
         Ok(Captured {
             meta,
             exe,
@@ -1767,6 +1883,8 @@ impl<'p> EpochLoop<'p> {
         st.exe_us = us(pp.exe);
         st.commit_us = us(pp.commit);
         st.hook_us = us(pp.hook);
+        st.layout_carried = pp.layout_carried;
+        st.layout_missed = self.layout_missed;
         st.dirty_pages = dirty;
         st.fresh_pages = fresh_pages;
         st.hot_pages = hot;
@@ -1865,6 +1983,7 @@ struct Parts {
     commit: Duration,
     hook: Duration,
     resume: Duration,
+    layout_carried: bool,
 }
 
 /// Same mappings (address, size, protection, backing) in the same order.

@@ -218,6 +218,57 @@ impl Proc {
             .collect())
     }
 
+    /// The mapping that holds `addr`, as `(start, end)` (`None`: no mapping holds it), asked
+    /// of the kernel with the `PROCMAP_QUERY` ioctl (Linux >= 6.11) on `maps`, this process's
+    /// `/proc/PID/maps` opened once: no text is produced or parsed, so this costs a few
+    /// microseconds however many mappings the process has.
+    pub fn mapping_at(maps: &File, addr: u64) -> io::Result<Option<(u64, u64)>> {
+        // struct procmap_query (include/uapi/linux/fs.h): `size` first, then the query's
+        // flags and address; the kernel fills in the rest. No name or build id is asked for
+        // (their sizes stay 0, so the kernel writes nothing through the address fields).
+        #[repr(C)]
+        #[derive(Default)]
+        struct ProcmapQuery {
+            size: u64,
+            query_flags: u64,
+            query_addr: u64,
+            vma_start: u64,
+            vma_end: u64,
+            vma_flags: u64,
+            vma_page_size: u64,
+            vma_offset: u64,
+            inode: u64,
+            dev_major: u32,
+            dev_minor: u32,
+            vma_name_size: u32,
+            build_id_size: u32,
+            vma_name_addr: u64,
+            build_id_addr: u64,
+        }
+        // _IOWR('f', 17, struct procmap_query)
+        const PROCMAP_QUERY: u64 =
+            (3 << 30) | ((size_of::<ProcmapQuery>() as u64) << 16) | (0x66 << 8) | 17;
+        let mut q = ProcmapQuery {
+            size: size_of::<ProcmapQuery>() as u64,
+            query_addr: addr,
+            ..Default::default()
+        };
+        // SAFETY: `q` is a properly sized and initialised procmap_query that lives across
+        // the call; the kernel reads `size` to know how much of it to use and writes only
+        // within it (no name or build id buffers are given).
+        let r = unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY as _, &mut q) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            // ENOENT: no mapping holds the address.
+            return if e.raw_os_error() == Some(libc::ENOENT) {
+                Ok(None)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(Some((q.vma_start, q.vma_end)))
+    }
+
     /// Fields of `/proc/PID/stat`; index 0 is field 1 of proc(5).
     pub fn stat_fields(&self) -> io::Result<Vec<String>> {
         let text = self.read_string("stat")?;
@@ -340,6 +391,42 @@ pub fn parse_timespec(v: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// PROCMAP_QUERY names the mapping holding an address (here, one of ours split by a
+    /// protection change and shortened), and none for an address no mapping holds.
+    #[test]
+    fn mapping_at_names_the_mapping_holding_an_address() {
+        const PG: usize = 4096;
+        // SAFETY: a fresh private anonymous mapping of ours, protected and unmapped below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4 * PG,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let b = base as u64;
+        // SAFETY: the second page of our own mapping; the last one is unmapped.
+        unsafe {
+            assert_eq!(libc::mprotect(base.add(PG), PG, libc::PROT_READ), 0);
+            assert_eq!(libc::munmap(base.add(3 * PG), PG), 0);
+        }
+        let maps = File::open("/proc/self/maps").unwrap();
+        let pg = PG as u64;
+        let got = Proc::mapping_at(&maps, b + pg + 100).unwrap();
+        let first = Proc::mapping_at(&maps, b).unwrap();
+        // (Below mmap_min_addr: never mapped.)
+        let hole = Proc::mapping_at(&maps, 4096).unwrap();
+        // SAFETY: what is left of our mapping.
+        unsafe { libc::munmap(base, 3 * PG) };
+        assert_eq!(got, Some((b + pg, b + 2 * pg)));
+        assert_eq!(first.map(|m| m.1), Some(b + pg));
+        assert_eq!(hole, None);
+    }
 
     #[test]
     fn parses_map_lines() {

@@ -1,12 +1,18 @@
-//! Counts one process's calls of chosen system calls, without stopping it or slowing its
-//! calls down: an eBPF program on the raw `sys_enter` tracepoint adds one to a counter in a
+//! Counts one process's calls of chosen groups of system calls, without stopping it or slowing
+//! its calls down: an eBPF program on the raw `sys_enter` tracepoint adds one to a counter in a
 //! memory-mapped BPF array for each listed call made by a thread of the process (matched by
-//! thread-group id, as the initial PID namespace sees it). Reading the counter is a load from
+//! thread-group id, as the initial PID namespace sees it). Reading a count is a few loads from
 //! our own memory: no system call.
 //!
-//! The epoch loop uses it as a change notification: when no call that can change the
-//! descriptor table (or what a descriptor is) was made since the last pause, the descriptors
-//! need not be read again (see [`crate::fds::capture`]).
+//! The epoch loop uses it as a change notification, with two groups ([`CHANGE_GROUPS`]): when
+//! no call that can change the descriptor table (or what a descriptor is) was made since the
+//! last pause, the descriptors need not be read again (see [`crate::fds::capture`]); when no
+//! call that can change the memory layout was made, the layout and the list of copied-on-write
+//! file pages are carried from the last pause (see `crate::epoch`).
+//!
+//! A call may belong to several groups. The array has one element per distinct set of groups
+//! a call belongs to, and a group's count is the sum of the elements whose set holds it: one
+//! increment per call, whatever the number of groups.
 //!
 //! Kernel rules this relies on:
 //! - `sys_enter` fires for every system call entry, including a call the kernel restarts after
@@ -143,11 +149,67 @@ pub const DESCRIPTOR_CALLS: &[i64] = &[
     libc::SYS_setns,
 ];
 
-/// A counter of one process's calls of a set of system calls (see the module doc).
+/// `map_shadow_stack` (x86-64 453), which the libc crate does not name.
+const SYS_MAP_SHADOW_STACK: i64 = 453;
+
+/// The system calls (x86-64 numbers) after which the memory layout may have changed, or pages
+/// of it may have been dropped (zapped) without a write: mapping, unmapping, moving and
+/// protecting memory, the heap's end, advice (`MADV_DONTNEED`, `MADV_FREE`, ...), locking
+/// (it splits mappings), memory policies, System V segments, names of mappings (`prctl`),
+/// truncating files (it zaps copied-on-write pages of private mappings beyond the new end),
+/// io_uring (it can give advice), a userfaultfd of the service's own, and new processes or
+/// programs. Not counted, and so caught only by the periodic full read: a file mapped by the
+/// service and truncated through another path (`open` with `O_TRUNC`) or by another process;
+/// the stack growing down, which the epoch loop checks by itself.
+pub const LAYOUT_CALLS: &[i64] = &[
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_mremap,
+    libc::SYS_mprotect,
+    libc::SYS_pkey_mprotect,
+    libc::SYS_brk,
+    libc::SYS_madvise,
+    libc::SYS_process_madvise,
+    libc::SYS_remap_file_pages,
+    libc::SYS_mlock,
+    libc::SYS_mlock2,
+    libc::SYS_munlock,
+    libc::SYS_mlockall,
+    libc::SYS_munlockall,
+    libc::SYS_mbind,
+    libc::SYS_set_mempolicy_home_node,
+    libc::SYS_shmat,
+    libc::SYS_shmdt,
+    libc::SYS_prctl,
+    SYS_MAP_SHADOW_STACK,
+    libc::SYS_mseal,
+    libc::SYS_truncate,
+    libc::SYS_ftruncate,
+    libc::SYS_fallocate,
+    libc::SYS_io_uring_enter,
+    libc::SYS_userfaultfd,
+    libc::SYS_clone,
+    libc::SYS_clone3,
+    libc::SYS_fork,
+    libc::SYS_vfork,
+    libc::SYS_execve,
+    libc::SYS_execveat,
+];
+
+/// Index in [`CHANGE_GROUPS`] of [`DESCRIPTOR_CALLS`].
+pub const DESCRIPTORS: usize = 0;
+/// Index in [`CHANGE_GROUPS`] of [`LAYOUT_CALLS`].
+pub const LAYOUT: usize = 1;
+/// The groups the epoch loop counts.
+pub const CHANGE_GROUPS: [&[i64]; 2] = [DESCRIPTOR_CALLS, LAYOUT_CALLS];
+
+/// A counter of one process's calls of groups of system calls (see the module doc).
 pub struct SyscallCounter {
-    /// The mapped array value (one `u64`), shared with the kernel.
+    /// The mapped array values (one `u64` per element), shared with the kernel.
     value: *const u64,
     map_len: usize,
+    /// Per element, the groups (bit `g` for group `g`) whose calls it counts.
+    elements: Vec<u32>,
     _link: OwnedFd,
     _prog: OwnedFd,
     _map: OwnedFd,
@@ -160,7 +222,7 @@ unsafe impl Send for SyscallCounter {}
 impl std::fmt::Debug for SyscallCounter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SyscallCounter")
-            .field("count", &self.count())
+            .field("elements", &self.elements)
             .finish()
     }
 }
@@ -185,29 +247,40 @@ fn put64(a: &mut [u8], off: usize, v: u64) {
     a[off..off + 8].copy_from_slice(&v.to_ne_bytes());
 }
 
-/// The program: if the calling thread belongs to `tgid` and the call is one of `calls`, add
-/// one to element 0 of the map `map_fd`.
-fn program(tgid: Pid, calls: &[i64], map_fd: i32) -> Vec<Insn> {
+/// The program: if the calling thread belongs to `tgid` and the call is in `by_element[k]`,
+/// add one to element `k` of the map `map_fd`.
+fn program(tgid: Pid, by_element: &[Vec<i64>], map_fd: i32) -> Vec<Insn> {
     let mut p = vec![
         insn(BPF_ALU64 | BPF_MOV | BPF_X, 6, 1, 0, 0), // r6 = ctx
         insn(BPF_JMP | BPF_CALL, 0, 0, 0, HELPER_GET_CURRENT_PID_TGID),
         insn(BPF_ALU64 | BPF_RSH | BPF_K, 0, 0, 0, 32), // r0 = tgid
     ];
-    // The jumps to `out` and `count` are patched once their places are known.
+    // Jumps are patched once their targets are known: (at, element) to an element's stub,
+    // and the rest to `common` or `out`.
     let not_ours = p.len();
     p.push(insn(BPF_JMP | BPF_JNE | BPF_K, 0, 0, 0, tgid));
     // r1 = ctx->args[1]: the system call number (args[0] is the pt_regs pointer).
     p.push(insn(BPF_LDX | BPF_MEM | BPF_DW, 1, 6, 8, 0));
-    let mut to_count = Vec::new();
-    for &nr in calls {
-        to_count.push(p.len());
-        p.push(insn(BPF_JMP | BPF_JEQ | BPF_K, 1, 0, 0, nr as i32));
+    let mut to_stub = Vec::new();
+    for (k, calls) in by_element.iter().enumerate() {
+        for &nr in calls {
+            to_stub.push((p.len(), k));
+            p.push(insn(BPF_JMP | BPF_JEQ | BPF_K, 1, 0, 0, nr as i32));
+        }
     }
     let not_listed = p.len();
     p.push(insn(BPF_JMP | BPF_JA, 0, 0, 0, 0));
-    let count = p.len();
+    // One stub per element: key = k on the stack, then the common part.
+    let mut stubs = Vec::new();
+    let mut to_common = Vec::new();
+    for k in 0..by_element.len() {
+        stubs.push(p.len());
+        p.push(insn(BPF_ST | BPF_MEM | BPF_W, 10, 0, -4, k as i32));
+        to_common.push(p.len());
+        p.push(insn(BPF_JMP | BPF_JA, 0, 0, 0, 0));
+    }
+    let common = p.len();
     p.extend([
-        insn(BPF_ST | BPF_MEM | BPF_W, 10, 0, -4, 0), // key = 0 on the stack
         insn(BPF_ALU64 | BPF_MOV | BPF_X, 2, 10, 0, 0),
         insn(BPF_ALU64 | BPF_ADD | BPF_K, 2, 0, 0, -4), // r2 = &key
         insn(BPF_LD | BPF_DW | BPF_IMM, 1, BPF_PSEUDO_MAP_FD, 0, map_fd), // r1 = map
@@ -228,29 +301,55 @@ fn program(tgid: Pid, calls: &[i64], map_fd: i32) -> Vec<Insn> {
     ]);
     let jump = |p: &mut Vec<Insn>, at: usize, to: usize| p[at].off = (to - at - 1) as i16;
     jump(&mut p, not_ours, out);
-    for at in to_count {
-        jump(&mut p, at, count);
+    for (at, k) in to_stub {
+        jump(&mut p, at, stubs[k]);
     }
     jump(&mut p, not_listed, out);
+    for at in to_common {
+        jump(&mut p, at, common);
+    }
     jump(&mut p, null, out);
     p
 }
 
+/// The array's elements for `groups`: per distinct set of groups a call belongs to (bit `g`
+/// for group `g`), that set and its calls.
+fn elements(groups: &[&[i64]]) -> Vec<(u32, Vec<i64>)> {
+    let mut sets: std::collections::BTreeMap<i64, u32> = std::collections::BTreeMap::new();
+    for (g, calls) in groups.iter().enumerate() {
+        for &nr in *calls {
+            *sets.entry(nr).or_default() |= 1 << g;
+        }
+    }
+    let mut out: Vec<(u32, Vec<i64>)> = Vec::new();
+    for (nr, set) in sets {
+        match out.iter_mut().find(|e| e.0 == set) {
+            Some(e) => e.1.push(nr),
+            None => out.push((set, vec![nr])),
+        }
+    }
+    out
+}
+
 impl SyscallCounter {
-    /// Starts counting the calls `calls` (x86-64 numbers) of process `tgid`.
-    pub fn new(tgid: Pid, calls: &[i64]) -> io::Result<SyscallCounter> {
+    /// Starts counting the calls of each of `groups` (lists of x86-64 numbers, at most 32
+    /// groups) of process `tgid`.
+    pub fn new(tgid: Pid, groups: &[&[i64]]) -> io::Result<SyscallCounter> {
+        assert!(groups.len() <= 32, "at most 32 groups");
         let ctx = |what: &'static str| {
             move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"))
         };
-        // The map: one u64, mappable into our memory.
+        let elements = elements(groups);
+        // The map: one u64 per element, mappable into our memory (an array's values are laid
+        // out one after the other, each rounded up to 8 bytes).
         let mut attr = [0u8; 128];
         put32(&mut attr, 0, BPF_MAP_TYPE_ARRAY);
         put32(&mut attr, 4, 4); // key size
         put32(&mut attr, 8, 8); // value size
-        put32(&mut attr, 12, 1); // max entries
+        put32(&mut attr, 12, elements.len().max(1) as u32); // max entries
         put32(&mut attr, 16, BPF_F_MMAPABLE);
         let map = bpf(BPF_MAP_CREATE, &mut attr).map_err(ctx("creating the BPF counter map"))?;
-        let map_len = 4096;
+        let map_len = (elements.len() * 8).max(1).next_multiple_of(4096);
         // SAFETY: mapping the map's value area (one page) shared and read-only; the kernel
         // keeps it valid until it is unmapped (in Drop), whatever happens to the descriptor.
         let value = unsafe {
@@ -276,7 +375,8 @@ impl SyscallCounter {
         }
         let guard = Unmap(value, map_len);
 
-        let insns = program(tgid, calls, map.as_raw_fd());
+        let by_element: Vec<Vec<i64>> = elements.iter().map(|e| e.1.clone()).collect();
+        let insns = program(tgid, &by_element, map.as_raw_fd());
         let license = c"GPL";
         let mut log = vec![0u8; 64 << 10];
         let mut attr = [0u8; 128];
@@ -309,17 +409,25 @@ impl SyscallCounter {
         Ok(SyscallCounter {
             value: value as *const u64,
             map_len,
+            elements: elements.iter().map(|e| e.0).collect(),
             _link: link,
             _prog: prog,
             _map: map,
         })
     }
 
-    /// The calls counted so far.
-    pub fn count(&self) -> u64 {
-        // SAFETY: `value` points into our live shared mapping of the map's value (8 aligned
-        // bytes); the kernel updates it atomically, and a volatile read sees each update.
-        unsafe { std::ptr::read_volatile(self.value) }
+    /// The calls of group `group` counted so far.
+    pub fn count(&self, group: usize) -> u64 {
+        let mut n = 0u64;
+        for (k, set) in self.elements.iter().enumerate() {
+            if set & (1 << group) != 0 {
+                // SAFETY: element k lies in our live shared mapping of the map's values (8
+                // aligned bytes at 8 × k, within `map_len`); the kernel updates it atomically,
+                // and a volatile read sees each update.
+                n = n.wrapping_add(unsafe { std::ptr::read_volatile(self.value.add(k)) });
+            }
+        }
+        n
     }
 }
 
@@ -343,7 +451,7 @@ mod tests {
     fn reaches(c: &SyscallCounter, n: u64) -> bool {
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(5) {
-            if c.count() >= n {
+            if c.count(0) >= n {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -370,7 +478,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(up, "up\n");
-        let c = match SyscallCounter::new(child.id() as Pid, DESCRIPTOR_CALLS) {
+        let c = match SyscallCounter::new(child.id() as Pid, &[DESCRIPTOR_CALLS]) {
             Ok(c) => c,
             Err(e) => {
                 let _ = child.kill();
@@ -382,7 +490,7 @@ mod tests {
         let _f = std::fs::File::open("/dev/null").unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(
-            c.count(),
+            c.count(0),
             0,
             "calls of other processes, or unlisted ones, counted"
         );
@@ -391,17 +499,92 @@ mod tests {
         // `exec 3</dev/null`: at least an openat (and a dup2/fcntl or two).
         assert!(reaches(&c, 1), "the open was not counted");
         std::thread::sleep(Duration::from_millis(50));
-        let after_open = c.count();
+        let after_open = c.count(0);
         stdin.write_all(b"2\n").unwrap();
         assert!(reaches(&c, after_open + 1), "the close was not counted");
         stdin.write_all(b"3\n").unwrap();
         child.wait().unwrap();
         // No program left behind after the drop: a second counter starts at zero.
         drop(c);
-        let again = SyscallCounter::new(std::process::id() as Pid, &[libc::SYS_getppid]).unwrap();
-        assert_eq!(again.count(), 0);
+        let again =
+            SyscallCounter::new(std::process::id() as Pid, &[&[libc::SYS_getppid]]).unwrap();
+        assert_eq!(again.count(0), 0);
         // SAFETY: getppid takes no arguments.
         unsafe { libc::getppid() };
         assert!(reaches(&again, 1), "our own getppid was not counted");
+    }
+
+    /// A call in several groups is one element counted in each; every listed call has its
+    /// element.
+    #[test]
+    fn calls_in_several_groups_share_one_element() {
+        let els = elements(&CHANGE_GROUPS);
+        for (g, calls) in CHANGE_GROUPS.iter().enumerate() {
+            for nr in *calls {
+                let holding: Vec<u32> = els
+                    .iter()
+                    .filter(|e| e.1.contains(nr))
+                    .map(|e| e.0)
+                    .collect();
+                assert_eq!(holding.len(), 1, "call {nr} in {holding:?}");
+                assert!(
+                    holding[0] & (1 << g) != 0,
+                    "call {nr} not counted in group {g}"
+                );
+            }
+        }
+        let both = |nr: i64| els.iter().find(|e| e.1.contains(&nr)).map(|e| e.0);
+        assert_eq!(both(libc::SYS_clone), Some(0b11));
+        assert_eq!(both(libc::SYS_mmap), Some(1 << LAYOUT));
+        assert_eq!(both(libc::SYS_dup), Some(1 << DESCRIPTORS));
+        assert_eq!(els.len(), 3);
+    }
+
+    /// Two groups in one program: mapping memory counts as a layout call and not as a
+    /// descriptor call; duplicating a descriptor the other way round.
+    #[test]
+    fn each_group_counts_its_own_calls() {
+        let mut child = Command::new("python3")
+            .arg("-c")
+            .arg(
+                "import mmap, os, sys\n\
+                 print('up', flush=True)\n\
+                 sys.stdin.readline()\n\
+                 m = mmap.mmap(-1, 1 << 20)\n\
+                 print('mapped', flush=True)\n\
+                 sys.stdin.readline()\n\
+                 os.close(os.dup(0))\n\
+                 print('duped', flush=True)\n\
+                 sys.stdin.readline()\n",
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        let mut next = |out: &mut std::io::BufReader<_>| {
+            line.clear();
+            std::io::BufRead::read_line(out, &mut line).unwrap();
+            line.trim().to_string()
+        };
+        assert_eq!(next(&mut out), "up");
+        let c = SyscallCounter::new(child.id() as Pid, &CHANGE_GROUPS).unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let (l0, d0) = (c.count(LAYOUT), c.count(DESCRIPTORS));
+        stdin.write_all(b"\n").unwrap();
+        assert_eq!(next(&mut out), "mapped");
+        let (l1, d1) = (c.count(LAYOUT), c.count(DESCRIPTORS));
+        assert!(
+            l1 > l0,
+            "the mmap was not counted as a layout call ({l0} -> {l1})"
+        );
+        stdin.write_all(b"\n").unwrap();
+        assert_eq!(next(&mut out), "duped");
+        let d2 = c.count(DESCRIPTORS);
+        assert!(d2 >= d1 + 2, "dup and close not counted ({d1} -> {d2})");
+        assert!(d1 >= d0);
+        stdin.write_all(b"\n").unwrap();
+        child.wait().unwrap();
     }
 }

@@ -167,6 +167,12 @@ pub trait Tracker {
     fn precopy_capable(&self) -> bool {
         false
     }
+    /// Whether the layout can be carried between pauses when the process made no layout call:
+    /// the tracker itself changes no mapping between pauses, and no protection of its splits
+    /// or merges mappings (the mprotect tracker's agent does both).
+    fn layout_carried(&self) -> bool {
+        false
+    }
     /// Whether the loop leaves hot pages writable (unprotects them in every pause) rather than
     /// protecting them as any other page. Worth it only when a write fault costs more than
     /// the unprotect: true for the mprotect tracker, whose fault is a signal into its agent.
@@ -627,6 +633,9 @@ impl Tracker for UffdTracker {
     }
     fn hot_pages_writable(&self) -> bool {
         false
+    }
+    fn layout_carried(&self) -> bool {
+        true
     }
     fn name(&self) -> &'static str {
         "uffd"

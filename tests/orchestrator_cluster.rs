@@ -314,8 +314,10 @@ fn a_primary_cut_off_from_the_orchestrators_decides_nothing_once_deposed() {
             n
         })
         .unwrap();
-    // Its epochs go on, slowly at times: each time the new primary refuses its stream, it
-    // takes a full checkpoint for that backup (100 MiB; about a second in a debug build).
+    // Its epochs go on. The new primary refused its stream for a newer view: it takes no full
+    // checkpoint for it again (each would be refused too: 100 MiB, about a second in a debug
+    // build, every half second before this was fixed).
+    let fulls0 = read("tardi_instance_full_checkpoints_total");
     let t = Instant::now();
     let (mut epoch1, mut decided1) = (epoch0, decided0);
     while epoch1 <= epoch0 && t.elapsed() < Duration::from_secs(10) {
@@ -325,7 +327,14 @@ fn a_primary_cut_off_from_the_orchestrators_decides_nothing_once_deposed() {
             read("tardi_instance_decided_epoch"),
         );
     }
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(t.elapsed()));
+    let fulls1 = read("tardi_instance_full_checkpoints_total");
     assert_eq!(answered, 0, "the deposed primary released replies");
+    assert!(
+        fulls1 - fulls0 <= 1.0,
+        "the deposed primary kept taking full checkpoints for a backup that refuses them ({fulls0} -> {fulls1} in {:?})",
+        t.elapsed()
+    );
     assert!(
         epoch1 > epoch0,
         "the old primary's sandbox stopped ({epoch0} -> {epoch1})"

@@ -41,6 +41,7 @@ impl pb::replica_server::Replica for AckAll {
                 view: m.view,
                 epoch: m.epoch,
                 error: String::new(),
+                newer_view: 0,
             })
         });
         Ok(tonic::Response::new(Box::pin(s)))

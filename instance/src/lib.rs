@@ -201,6 +201,19 @@ impl Roles {
         }
     }
 
+    /// The view this machine holds `service` in (as its primary, a backup of it, a primary
+    /// that failed to start, or one whose role is changing), if it holds it.
+    fn view_of(&self, service: &str) -> Option<u64> {
+        if let Some(r) = self.changing().get(service) {
+            return Some(r.view);
+        }
+        match self.lock().get(service)? {
+            Role::Primary(p) => Some(p.view()),
+            Role::Backup(b, _) => Some(b.report().view),
+            Role::Failed { view, .. } => Some(*view),
+        }
+    }
+
     fn reports(&self) -> Vec<pb::ServiceReport> {
         // Changing ones first (and kept when both are seen: the new role is in by then).
         let changing = self.changing().clone();
@@ -439,6 +452,14 @@ fn metrics(machine: &str, reports: &[pb::ServiceReport]) -> String {
             &l,
             r.checkpoint_bytes as f64,
         );
+        if r.role == pb::Role::Primary as i32 {
+            e.counter(
+                "tardi_instance_full_checkpoints_total",
+                "Primary: full checkpoints taken since it started (a backup joining, or a backup's chain restarting).",
+                &l,
+                r.full_checkpoints as f64,
+            );
+        }
         e.gauge(
             "tardi_instance_lag",
             "Primary: epochs produced, not decided. Backup: checkpoints queued, not applied.",
@@ -539,11 +560,20 @@ fn serve_stream(conn: stream::Accepted, roles: &Roles) -> Result<(), stream::Str
             Some(b) => b.receive(m.view, m.run, m.epoch, Vec::from(m.data)),
         };
         let refused = result.is_err();
+        // Refused for a newer view: the sender is deposed and should stop retrying.
+        let newer_view = match &result {
+            Err(backup::Refusal::OldView { have, .. }) => *have,
+            Err(backup::Refusal::NotBackup(_)) => {
+                roles.view_of(&service).filter(|&v| v > view).unwrap_or(0)
+            }
+            _ => 0,
+        };
         let ack = pb::Ack {
             service,
             view,
             epoch,
             error: result.err().map(|e| e.to_string()).unwrap_or_default(),
+            newer_view,
         };
         if refused {
             tracing::warn!(service = %ack.service, view, epoch, error = %ack.error, "checkpoint refused");

@@ -108,6 +108,8 @@ struct State {
     full: Option<(u64, Bytes)>,
     /// A sender needs a full checkpoint the log can continue: take one at the next pause.
     full_wanted: bool,
+    /// Full checkpoints taken since this primary started.
+    fulls: u64,
     /// A full checkpoint of epoch `pin - 1` is being serialised: keep the log from `pin` on, so
     /// that it continues that checkpoint once it is published.
     pin: Option<u64>,
@@ -220,6 +222,7 @@ impl Primary {
                 log: VecDeque::new(),
                 full: None,
                 full_wanted: false,
+                fulls: 0,
                 pin: None,
                 decision: Decision {
                     required,
@@ -404,7 +407,13 @@ impl Primary {
             takeover_us: st.takeover_us,
             pause_p50_us: p50,
             pause_p99_us: p99,
+            full_checkpoints: st.fulls,
         }
+    }
+
+    /// The view this primary serves.
+    pub fn view(&self) -> u64 {
+        self.shared.lock().view.number
     }
 
     pub fn failed(&self) -> bool {
@@ -548,6 +557,7 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
                 let pause = out.stats.pause_us;
                 let inc = out.incremental;
                 if let Some(full) = out.full {
+                    sh.lock().fulls += 1;
                     // Serialising a large full checkpoint takes long: on its own thread, so the
                     // epochs (and the decisions of the other backups) go on meanwhile.
                     sh.lock().pin = Some(inc.epoch + 1);
@@ -666,6 +676,16 @@ fn continues(st: &State, f: u64) -> bool {
     }
 }
 
+/// A backup refused the stream because it holds the service in a newer view than this
+/// primary's (see `Ack::newer_view`).
+#[derive(Debug, thiserror::Error)]
+#[error("{backup} holds the service in view {view}, newer than this primary's: {why}")]
+struct Deposed {
+    backup: String,
+    view: u64,
+    why: String,
+}
+
 /// Streams this run's checkpoints to backup `b` for as long as it is in the view.
 fn sender(sh: Arc<Shared>, b: String) {
     let mut backoff = Duration::from_millis(20);
@@ -676,11 +696,31 @@ fn sender(sh: Arc<Shared>, b: String) {
         match stream_to(&sh, &b) {
             Ok(()) => break,
             Err(e) => {
-                tracing::warn!(service = %sh.name, backup = %b, %e, "checkpoint stream ended; the backup rejoins with a full checkpoint");
+                let deposed = e.downcast_ref::<Deposed>().map(|d| d.view);
+                if deposed.is_none() {
+                    tracing::warn!(service = %sh.name, backup = %b, %e, "checkpoint stream ended; the backup rejoins with a full checkpoint");
+                }
                 let mut st = sh.lock();
                 st.decision.detach(&b);
                 st.cursors.insert(b.clone(), u64::MAX);
                 sh.advance(&mut st);
+                if let Some(newer) = deposed {
+                    // This primary is deposed (it has not heard of the newer view yet: cut off
+                    // from the orchestrators, or late). A full checkpoint would be refused as
+                    // well: none is taken, nothing is sent to `b` until this primary's view
+                    // changes (or it stops, or `b` leaves its view).
+                    tracing::warn!(service = %sh.name, backup = %b, %e, "deposed: nothing more is sent to this backup until this primary's view changes");
+                    while !sh.stop.load(Ordering::SeqCst)
+                        && st.view.number < newer
+                        && st.view.backups.contains(&b)
+                    {
+                        st = sh
+                            .new_data
+                            .wait_timeout(st, Duration::from_millis(100))
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
+                    }
+                }
             }
         }
         std::thread::sleep(backoff);
@@ -713,6 +753,13 @@ fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
             .spawn(move || {
                 let why = loop {
                     match conn.recv_ack() {
+                        Ok(Some(a)) if a.newer_view > 0 => {
+                            break anyhow::Error::new(Deposed {
+                                backup: b.clone(),
+                                view: a.newer_view,
+                                why: a.error,
+                            });
+                        }
                         Ok(Some(a)) if !a.error.is_empty() => {
                             break anyhow::anyhow!("{b} refused epoch {}: {}", a.epoch, a.error);
                         }

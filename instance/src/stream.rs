@@ -507,6 +507,7 @@ mod tests {
                 view: 3,
                 epoch: e,
                 error: if e == 5 { "no".into() } else { String::new() },
+                newer_view: 0,
             };
             write_ack(&mut buf, &ack).unwrap();
         }

@@ -87,6 +87,7 @@ fn backup(
                 view: m.view,
                 epoch: m.epoch,
                 error: String::new(),
+                newer_view: 0,
             };
             stream::write_ack(input.get_mut(), &ack)?;
         }

@@ -793,6 +793,20 @@ fn trial(
         }
     }
     let restored_at = sh.now();
+    // The views since the fault, with when each was proposed and active (unix ms).
+    let views: Vec<Value> = service(&c.status())["history"]
+        .as_array()
+        .map(|h| {
+            h.iter()
+                .filter(|x| {
+                    x["proposed_ms"]
+                        .as_u64()
+                        .is_some_and(|p| p + 50 >= fault_unix_ms)
+                })
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
     std::thread::sleep(Duration::from_millis(300));
     sh.stop.store(true, Ordering::Relaxed);
     for t in threads {
@@ -855,7 +869,7 @@ fn trial(
         "ops_ok": n_ok, "ops_unknown": n_unknown, "ops_failed": n_fail,
         "final_reads": final_ok,
         "checked": checked, "linearizable": checked && linearizable, "lost_writes": lost,
-        "check": report, "duration_s": end as f64 / 1e6,
+        "check": report, "duration_s": end as f64 / 1e6, "views_since_fault": views,
         "notes": notes,
     });
     info!(

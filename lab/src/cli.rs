@@ -76,8 +76,9 @@ pub enum LabCommand {
     /// and `tardi lab exec` exits with the command's status.
     Exec(ExecArgs),
 
-    /// Power cut: SIGKILL every process of a node at once (its sandboxes too) and take its link
-    /// down, so it answers nothing, not even ARP.
+    /// Power cut: SIGKILL every process of a node at once (its sandboxes too), delete the links
+    /// they made (the sandboxes' veth pairs, as a reboot would) and take its link down, so it
+    /// answers nothing, not even ARP.
     ///
     /// `tardi lab start NODE` brings it back.
     Kill(NodeArg),

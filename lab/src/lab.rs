@@ -367,11 +367,16 @@ impl Lab {
 
     /// Power cut: SIGKILLs every process of node `name` at once (through its cgroup, sandboxes
     /// included; by walking `/proc` without cgroups) and sets its link down, so it answers
-    /// nothing, not even ARP. [`Lab::start`] brings it back.
+    /// nothing, not even ARP; the links its processes made (sandboxes' veth pairs) are deleted,
+    /// as a reboot would lose them. [`Lab::start`] brings it back.
     pub fn kill(&mut self, name: &str) -> Result<()> {
         let node = self.node(name)?.clone();
         self.step(&format!("{name}: power cut"));
         self.kill_processes(&node)?;
+        let deleted = network::clear_node_links(&node)?;
+        if !deleted.is_empty() {
+            tracing::debug!("{name}: links deleted with the power cut: {deleted:?}");
+        }
         network::set_node_link(&node, false)?;
         let ns = self.state.node_mut(name)?;
         ns.alive = false;

@@ -112,6 +112,38 @@ pub(crate) fn set_node_link(node: &Node, up: bool) -> Result<()> {
     .map(drop)
 }
 
+/// Deletes every link of the node except `lo` and `eth0`: the links its processes made (the
+/// sandboxes' veth pairs), which a power cut takes with it. Killing a sandbox's processes is not
+/// enough: its network namespace can outlive them, pinned by orphaned TCP sockets that still
+/// retransmit (every client connection of a killed service), and keep its link and address in
+/// the node for minutes, where a real machine, rebooted, would have none. Returns the links
+/// deleted.
+pub(crate) fn clear_node_links(node: &Node) -> Result<Vec<String>> {
+    let ns = node.namespace();
+    let out = ip_in(&ns, ["-br", "link", "show"])?;
+    let mut deleted = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        // "td1h@if3  UP  6a:36:..." -> "td1h"
+        let Some(name) = line
+            .split_whitespace()
+            .next()
+            .and_then(|w| w.split('@').next())
+        else {
+            continue;
+        };
+        if name.is_empty() || name == "lo" || name == NODE_IF {
+            continue;
+        }
+        match ip_in(&ns, ["link", "del", name]) {
+            Ok(_) => deleted.push(name.to_string()),
+            // Deleting one end of a veth pair removes the other: already gone.
+            Err(e) if crate::cmd::is_gone(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(deleted)
+}
+
 /// Sets the node's port on the switch up or down (down cuts every link of the node while it
 /// keeps running).
 pub(crate) fn set_switch_port(node: &Node, up: bool) -> Result<()> {

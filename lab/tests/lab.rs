@@ -167,8 +167,25 @@ fn three_machines_reach_kill_partition_heal_exec_down() {
         "daemon, unshare and sleep expected: {m1_pids:?}"
     );
 
+    // A link a process of m1 made (as a sandbox's veth pair), which a power cut must take with
+    // it: a sandbox's namespace can outlive its processes (orphaned TCP sockets pin it).
+    let out = lab
+        .exec(
+            "m1",
+            &[
+                "ip", "link", "add", "td9h", "type", "veth", "peer", "name", "td9s",
+            ],
+        )
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
     // Power cut on m1: all its processes are gone at once, m1 is dark, m2 still answers.
     lab.kill("m1").unwrap();
+    let links = stdout(&lab.exec("m1", &["ip", "-br", "link"]).unwrap());
+    assert!(
+        !links.contains("td9h") && !links.contains("td9s") && links.contains("eth0"),
+        "the power cut left links behind: {links}"
+    );
     assert!(lab.cgroup_pids("m1").unwrap().is_empty());
     for pid in &m1_pids {
         assert!(

@@ -448,3 +448,55 @@ fn idle_clients_of_reset_connections_learn_at_once_after_a_takeover() {
         other => panic!("the idle connection was not ended by the new primary: {other:?}"),
     }
 }
+
+/// The primary's daemon alone crashes (SIGKILL: its sandbox keeps running, holding the
+/// service's name and address on that machine) and restarts. The restarted daemon removes the
+/// leftover sandbox; the backup has taken over; the machine becomes its backup again and can
+/// take the service over once more when the new primary's machine loses power (before the fix,
+/// that takeover failed for good: "sandbox `redis` is already running"; found by the fault
+/// campaign).
+#[test]
+fn a_restarted_instance_removes_the_sandbox_its_crashed_run_left() {
+    let mut c = Cluster::up(2, &[]);
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let first = svc["primary"].as_str().unwrap().to_string();
+    let second = svc["backups"][0].as_str().unwrap().to_string();
+    let to = addr(&svc, 6379);
+    c.lab.in_node("client", || set_keys(to, "d", 100)).unwrap();
+    let node = c.lab.node(&first).unwrap().clone();
+    let pid_file = node.run_dir().join("redis").join("init.pid");
+    let init: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    c.lab.crash_daemon(&first).unwrap();
+    // The backup takes over (the crashed daemon's heartbeats stopped).
+    c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["primary"] == second.as_str()
+    });
+    c.lab.restart_daemon(&first).unwrap();
+    let alive = |pid: i32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let t0 = std::time::Instant::now();
+    while alive(init) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !alive(init),
+        "the crashed run's sandbox (init {init}) still runs after the restart"
+    );
+    // The restarted machine joins as the new primary's backup.
+    c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["primary"] == second.as_str() && s["backups"][0] == first.as_str()
+    });
+    c.lab.kill(&second).unwrap();
+    c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["primary"] == first.as_str()
+    });
+    let n = c
+        .lab
+        .in_node("client", || count_keys(to, "d", 100))
+        .unwrap();
+    assert_eq!(n, 100, "writes lost across the two failovers");
+}

@@ -404,6 +404,40 @@ impl Lab {
         self.state.save()
     }
 
+    /// A crash of node `name`'s daemon alone: SIGKILLs the daemon, not its sandboxes, which
+    /// outlive it as they would on a real machine. [`Lab::restart_daemon`] starts it again.
+    pub fn crash_daemon(&mut self, name: &str) -> Result<()> {
+        if !self.state.node_mut(name)?.alive {
+            return Err(LabError::NodeState {
+                node: name.into(),
+                reason: "is powered off".into(),
+            });
+        }
+        self.step(&format!("{name}: daemon crash"));
+        if let Some(mut child) = self.children.remove(name) {
+            let _ = child.kill();
+            let _ = child.wait();
+        } else if let Some(pid) = self.state.node_mut(name)?.pid {
+            // Started by another lab command: not our child.
+            // SAFETY: kill(2) on a PID; nothing is shared.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let t0 = Instant::now();
+            while Path::new(&format!("/proc/{pid}")).exists() && t0.elapsed() < KILL_WAIT {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts node `name`'s daemon again after [`Lab::crash_daemon`] (killing it first if it
+    /// still runs), and waits for it.
+    pub fn restart_daemon(&mut self, name: &str) -> Result<()> {
+        self.crash_daemon(name)?;
+        let node = self.node(name)?.clone();
+        self.step(&format!("{name}: daemon restart"));
+        self.start_daemon(&node)
+    }
+
     /// Cuts every link of node `name` (its port on the switch goes down); it keeps running.
     pub fn partition(&mut self, name: &str) -> Result<()> {
         let node = self.node(name)?.clone();

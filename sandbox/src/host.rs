@@ -287,6 +287,82 @@ impl Sandbox {
         &self.log_path
     }
 
+    /// Removes a sandbox that a previous process left in `run_dir`: its owner died without
+    /// tearing it down (a daemon killed with SIGKILL), so its init still runs (holding the
+    /// lock) and its link still exists, and no new sandbox of that name could start (`the
+    /// sandbox is already running`, or `the address is in use`). Kills the init, and with it
+    /// every process of its PID namespace, waits for the lock to be free, and deletes the link.
+    /// Returns the init's PID if one was running. For a daemon starting on run directories that
+    /// are its own only: whatever runs there is a leftover of its previous run.
+    pub fn reap_leftover(run_dir: &Path) -> Result<Option<i32>> {
+        let lock_path = run_dir.join(LOCK_FILE);
+        let mut killed = None;
+        if lock_path.exists() {
+            let f = File::open(&lock_path)
+                .map_err(|e| SandboxError::io("opening the lock file", &lock_path, e))?;
+            if let Err(TryLockError::WouldBlock) = f.try_lock() {
+                // Held: the init runs, and it wrote its PID before anything else.
+                let pid_file = run_dir.join(PID_FILE);
+                let pid: i32 = fs::read_to_string(&pid_file)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .ok_or_else(|| {
+                        SandboxError::io(
+                            "reading the leftover sandbox's init PID",
+                            &pid_file,
+                            io::Error::other("missing or malformed while the lock is held"),
+                        )
+                    })?;
+                match sys::pidfd_open(pid) {
+                    Ok(fd) => match sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL) {
+                        Ok(()) => {}
+                        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                        Err(e) => {
+                            return Err(SandboxError::sys(
+                                format!("killing the leftover sandbox init {pid}"),
+                                e,
+                            ));
+                        }
+                    },
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                    Err(e) => {
+                        return Err(SandboxError::sys(format!("pidfd_open({pid})"), e));
+                    }
+                }
+                // The lock goes with the last process holding its file: the namespace's.
+                let t0 = std::time::Instant::now();
+                loop {
+                    match f.try_lock() {
+                        Ok(()) => break,
+                        Err(TryLockError::WouldBlock) if t0.elapsed() < Duration::from_secs(5) => {
+                            std::thread::sleep(Duration::from_millis(10))
+                        }
+                        Err(TryLockError::WouldBlock) => {
+                            return Err(SandboxError::io(
+                                "waiting for the leftover sandbox to die",
+                                &lock_path,
+                                io::Error::other(format!(
+                                    "init {pid} killed, lock still held after 5 s"
+                                )),
+                            ));
+                        }
+                        Err(TryLockError::Error(e)) => {
+                            return Err(SandboxError::io("locking", &lock_path, e));
+                        }
+                    }
+                }
+                killed = Some(pid);
+                let _ = fs::remove_file(&pid_file);
+            }
+        }
+        // The link can outlive the processes (orphaned TCP sockets keep the network namespace,
+        // and with it the pair, alive): deleted whether or not an init ran.
+        if let Some(index) = net::recorded_index(run_dir) {
+            net::delete_link(&net::Link::new(Ipv4Addr::UNSPECIFIED, index).host_if)?;
+        }
+        Ok(killed)
+    }
+
     /// This sandbox's run directory.
     pub fn run_dir(&self) -> &Path {
         &self.run_dir

@@ -107,7 +107,7 @@ fn reserved_indices(run_root: &std::path::Path, own: &std::path::Path) -> HashSe
 }
 
 /// The link index recorded in the run directory `run_dir`, if any.
-fn recorded_index(run_dir: &std::path::Path) -> Option<u32> {
+pub(crate) fn recorded_index(run_dir: &std::path::Path) -> Option<u32> {
     std::fs::read_to_string(run_dir.join(INDEX_FILE))
         .ok()?
         .trim()

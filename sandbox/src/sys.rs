@@ -94,6 +94,14 @@ pub(crate) fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
     cvt(unsafe { libc::dup2(from, to) }).map(drop)
 }
 
+/// `pidfd_open(2)`.
+pub(crate) fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) })?;
+    // SAFETY: a fresh descriptor the kernel just gave us, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
 /// `pidfd_send_signal(2)` (no siginfo, no flags).
 pub(crate) fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: libc::c_int) -> io::Result<()> {
     // SAFETY: the pidfd is valid for the borrow; a NULL siginfo and zero flags are allowed.

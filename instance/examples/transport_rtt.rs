@@ -134,6 +134,7 @@ fn tcp(size: usize, rounds: usize, gap: Duration, tls: &Tls) -> Vec<Duration> {
                 view: m.view,
                 epoch: m.epoch,
                 error: String::new(),
+                newer_view: 0,
             };
             stream::write_ack(input.get_mut(), &ack).unwrap();
         }

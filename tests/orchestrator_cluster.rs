@@ -360,3 +360,102 @@ fn a_primary_cut_off_from_the_orchestrators_decides_nothing_once_deposed() {
         s["primary"]
     );
 }
+
+/// One orchestrator of three down (a minority, not the leader) while the primary's machine
+/// loses power: the two left still decide the failover and the re-protection, with every
+/// acknowledged write.
+#[test]
+fn an_orchestrator_minority_down_while_the_primary_fails() {
+    let (mut c, svc, st) = protected_redis(3);
+    let leader = st["cluster"]["leader"].as_str().unwrap().to_string();
+    let follower = st["cluster"]["members"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .find(|n| **n != leader)
+        .unwrap()
+        .clone();
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let to = addr(&svc, 6379);
+    let first = c.lab.in_node("client", || writer(to, 0, 200)).unwrap();
+    assert_eq!(first.len(), 200);
+    c.lab.kill(&follower).unwrap();
+    c.lab.kill(&primary).unwrap();
+    let second = c.lab.in_node("client", || writer(to, 200, 200)).unwrap();
+    assert_eq!(second.len(), 200, "writes resume after the failover");
+    // Failed over to the backup, and re-protected by the spare.
+    let s = c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["primary"] == backup.as_str()
+            && s["backups"]
+                .as_array()
+                .is_some_and(|b| b.len() == 1 && b[0] != primary.as_str())
+    });
+    let missing = c
+        .lab
+        .in_node("client", || {
+            missing_writes(to, first.iter().chain(&second).copied())
+        })
+        .unwrap();
+    assert_eq!(missing, 0, "acknowledged writes lost: {s}");
+}
+
+/// The leader orchestrator loses power in the middle of a view change: the primary's machine
+/// has just lost power and the failover's view is proposed (or, if the poll saw it active
+/// already, the re-protection's is). The new leader finishes what was started or discards it
+/// and proposes again: the service ends up active on the old backup, re-protected, with every
+/// acknowledged write.
+#[test]
+fn leader_orchestrator_power_cut_in_the_middle_of_a_view_change() {
+    let (mut c, svc, st) = protected_redis(3);
+    let leader = st["cluster"]["leader"].as_str().unwrap().to_string();
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let view = svc["view"].as_u64().unwrap();
+    let to = addr(&svc, 6379);
+    let first = c.lab.in_node("client", || writer(to, 0, 200)).unwrap();
+    assert_eq!(first.len(), 200);
+    c.lab.kill(&primary).unwrap();
+    // The first newer view seen, proposed or active.
+    let t0 = Instant::now();
+    let seen = loop {
+        let s = c.service("redis");
+        if s["view"].as_u64().is_some_and(|v| v > view) {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no view after the power cut: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    c.lab.kill(&leader).unwrap();
+    let when = format!(
+        "the leader was cut when view {} was {}",
+        seen["view"],
+        if seen["active"] == true {
+            "active"
+        } else {
+            "proposed"
+        }
+    );
+    let second = c.lab.in_node("client", || writer(to, 200, 200)).unwrap();
+    assert_eq!(
+        second.len(),
+        200,
+        "writes resume after the failover ({when})"
+    );
+    let s = c.wait_active("redis", Duration::from_secs(40), |s| {
+        s["primary"] == backup.as_str()
+            && s["backups"]
+                .as_array()
+                .is_some_and(|b| b.len() == 1 && b[0] != primary.as_str())
+    });
+    let missing = c
+        .lab
+        .in_node("client", || {
+            missing_writes(to, first.iter().chain(&second).copied())
+        })
+        .unwrap();
+    assert_eq!(missing, 0, "acknowledged writes lost ({when}): {s}");
+}

@@ -439,6 +439,7 @@ fn leader_orchestrator_power_cut_in_the_middle_of_a_view_change() {
             "proposed"
         }
     );
+    eprintln!("{when}");
     let second = c.lab.in_node("client", || writer(to, 200, 200)).unwrap();
     assert_eq!(
         second.len(),

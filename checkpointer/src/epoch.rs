@@ -947,12 +947,7 @@ impl<'p> EpochLoop<'p> {
         pages.dedup();
         hot_taken.sort_unstable();
         hot_taken.dedup();
-        let readable = |a: u64| {
-            self.prev_maps
-                .iter()
-                .find(|m| m.start <= a && a < m.end)
-                .is_some_and(|m| m.read)
-        };
+        let readable = |a: u64| mapping_at(&self.prev_maps, a).is_some_and(|m| m.read);
         let want: Vec<(u64, u64, bool)> = coalesce(&pages)
             .into_iter()
             .map(|(s, e)| (s, e - s, readable(s)))
@@ -1306,10 +1301,13 @@ impl<'p> EpochLoop<'p> {
         stale.extend(self.carry.ranges.iter().copied());
         // Fresh: parts of trackable mappings not covered by a valid armed range.
         let valid: Vec<(u64, u64)> = subtract_all(&self.armed, &stale);
-        let mut fresh: Vec<(u64, u64)> = Vec::new();
-        for m in maps.iter().filter(|m| trackable(m)) {
-            fresh.extend(subtract_all(&[(m.start, m.end)], &valid));
-        }
+        // (One subtraction over every trackable mapping: the holes are merged once.)
+        let trackable_ranges: Vec<(u64, u64)> = maps
+            .iter()
+            .filter(|m| trackable(m))
+            .map(|m| (m.start, m.end))
+            .collect();
+        let fresh: Vec<(u64, u64)> = subtract_all(&trackable_ranges, &valid);
         // Armed below: a failure after that must not leave them for valid armed ranges.
         j.ranges.extend_from_slice(&fresh);
         // Pages to save in fresh ranges: those that exist (file mappings: copied-on-write).
@@ -1557,11 +1555,7 @@ impl<'p> EpochLoop<'p> {
         // Copy every page to send.
         let tc = Instant::now();
         let mut want: Vec<(u64, u64, bool)> = Vec::new();
-        let readable = |a: u64| {
-            maps.iter()
-                .find(|m| m.start <= a && a < m.end)
-                .is_some_and(|m| m.read)
-        };
+        let readable = |a: u64| mapping_at(&maps, a).is_some_and(|m| m.read);
         for (s, e) in coalesce(&dirty) {
             want.push((s, e - s, readable(s)));
         }
@@ -2024,6 +2018,12 @@ fn subtract_all(ranges: &[(u64, u64)], holes: &[(u64, u64)]) -> Vec<(u64, u64)> 
     out
 }
 
+/// The mapping of `maps` (sorted, disjoint: a layout) holding `a`.
+fn mapping_at(maps: &[MapEntry], a: u64) -> Option<&MapEntry> {
+    let i = maps.partition_point(|m| m.end <= a);
+    maps.get(i).filter(|m| m.start <= a)
+}
+
 /// Spans of consecutive private file mappings of `maps` (sorted; unmapped gaps between them
 /// are joined, any other mapping ends a span): one copied-on-write scan per span instead of
 /// one per mapping. Exact, as a span holds no memory but those mappings' pages.
@@ -2111,6 +2111,11 @@ mod tests {
         );
         assert_eq!(subtract_all(&[(0, 100)], &[(0, 100)]), vec![]);
         assert_eq!(subtract_all(&[(10, 20)], &[(0, 5)]), vec![(10, 20)]);
+        // Several ranges at once (every trackable mapping): each minus the holes, in order.
+        assert_eq!(
+            subtract_all(&[(0, 10), (20, 30), (40, 50)], &[(45, 60), (5, 25)]),
+            vec![(0, 5), (25, 30), (40, 45)]
+        );
         assert_eq!(
             coalesce(&[0, 4096, 8192, 16384]),
             vec![(0, 12288), (16384, 20480)]

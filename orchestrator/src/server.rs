@@ -559,7 +559,9 @@ impl Orch {
             .nodes()
             .map(|(id, n)| pb::OrchestratorMember {
                 name: n.name.clone(),
-                addr: n.addr.clone(),
+                // As it is dialled: membership keeps the address it was added with (`http://`
+                // for clusters made before TLS), the scheme follows this node's security.
+                addr: self.opts.security.url(&n.addr),
                 voter: voters.contains(id),
                 reachable: *id == self.id || self.reach.recent(*id, Duration::from_secs(1)),
                 matched_index: if !from_leader {

@@ -206,6 +206,12 @@ async fn unauthenticated_peers_are_refused_and_malformed_requests_do_not_stop_th
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    // Members are shown as they are dialled (the node was started with an `http://` URL).
+    let members = &before.cluster.as_ref().unwrap().members;
+    assert!(
+        !members.is_empty() && members.iter().all(|m| m.addr.starts_with("https://")),
+        "members not shown with the scheme they are dialled with: {members:?}"
+    );
 
     // 1. Peers that do not hold a certificate of this cluster's CA: one with a certificate
     // from another CA, one with none (it trusts the cluster's CA), one in plaintext.

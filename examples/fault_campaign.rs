@@ -35,7 +35,9 @@
 //! [--clients N] [--recovery-timeout S] [--seed N] [--keep-histories] [--lock-wait S]
 //! [--tardi PATH] [--out DIR] [--stamp STAMP]`.
 
+mod common;
 use anyhow::{Context, Result, anyhow, bail};
+use common::{root, sh};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -147,18 +149,6 @@ impl Opts {
         }
         Ok(o)
     }
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn sh(cmd: &str) -> String {
-    std::process::Command::new("sh")
-        .args(["-c", cmd])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
 }
 
 fn now_unix_us() -> u64 {
@@ -534,22 +524,9 @@ impl Cluster {
 
     /// Copies the daemons' logs to `dir`.
     fn save_logs(&self, dir: &Path) {
-        let Some(logs) = self
-            .lab
-            .log_path("o1")
-            .ok()
-            .and_then(|p| p.parent().map(Path::to_path_buf))
-        else {
+        if let Err(e) = self.lab.copy_logs(dir) {
+            warn!("copying the daemons' logs to {}: {e}", dir.display());
             return;
-        };
-        if let Err(e) = std::fs::create_dir_all(dir) {
-            warn!("creating {}: {e}", dir.display());
-            return;
-        }
-        if let Ok(rd) = std::fs::read_dir(&logs) {
-            for e in rd.flatten() {
-                let _ = std::fs::copy(e.path(), dir.join(e.file_name()));
-            }
         }
         // What the nodes hold: links, and the processes of each node's cgroup.
         let mut nodes = String::new();

@@ -333,6 +333,21 @@ impl Lab {
         Ok(self.node(name)?.log_path())
     }
 
+    /// Copies every daemon's log into `dir` (created); how many were copied. The lab removes
+    /// its logs with itself: for keeping them after a failure.
+    pub fn copy_logs(&self, dir: &Path) -> std::io::Result<usize> {
+        std::fs::create_dir_all(dir)?;
+        let mut n = 0;
+        for node in self.layout.nodes() {
+            let path = node.log_path();
+            if let Some(file) = path.file_name().filter(|_| path.exists()) {
+                std::fs::copy(&path, dir.join(file))?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// The last `lines` lines of every daemon's log, each under a header: for failure messages.
     pub fn logs_tail(&self, lines: usize) -> String {
         let mut out = String::new();
@@ -407,23 +422,29 @@ impl Lab {
     /// A crash of node `name`'s daemon alone: SIGKILLs the daemon, not its sandboxes, which
     /// outlive it as they would on a real machine. [`Lab::restart_daemon`] starts it again.
     pub fn crash_daemon(&mut self, name: &str) -> Result<()> {
-        if !self.state.node_mut(name)?.alive {
+        let node = self.node(name)?.clone();
+        let ns = self.state.node_mut(name)?;
+        if !ns.alive {
             return Err(LabError::NodeState {
                 node: name.into(),
                 reason: "is powered off".into(),
             });
         }
+        let recorded = ns.pid;
         self.step(&format!("{name}: daemon crash"));
         if let Some(mut child) = self.children.remove(name) {
             let _ = child.kill();
-            let _ = child.wait();
-        } else if let Some(pid) = self.state.node_mut(name)?.pid {
-            // Started by another lab command: not our child.
-            // SAFETY: kill(2) on a PID; nothing is shared.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            let t0 = Instant::now();
-            while Path::new(&format!("/proc/{pid}")).exists() && t0.elapsed() < KILL_WAIT {
-                std::thread::sleep(Duration::from_millis(10));
+            reap(&mut child);
+        } else if let Some(pid) = recorded {
+            // Started by another lab command: not our child. The recorded pid is only trusted
+            // while it is a process of the node's namespace (a pid may be reused).
+            let inode = netns::inode(&node.namespace());
+            if inode.is_some() && procs::net_ns_of(pid as i32) == inode {
+                procs::signal(pid as i32, libc::SIGKILL);
+                let t0 = Instant::now();
+                while procs::alive(pid) && t0.elapsed() < KILL_WAIT {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
             }
         }
         Ok(())

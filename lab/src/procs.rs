@@ -32,7 +32,7 @@ fn parse_ppid(stat: &str) -> Option<i32> {
 }
 
 /// The network namespace inode of process `pid`'s main thread.
-fn net_ns_of(pid: i32) -> Option<u64> {
+pub(crate) fn net_ns_of(pid: i32) -> Option<u64> {
     std::fs::metadata(format!("/proc/{pid}/ns/net"))
         .ok()
         .map(|m| m.ino())
@@ -98,7 +98,7 @@ pub(crate) fn kill_tree(ns_inodes: &HashSet<u64>) -> usize {
     stopped.len()
 }
 
-fn signal(pid: i32, sig: i32) {
+pub(crate) fn signal(pid: i32, sig: i32) {
     // SAFETY: kill(2) with a positive pid only sends a signal; a pid gone meanwhile gives ESRCH,
     // which is fine.
     unsafe {

@@ -32,25 +32,7 @@ impl Drop for Cluster {
         let to = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join("lab-logs")
             .join(test);
-        // Every node's log sits beside the orchestrator's.
-        let Some(dir) = self
-            .lab
-            .log_path("o1")
-            .ok()
-            .and_then(|p| p.parent().map(Path::to_path_buf))
-        else {
-            return;
-        };
-        let copied = std::fs::create_dir_all(&to).and_then(|_| {
-            let mut n = 0;
-            for e in std::fs::read_dir(&dir)? {
-                let e = e?;
-                std::fs::copy(e.path(), to.join(e.file_name()))?;
-                n += 1;
-            }
-            Ok(n)
-        });
-        match copied {
+        match self.lab.copy_logs(&to) {
             Ok(n) => eprintln!("the lab's {n} daemon logs are kept in {}", to.display()),
             Err(e) => eprintln!("keeping the lab's logs in {} failed: {e}", to.display()),
         }

@@ -358,7 +358,7 @@ impl Sandbox {
         // The link can outlive the processes (orphaned TCP sockets keep the network namespace,
         // and with it the pair, alive): deleted whether or not an init ran.
         if let Some(index) = net::recorded_index(run_dir) {
-            net::delete_link(&net::Link::new(Ipv4Addr::UNSPECIFIED, index).host_if)?;
+            net::delete_link(&net::host_if(index))?;
         }
         Ok(killed)
     }

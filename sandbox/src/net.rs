@@ -47,12 +47,17 @@ impl Link {
         let (host_addr, sandbox_addr) = addresses(subnet, index);
         Link {
             index,
-            host_if: format!("td{index}h"),
+            host_if: host_if(index),
             sandbox_if: format!("td{index}s"),
             host_addr,
             sandbox_addr,
         }
     }
+}
+
+/// The host side's interface name of link `index`.
+pub(crate) fn host_if(index: u32) -> String {
+    format!("td{index}h")
 }
 
 /// `(host side, sandbox side)` addresses of link `index` in the /16 containing `subnet`.

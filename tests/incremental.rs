@@ -545,27 +545,14 @@ fn full_checkpoint_mid_stream_and_failures_churn_uffd() {
 /// is replaced and B written once more, and the pause right after must hold B's write.
 #[test]
 fn hot_page_after_a_replaced_one_keeps_its_write() {
-    use std::io::{BufRead, Read, Write};
-    let bin = programs::build("hotpair");
+    use std::io::BufRead;
     let scratch = Scratch::new("hotpair");
-    let mut child = std::process::Command::new(&bin)
-        .arg(scratch.0.join("pair.dat"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn hotpair");
-    let pid = child.id() as i32;
-    let mut input = child.stdin.take().unwrap();
-    let mut output = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut prog = Commanded::spawn("hotpair", &[scratch.0.join("pair.dat")]);
+    let pid = prog.pid();
     let mut line = String::new();
-    output.read_line(&mut line).unwrap();
+    prog.output.read_line(&mut line).unwrap();
     let a = u64::from_str_radix(line.trim(), 16).expect("hotpair prints its address");
-    let mut step = |c: u8| {
-        input.write_all(&[c]).unwrap();
-        let mut k = [0u8];
-        output.read_exact(&mut k).unwrap();
-        assert_eq!(&k, b"k", "hotpair's answer to {:?}", c as char);
-    };
+    let mut step = |c: u8| prog.step(c);
     let cfg = EpochConfig {
         precopy_min_pages: 0, // pre-copy every epoch, however few pages
         interval: Duration::from_millis(1),
@@ -591,14 +578,60 @@ fn hot_page_after_a_replaced_one_keeps_its_write() {
     let diffs = compare_live(pid, &image, 20).unwrap();
     ep.release();
     ep.stop();
-    let _ = child.kill();
-    let _ = child.wait();
     assert!(
         diffs.is_empty(),
         "the image differs from the live process (A at {a:#x}, B at {:#x}):\n{}",
         a + 4096,
         diffs.join("\n")
     );
+}
+
+/// A test program driven by one-byte commands on stdin, each answered with `k` on stdout once
+/// done (`hotpair`, `stackgrow`); killed when dropped.
+struct Commanded {
+    name: &'static str,
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    output: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Commanded {
+    fn spawn(name: &'static str, args: &[impl AsRef<std::ffi::OsStr>]) -> Commanded {
+        let mut child = std::process::Command::new(programs::build(name))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        let input = child.stdin.take().unwrap();
+        let output = std::io::BufReader::new(child.stdout.take().unwrap());
+        Commanded {
+            name,
+            child,
+            input,
+            output,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends command `c` and waits for its answer.
+    fn step(&mut self, c: u8) {
+        use std::io::{Read, Write};
+        self.input.write_all(&[c]).unwrap();
+        let mut k = [0u8];
+        self.output.read_exact(&mut k).unwrap();
+        assert_eq!(&k, b"k", "{}'s answer to {:?}", self.name, c as char);
+    }
+}
+
+impl Drop for Commanded {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// Failures after the tracker handed the written pages over (inside the pause, after the copy,
@@ -1189,22 +1222,9 @@ fn precopy_runs_only_after_an_epoch_that_wrote_enough_pages() {
 /// finds nothing the count missed.
 #[test]
 fn a_stack_grown_without_a_call_is_captured_while_the_layout_is_carried() {
-    use std::io::{Read, Write};
-    let bin = programs::build("stackgrow");
-    let mut child = std::process::Command::new(&bin)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn stackgrow");
-    let pid = child.id() as i32;
-    let mut input = child.stdin.take().unwrap();
-    let mut output = child.stdout.take().unwrap();
-    let mut step = |c: u8| {
-        input.write_all(&[c]).unwrap();
-        let mut k = [0u8];
-        output.read_exact(&mut k).unwrap();
-        assert_eq!(&k, b"k", "stackgrow's answer to {:?}", c as char);
-    };
+    let mut prog = Commanded::spawn("stackgrow", &[] as &[&str]);
+    let pid = prog.pid();
+    let mut step = |c: u8| prog.step(c);
     step(b'w'); // past start-up: its loader's calls are done
     let cfg = EpochConfig {
         interval: Duration::from_millis(2),
@@ -1229,8 +1249,6 @@ fn a_stack_grown_without_a_call_is_captured_while_the_layout_is_carried() {
     let diffs = compare_live(pid, &image, 20).unwrap();
     ep.release();
     ep.stop();
-    let _ = child.kill();
-    let _ = child.wait();
     assert!(
         diffs.is_empty(),
         "the image differs from the live process:\n{}",

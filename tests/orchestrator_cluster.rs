@@ -385,19 +385,7 @@ fn an_orchestrator_minority_down_while_the_primary_fails() {
     let second = c.lab.in_node("client", || writer(to, 200, 200)).unwrap();
     assert_eq!(second.len(), 200, "writes resume after the failover");
     // Failed over to the backup, and re-protected by the spare.
-    let s = c.wait_active("redis", Duration::from_secs(30), |s| {
-        s["primary"] == backup.as_str()
-            && s["backups"]
-                .as_array()
-                .is_some_and(|b| b.len() == 1 && b[0] != primary.as_str())
-    });
-    let missing = c
-        .lab
-        .in_node("client", || {
-            missing_writes(to, first.iter().chain(&second).copied())
-        })
-        .unwrap();
-    assert_eq!(missing, 0, "acknowledged writes lost: {s}");
+    reprotected_with_every_write(&c, &primary, &backup, to, &[&first, &second], 30, "");
 }
 
 /// The leader orchestrator loses power in the middle of a view change: the primary's machine
@@ -446,17 +434,39 @@ fn leader_orchestrator_power_cut_in_the_middle_of_a_view_change() {
         200,
         "writes resume after the failover ({when})"
     );
-    let s = c.wait_active("redis", Duration::from_secs(40), |s| {
-        s["primary"] == backup.as_str()
+    reprotected_with_every_write(
+        &c,
+        &primary,
+        &backup,
+        to,
+        &[&first, &second],
+        40,
+        &format!(" ({when})"),
+    );
+}
+
+/// Waits (up to `secs`) for redis to be active on `backup` with a new backup (not the failed
+/// `primary`), then checks that every write of `acked` is there.
+fn reprotected_with_every_write(
+    c: &Cluster,
+    primary: &str,
+    backup: &str,
+    to: SocketAddr,
+    acked: &[&[u64]],
+    secs: u64,
+    when: &str,
+) {
+    let s = c.wait_active("redis", Duration::from_secs(secs), |s| {
+        s["primary"] == backup
             && s["backups"]
                 .as_array()
-                .is_some_and(|b| b.len() == 1 && b[0] != primary.as_str())
+                .is_some_and(|b| b.len() == 1 && b[0] != primary)
     });
     let missing = c
         .lab
         .in_node("client", || {
-            missing_writes(to, first.iter().chain(&second).copied())
+            missing_writes(to, acked.iter().flat_map(|a| a.iter().copied()))
         })
         .unwrap();
-    assert_eq!(missing, 0, "acknowledged writes lost ({when}): {s}");
+    assert_eq!(missing, 0, "acknowledged writes lost{when}: {s}");
 }

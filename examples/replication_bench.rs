@@ -26,8 +26,10 @@
 //! `cargo run --release --example replication_bench -- SUBCOMMAND [--option value]...`
 //! (options: see `Opts`).
 
+mod common;
 #[path = "../src/plot_font.rs"]
 mod plot_font;
+use common::{root, sh};
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -173,10 +175,6 @@ fn usage() -> ! {
     std::process::exit(2)
 }
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 /// What every case needs.
 struct Env {
     o: Opts,
@@ -320,14 +318,6 @@ impl Env {
             "loadavg_start": self.load_at_start,
         })
     }
-}
-
-fn sh(cmd: &str) -> String {
-    std::process::Command::new("sh")
-        .args(["-c", cmd])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
 }
 
 /// The commit, plus a note when the tree has uncommitted changes outside `bench/`, `docs/` and

@@ -13,7 +13,10 @@
 //!  "dirty_pages":150,"ended_by":"Interval", ...}
 //! ```
 //!
-//! (every field of [`EpochStats`], the pause's parts included).
+//! (every field of [`EpochStats`], the pause's parts included), and `decided`: the newest epoch
+//! released since the line before, with `publish_us` (from the resume after its pause to its
+//! checkpoint handed to the senders: encoding, serialising) and `decide_us` (from there to its
+//! last acknowledgement: sending, the backup's checks, the way back).
 //!
 //! `unix_us` is when the line was written (after the epoch's pause and encoding); `run` is the
 //! view the primary started in. Epoch 0 (the full checkpoint) is not logged. A log that cannot
@@ -46,6 +49,19 @@ struct Line<'a> {
     /// Every figure of the epoch (interval, pause and its parts, pages, bytes, why it ended).
     #[serde(flatten)]
     stats: &'a EpochStats,
+    /// The newest epoch decided since the last line, and how long it took.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decided: Option<Decided>,
+}
+
+/// How long an epoch took from the resume after its pause to its release: `publish_us` from
+/// the resume to its checkpoint being handed to the senders (encoding and serialising),
+/// `decide_us` from there to the last acknowledgement it needed.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Decided {
+    pub epoch: u64,
+    pub publish_us: u64,
+    pub decide_us: u64,
 }
 
 impl EpochLog {
@@ -68,7 +84,7 @@ impl EpochLog {
     }
 
     /// Appends epoch `st`'s line; flushes if the last flush is [`FLUSH_EVERY`] old.
-    pub fn record(&mut self, st: &EpochStats) {
+    pub fn record(&mut self, st: &EpochStats, decided: Option<Decided>) {
         let Some(out) = self.out.as_mut() else {
             return;
         };
@@ -80,6 +96,7 @@ impl EpochLog {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros() as u64),
             stats: st,
+            decided,
         };
         let r = serde_json::to_writer(&mut *out, &line)
             .map_err(std::io::Error::other)

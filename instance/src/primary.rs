@@ -120,6 +120,10 @@ struct State {
     phase: String,
     recent: VecDeque<(Instant, u64, u64)>, // (when, encoded bytes, pause µs)
     takeover_us: u64,
+    /// Epochs published and not yet decided: (epoch, resumed, published), for [`Decided`].
+    in_flight: VecDeque<(u64, Instant, Instant)>,
+    /// The timing of the newest decided epoch that was in `in_flight`.
+    last_decided: Option<crate::epoch_log::Decided>,
 }
 
 /// A running primary.
@@ -160,6 +164,20 @@ impl Shared {
             st.decision.decided = Some(d);
             if let Err(e) = self.gate.release(d) {
                 tracing::error!(service = %self.name, %e, "releasing output failed");
+            }
+            let now = Instant::now();
+            while let Some(&(e, resumed, published)) = st.in_flight.front() {
+                if e > d {
+                    break;
+                }
+                st.in_flight.pop_front();
+                if e == d {
+                    st.last_decided = Some(crate::epoch_log::Decided {
+                        epoch: e,
+                        publish_us: published.duration_since(resumed).as_micros() as u64,
+                        decide_us: now.duration_since(published).as_micros() as u64,
+                    });
+                }
             }
         }
         let everyone = st.view.backups.iter().all(|b| st.decision.holds_decided(b));
@@ -238,6 +256,8 @@ impl Primary {
                 .into(),
                 recent: VecDeque::new(),
                 takeover_us: 0,
+                in_flight: VecDeque::new(),
+                last_decided: None,
             }),
             new_data: Condvar::new(),
             gate,
@@ -566,10 +586,18 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
                         publish(&sh2, full.epoch, full.to_bytes().into(), true, pause);
                     });
                 }
+                if let Some(resumed) = out.stats.resumed_at {
+                    let mut st = sh.lock();
+                    st.in_flight.push_back((inc.epoch, resumed, Instant::now()));
+                    if st.in_flight.len() > 1000 {
+                        st.in_flight.pop_front();
+                    }
+                }
                 publish(sh, inc.epoch, inc.to_bytes().into(), false, pause);
                 // After the publish: off the path from the pause to the send.
                 if let Some(log) = log.as_mut() {
-                    log.record(&out.stats);
+                    let decided = sh.lock().last_decided.take();
+                    log.record(&out.stats, decided);
                 }
             }
             Err(e) => match e.chain() {

@@ -721,9 +721,11 @@ fn pause_hook_runs_inside_the_pause_with_the_checkpoint_number() {
         ..Default::default()
     };
     let (mut ep, full, _) = Epochs::start_with(pid, cfg, hooks).expect("start epochs");
-    let regs = |ck: &Checkpoint| {
-        let mut v: Vec<Option<(u64, u64)>> = ck
-            .image
+    // The threads as each checkpoint describes them, once applied (a thread that did not run
+    // since the last checkpoint is carried over from it, without registers of its own).
+    let mut image = Image::from_full(&full).expect("the full checkpoint applies");
+    let regs = |img: &tardi_checkpointer::image::ProcessImage| {
+        let mut v: Vec<Option<(u64, u64)>> = img
             .threads
             .iter()
             .map(|t| Some((t.regs[19], t.regs[16]))) // rsp, rip
@@ -731,7 +733,7 @@ fn pause_hook_runs_inside_the_pause_with_the_checkpoint_number() {
         v.sort();
         v
     };
-    let check = |ck: &Checkpoint, numbers: &[u64]| {
+    let check = |ck: &Checkpoint, image: &Image, numbers: &[u64]| {
         let seen = seen.lock().unwrap();
         let got: Vec<u64> = seen.iter().map(|s| s.0).collect();
         assert_eq!(got, numbers, "hook calls after checkpoint {}", ck.epoch);
@@ -739,13 +741,13 @@ fn pause_hook_runs_inside_the_pause_with_the_checkpoint_number() {
         at_hook.sort();
         assert_eq!(
             at_hook,
-            regs(ck),
+            regs(&image.meta),
             "checkpoint {}: the threads as the hook saw them",
             ck.epoch
         );
     };
     let mut numbers = vec![0];
-    check(&full, &numbers);
+    check(&full, &image, &numbers);
     for i in 1..=60u64 {
         match i {
             20 => ep.fail_next(FailPoint::AfterScan),
@@ -756,7 +758,10 @@ fn pause_hook_runs_inside_the_pause_with_the_checkpoint_number() {
         match ep.next() {
             Ok((ck, _)) => {
                 numbers.push(ck.epoch);
-                check(&ck, &numbers);
+                image
+                    .apply(&ck)
+                    .expect("each checkpoint applies to the last");
+                check(&ck, &image, &numbers);
             }
             Err(e) => {
                 assert!(matches!(i, 20 | 30 | 40), "call {i}: {e}");
@@ -1072,7 +1077,8 @@ for line in sys.stdin:
         interval: Duration::from_millis(2),
         ..Default::default()
     };
-    let (mut ep, _, _) = Epochs::start(pid, cfg).expect("start epochs");
+    let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
+    let mut image = Image::from_full(&full).expect("the full checkpoint applies");
     let full_read = || {
         tardi_checkpointer::procfs::in_view(pid, |p| {
             tardi_checkpointer::fds::capture(p, None, false)
@@ -1093,8 +1099,16 @@ for line in sys.stdin:
                 .next_held()
                 .unwrap_or_else(|e| panic!("step {i} ({c}): {e}"));
             let want = full_read();
+            // Reused descriptors are the last checkpoint's: left out of this one.
+            assert!(
+                !st.fds_reused || ck.image.carried.fds,
+                "step {i} ({c}), pause {k}: reused descriptors sent again"
+            );
+            image
+                .apply(&ck)
+                .expect("each checkpoint applies to the last");
             assert_eq!(
-                format!("{:?}", ck.image.fds),
+                format!("{:?}", image.meta.fds),
                 format!("{want:?}"),
                 "step {i} ({c}), pause {k}: descriptors differ from a full read (reused: {})",
                 st.fds_reused

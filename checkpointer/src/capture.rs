@@ -542,6 +542,7 @@ pub(crate) fn capture_meta(
         cow: Vec::new(),
         private_files: Default::default(),
         creds,
+        carried: Default::default(),
     })
 }
 

@@ -624,6 +624,8 @@ fn exited_within(pidfd: &OwnedFd, timeout: Duration) -> bool {
 struct EpochLoop<'p> {
     proc: &'p Proc,
     cfg: EpochConfig,
+    /// The last checkpoint's metadata: the next one leaves out what did not change.
+    meta_carry: tardi_image::store::MetaCarry,
     tracker: Box<dyn Tracker>,
     /// Mappings armed for tracking, as (start, end).
     armed: Vec<(u64, u64)>,
@@ -867,6 +869,7 @@ impl<'p> EpochLoop<'p> {
             trigger,
             pidfd,
             fail: None,
+            meta_carry: tardi_image::store::MetaCarry::after(&ck.image),
         };
         let out = EpochOutput {
             incremental: ck,
@@ -1905,6 +1908,9 @@ impl<'p> EpochLoop<'p> {
         st.write_faults = write_faults;
         st.precopy_us = precopy_time.as_micros() as u64;
         st.precopy_ran = precopy_ran;
+        // Last: nothing fails from here on, so this checkpoint is produced and the next one
+        // applies on top of it.
+        self.meta_carry.leave_out(&mut meta);
         st.encode_us = te.elapsed().as_micros() as u64;
         let ck = Checkpoint {
             epoch,

@@ -134,6 +134,7 @@ impl Image {
         };
         ck.validate().map_err(invalid)?;
         let img = &ck.image;
+        let mut meta = resolved_meta(img, &self.meta).map_err(invalid)?;
         let dirs = &img.private_files.dirs;
         if !dirs.is_empty() && !self.tree.dirs.is_empty() && *dirs != self.tree.dirs {
             return Err(invalid(FormatError::Meta(format!(
@@ -146,7 +147,7 @@ impl Image {
             .map_err(|m| invalid(FormatError::Meta(m)))?;
 
         // The new layout (validated: sorted here, disjoint), and whether a page survives.
-        let mut layout: Vec<(u64, u64, bool)> = img
+        let mut layout: Vec<(u64, u64, bool)> = meta
             .vmas
             .iter()
             .map(|v| (v.start, v.end, v.backing == Backing::Anon))
@@ -159,7 +160,7 @@ impl Image {
         let reset = Ranges::new(img.reset.iter().copied());
         let cow = Ranges::new(img.cow.iter().copied());
         let file_private = Ranges::new(
-            img.vmas
+            meta.vmas
                 .iter()
                 .filter(|v| matches!(v.backing, Backing::File { .. }) && !v.shared)
                 .map(|v| (v.start, v.end)),
@@ -224,7 +225,6 @@ impl Image {
                 None => self.pages.remove(&addr),
             };
         }
-        let mut meta = stored_meta(img);
         if meta.sandbox.is_empty() {
             meta.sandbox = std::mem::take(&mut self.meta.sandbox);
         }
@@ -338,6 +338,112 @@ fn stored_meta(img: &ProcessImage) -> ProcessImage {
         cow: Vec::new(),
         private_files: Default::default(),
         creds: img.creds.clone(),
+        carried: Default::default(),
+    }
+}
+
+/// The full metadata of incremental checkpoint `img` applied to an image whose metadata is
+/// `base`: [`stored_meta`] with what `img` carried over ([`Carried`]) taken from `base`.
+fn resolved_meta(img: &ProcessImage, base: &ProcessImage) -> Result<ProcessImage, FormatError> {
+    let mut meta = stored_meta(img);
+    let c = &img.carried;
+    if c.layout {
+        meta.vmas = base.vmas.clone();
+        meta.files = base.files.clone();
+    }
+    if c.fds {
+        meta.fds = base.fds.clone();
+    }
+    if c.sigactions {
+        meta.sigactions = base.sigactions.clone();
+    }
+    for t in meta
+        .threads
+        .iter_mut()
+        .filter(|t| c.threads.contains(&t.tid))
+    {
+        *t = base
+            .threads
+            .iter()
+            .find(|b| b.tid == t.tid)
+            .cloned()
+            .ok_or_else(|| {
+                FormatError::Meta(format!(
+                    "thread {} is carried over from a base that has no such thread",
+                    t.tid
+                ))
+            })?;
+    }
+    // What came from the base was checked when the base was applied; checked again together,
+    // as a full checkpoint's metadata would be.
+    meta.validate(0)?;
+    Ok(meta)
+}
+
+/// The sender's side of [`Carried`]: remembers the metadata of the last checkpoint produced and
+/// leaves out of the next incremental one what did not change since.
+#[derive(Debug, Default)]
+pub struct MetaCarry {
+    last: Option<ProcessImage>,
+}
+
+impl MetaCarry {
+    /// A carry whose last checkpoint had metadata `img` (a chain's full checkpoint).
+    pub fn after(img: &ProcessImage) -> MetaCarry {
+        MetaCarry {
+            last: Some(stored_meta(img)),
+        }
+    }
+
+    /// Leaves out of `img` (the complete metadata of the incremental checkpoint that follows
+    /// the last one given here) what equals the last one's, and remembers `img`'s values.
+    /// Call it only for a checkpoint that is produced: the next one is applied on top of it.
+    pub fn leave_out(&mut self, img: &mut ProcessImage) {
+        let Some(last) = self.last.as_mut() else {
+            self.last = Some(stored_meta(img));
+            return;
+        };
+        let mut c = Carried::default();
+        if img.vmas == last.vmas && img.files == last.files {
+            c.layout = true;
+            img.vmas.clear();
+            img.files.clear();
+        } else {
+            last.vmas.clone_from(&img.vmas);
+            last.files.clone_from(&img.files);
+        }
+        if img.fds == last.fds {
+            c.fds = true;
+            img.fds.clear();
+        } else {
+            last.fds.clone_from(&img.fds);
+        }
+        if img.sigactions == last.sigactions {
+            c.sigactions = true;
+            img.sigactions.clear();
+        } else {
+            last.sigactions.clone_from(&img.sigactions);
+        }
+        let mut threads = Vec::with_capacity(img.threads.len());
+        for t in &mut img.threads {
+            match last.threads.iter().position(|l| l.tid == t.tid) {
+                Some(i) if last.threads[i] == *t => {
+                    c.threads.push(t.tid);
+                    threads.push(last.threads.swap_remove(i));
+                    t.regs = Vec::new();
+                    t.xstate = Vec::new();
+                    t.comm = String::new();
+                }
+                _ => threads.push(t.clone()),
+            }
+        }
+        last.threads = threads;
+        img.carried = c;
+    }
+
+    /// Forgets the last metadata: the next checkpoint leaves nothing out.
+    pub fn reset(&mut self) {
+        self.last = None;
     }
 }
 
@@ -408,6 +514,7 @@ mod tests {
             cow: vec![],
             private_files: Default::default(),
             creds: Default::default(),
+            carried: Default::default(),
         }
     }
 
@@ -593,5 +700,148 @@ mod tests {
             .unwrap()
             .to_full();
         assert_eq!(back.image.runs.len(), 2);
+    }
+
+    fn thread(tid: i32, rip: u64) -> ThreadImage {
+        let mut regs = vec![0; 27];
+        regs[16] = rip;
+        ThreadImage {
+            tid,
+            comm: format!("t{tid}"),
+            regs,
+            xstate: vec![tid as u8; 64],
+            sigmask: 0,
+            robust_list: 0,
+            robust_len: 0,
+            clear_child_tid: 0,
+            rseq: None,
+            altstack: AltStack::default(),
+        }
+    }
+
+    /// An incremental checkpoint of epoch `epoch` on `base` with metadata `m` and no pages.
+    fn incremental(mut m: ProcessImage, epoch: u64) -> Checkpoint {
+        m.base_epoch = Some(epoch - 1);
+        Checkpoint {
+            epoch,
+            kind: Kind::Incremental { base: epoch - 1 },
+            image: m,
+            data: vec![],
+        }
+    }
+
+    /// What a sender leaves out, a receiver puts back: the image's metadata after each
+    /// checkpoint is the complete one the sender had, whichever parts changed.
+    #[test]
+    fn metadata_left_out_is_taken_from_the_base() {
+        let complete = |rip2: u64, vmas: Vec<Vma>, fds: usize| {
+            let mut m = meta(vmas);
+            m.threads = vec![thread(1, 0x10), thread(2, rip2), thread(3, 0x30)];
+            m.max_tid = 3;
+            m.sigactions = vec![SigAction {
+                signo: 10,
+                handler: 0x1234,
+                flags: 0,
+                restorer: 0,
+                mask: 0,
+            }];
+            m.fds = (0..fds as i32)
+                .map(|fd| FdImage {
+                    fd,
+                    cloexec: false,
+                    flags: 0,
+                    kind: FdKind::Path {
+                        path: "/dev/null".into(),
+                        pos: 0,
+                        is_dir: false,
+                    },
+                })
+                .collect();
+            m
+        };
+        let first = complete(0x20, vec![anon(0x1000, 0x2000)], 2);
+        let mut img = Image::from_full(&full(first.clone(), vec![])).unwrap();
+        let mut carry = MetaCarry::after(&first);
+        // Epoch 1: only thread 2 ran. Epoch 2: a mapping and a descriptor more, thread 2 ran
+        // again. Epoch 3: thread 3 exited, nothing else changed.
+        let mut third = complete(0x22, vec![anon(0x1000, 0x2000), anon(0x4000, 0x5000)], 3);
+        third.threads.pop();
+        let steps = [
+            complete(0x21, vec![anon(0x1000, 0x2000)], 2),
+            complete(0x22, vec![anon(0x1000, 0x2000), anon(0x4000, 0x5000)], 3),
+            third,
+        ];
+        let mut sizes = Vec::new();
+        for (i, want) in steps.into_iter().enumerate() {
+            let epoch = i as u64 + 1;
+            let mut sent = want.clone();
+            carry.leave_out(&mut sent);
+            sizes.push(postcard::to_stdvec(&sent).unwrap().len());
+            let ck = incremental(sent, epoch);
+            // As a peer would send it.
+            let ck = Checkpoint::from_bytes(ck.to_bytes()).unwrap();
+            match epoch {
+                1 => {
+                    let c = &ck.image.carried;
+                    assert!(c.layout && c.fds && c.sigactions, "epoch 1: {c:?}");
+                    assert_eq!(c.threads, vec![1, 3]);
+                }
+                2 => {
+                    let c = &ck.image.carried;
+                    assert!(!c.layout && !c.fds && c.sigactions, "epoch 2: {c:?}");
+                    assert_eq!(c.threads, vec![1, 3]);
+                }
+                _ => assert_eq!(ck.image.carried.threads, vec![1, 2]),
+            }
+            img.apply(&ck).unwrap();
+            assert_eq!(
+                format!("{:?}", img.meta),
+                format!("{:?}", stored_meta(&want)),
+                "epoch {epoch}: the image's metadata"
+            );
+        }
+        let whole = postcard::to_stdvec(&first).unwrap().len();
+        assert!(sizes[0] < whole * 2 / 3, "{sizes:?} against {whole}");
+    }
+
+    /// A checkpoint that carries over what its base does not have is refused and changes
+    /// nothing; so is one that both carries and lists a part, and a full one that carries.
+    #[test]
+    fn carried_metadata_that_does_not_hold_is_refused() {
+        let mut first = meta(vec![anon(0x1000, 0x2000)]);
+        first.threads = vec![thread(1, 0x10)];
+        let mut img = Image::from_full(&full(first.clone(), vec![])).unwrap();
+        let before = format!("{:?}", img.meta);
+        // Thread 2 is carried over, but the base has no thread 2.
+        let mut m = first.clone();
+        m.threads.push(ThreadImage {
+            regs: vec![],
+            xstate: vec![],
+            ..thread(2, 0)
+        });
+        m.max_tid = 2;
+        m.carried.threads = vec![2];
+        let e = img.apply(&incremental(m, 1)).unwrap_err();
+        assert!(e.to_string().contains("no such thread"), "{e}");
+        assert_eq!(format!("{:?}", img.meta), before);
+        // Carried and listed at once.
+        let mut m = first.clone();
+        m.carried.layout = true;
+        let e = Checkpoint::from_bytes(incremental(m, 1).to_bytes()).unwrap_err();
+        assert!(
+            e.to_string().contains("both carried over and listed"),
+            "{e}"
+        );
+        // A carried-over thread with registers of its own.
+        let mut m = first.clone();
+        m.carried.threads = vec![1];
+        let e = Checkpoint::from_bytes(incremental(m, 1).to_bytes()).unwrap_err();
+        assert!(e.to_string().contains("registers of its own"), "{e}");
+        // A full checkpoint carries nothing.
+        let mut m = first.clone();
+        m.carried.sigactions = true;
+        let e = Checkpoint::from_bytes(full(m, vec![]).to_bytes()).unwrap_err();
+        assert!(e.to_string().contains("full checkpoint leaves out"), "{e}");
+        assert_eq!(img.epoch, 0);
     }
 }

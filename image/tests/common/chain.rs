@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use tardi_image::delta::{Codec, PAGE_SIZE, PageCodec, PageEncoding};
 use tardi_image::files::{Entry, FileChanges, Tree};
 use tardi_image::image::*;
+use tardi_image::store::MetaCarry;
 
 pub const PAGE: u64 = PAGE_SIZE as u64;
 pub type Page = Box<[u8; PAGE_SIZE]>;
@@ -272,6 +273,7 @@ impl Proc {
                 no_new_privs: true,
                 dumpable: 0,
             },
+            carried: Default::default(),
         }
     }
 
@@ -392,6 +394,7 @@ pub fn build(seed: u64, epochs: usize) -> Chain {
 
     // The full checkpoint: runs of the pages held, coalesced within mappings.
     let mut image = p.image(sandbox.clone(), None);
+    let mut carry = MetaCarry::after(&image);
     let mut data = Vec::new();
     let mapping = |x: u64| p.vmas.iter().position(|v| v.start <= x && x < v.end);
     for (a, page) in p.held() {
@@ -564,6 +567,13 @@ pub fn build(seed: u64, epochs: usize) -> Chain {
         };
 
         let mut image = p.image(carried, Some(epoch - 1));
+        // Mostly, what did not change since the last checkpoint is left out of this one (the
+        // epoch loop does that); sometimes everything is sent.
+        if rng.random_bool(0.8) {
+            carry.leave_out(&mut image);
+        } else {
+            carry = MetaCarry::after(&image);
+        }
         image.reset = reset;
         image.pages = pages;
         image.cow = p

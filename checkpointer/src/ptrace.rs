@@ -152,6 +152,38 @@ fn process_dead(proc_dir: &OwnedFd) -> bool {
         .is_none_or(|(_, rest)| rest.starts_with(['Z', 'X']))
 }
 
+/// `PTRACE_O_SUSPEND_SECCOMP`: while we trace a thread, its seccomp filters do not apply, so
+/// the system calls we inject (and the agent's operations) are never refused, trapped or fatal
+/// because of a filter the service installed; they apply again from the detach. The kernel
+/// allows it to a tracer with `CAP_SYS_ADMIN` that is not itself under seccomp (and with
+/// `CONFIG_CHECKPOINT_RESTORE`); elsewhere threads are seized without it.
+const PTRACE_O_SUSPEND_SECCOMP: u64 = 1 << 21;
+
+/// Seizes `tid`, with [`PTRACE_O_SUSPEND_SECCOMP`] where the kernel lets us.
+fn seize(tid: Pid) -> io::Result<libc::c_long> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static REFUSED: AtomicBool = AtomicBool::new(false);
+    if !REFUSED.load(Ordering::Relaxed) {
+        let opts = PTRACE_O_TRACESYSGOOD | PTRACE_O_SUSPEND_SECCOMP;
+        // SAFETY: SEIZE takes the options as data, no pointers.
+        match unsafe { ptrace(PTRACE_SEIZE, tid, 0, opts) } {
+            // EINVAL: no CONFIG_CHECKPOINT_RESTORE. EPERM: not allowed, or a zombie thread:
+            // asked again without the option, which tells the two apart.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EINVAL)) => {}
+            r => return r,
+        }
+        // SAFETY: as above.
+        let r = unsafe { ptrace(PTRACE_SEIZE, tid, 0, PTRACE_O_TRACESYSGOOD) };
+        if r.is_ok() {
+            tracing::debug!("seccomp cannot be suspended while tracing here");
+            REFUSED.store(true, Ordering::Relaxed);
+        }
+        return r;
+    }
+    // SAFETY: as above.
+    unsafe { ptrace(PTRACE_SEIZE, tid, 0, PTRACE_O_TRACESYSGOOD) }
+}
+
 /// What `PTRACE_GET_SYSCALL_INFO` says about a syscall stop: `op` 1 = entry (`nr_or_rval` is
 /// the number), 2 = exit (`nr_or_rval` is the return value); `ip` is the address after the
 /// `syscall` instruction.
@@ -220,9 +252,8 @@ impl Stopped {
                 break;
             }
             for &tid in &new {
-                // SAFETY: SEIZE/INTERRUPT take no pointers.
-                let r = unsafe { ptrace(PTRACE_SEIZE, tid, 0, PTRACE_O_TRACESYSGOOD) }
-                    .and_then(|_| unsafe { ptrace(PTRACE_INTERRUPT, tid, 0, 0) });
+                // SAFETY: INTERRUPT takes no pointers.
+                let r = seize(tid).and_then(|_| unsafe { ptrace(PTRACE_INTERRUPT, tid, 0, 0) });
                 match r {
                     Ok(_) => st.tids.push(tid),
                     Err(e) if e.raw_os_error() == Some(libc::ESRCH) => gone.push(tid), // exited
@@ -547,6 +578,51 @@ impl Stopped {
         }
         .map_err(op("get_rseq_configuration", tid))?;
         Ok((c.addr != 0).then_some((c.addr, c.len, c.sig)))
+    }
+
+    /// Filter `index` of thread `tid`'s seccomp chain, **0 being the oldest** (measured on
+    /// Linux 6.18, against what ptrace(2) says), with its flags
+    /// (`PTRACE_GET_SECCOMP_METADATA`: only `SECCOMP_FILTER_FLAG_LOG` is reported). `None`
+    /// past the chain's end, or when the thread is not in filter mode (`EINVAL`).
+    pub fn seccomp_filter(&self, tid: Pid, index: u64) -> Result<Option<(u32, Vec<u64>)>> {
+        const PTRACE_SECCOMP_GET_FILTER: u32 = 0x420c;
+        const PTRACE_GET_SECCOMP_METADATA: u32 = 0x420d;
+        // SAFETY: a NULL buffer asks only for the number of instructions.
+        let n = match unsafe { ptrace(PTRACE_SECCOMP_GET_FILTER, tid, index, 0) } {
+            Ok(n) => n as usize,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINVAL)) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(op("seccomp_get_filter", tid)(e)),
+        };
+        if n == 0 || n > crate::image::SECCOMP_MAX_INSNS {
+            return Err(op("seccomp_get_filter", tid)(io::Error::other(format!(
+                "filter {index} has {n} instructions"
+            ))));
+        }
+        let mut insns = vec![0u64; n];
+        // SAFETY: the kernel writes `n` 8-byte `struct sock_filter`s (the length it just
+        // reported; a filter never changes once installed) into `insns`.
+        let got = unsafe {
+            ptrace(
+                PTRACE_SECCOMP_GET_FILTER,
+                tid,
+                index,
+                insns.as_mut_ptr() as u64,
+            )
+        }
+        .map_err(op("seccomp_get_filter", tid))?;
+        if got as usize != n {
+            return Err(op("seccomp_get_filter", tid)(io::Error::other(
+                "filter changed length",
+            )));
+        }
+        // struct seccomp_metadata { u64 filter_off; u64 flags; }
+        let mut md = [index, 0u64];
+        // SAFETY: the kernel reads `filter_off` and writes at most `addr` (16) bytes.
+        unsafe { ptrace(PTRACE_GET_SECCOMP_METADATA, tid, 16, md.as_mut_ptr() as u64) }
+            .map_err(op("get_seccomp_metadata", tid))?;
+        Ok(Some((md[1] as u32, insns)))
     }
 
     /// `get_robust_list(tid)` works from outside for a traced thread.

@@ -338,6 +338,8 @@ fn stored_meta(img: &ProcessImage) -> ProcessImage {
         cow: Vec::new(),
         private_files: Default::default(),
         creds: img.creds.clone(),
+        timers: img.timers.clone(),
+        seccomp: img.seccomp.clone(),
     }
 }
 
@@ -408,6 +410,8 @@ mod tests {
             cow: vec![],
             private_files: Default::default(),
             creds: Default::default(),
+            timers: Default::default(),
+            seccomp: Default::default(),
         }
     }
 

@@ -10,9 +10,10 @@
 //!
 //! Between pauses of the epoch loop (see [`capture`]) the list and settings change only
 //! through calls the eBPF counter counts ([`crate::syscount::TIMER_CALLS`]); the time left
-//! runs down without one. Timers on wall clocks are therefore read once and their time left
-//! computed from the time passed since, as the kernel forwards them; timers on CPU-time clocks
-//! (and `ITIMER_VIRTUAL`/`ITIMER_PROF`) are read again at every pause.
+//! runs down without one. The list is therefore read again only after such a call (or at a
+//! refresh); timers on wall clocks have their time left computed from the time passed since
+//! they were read, as the kernel forwards them; timers on CPU-time clocks (and
+//! `ITIMER_VIRTUAL`/`ITIMER_PROF`) have theirs read again at every pause.
 //!
 //! Kernel facts this relies on (Linux 6.18): ids are allocated per process from a counter that
 //! only goes up (a deleted timer's id is not reused before it wraps), and
@@ -57,9 +58,13 @@ pub(crate) fn capture(
 ) -> Result<Timers> {
     if !refresh
         && calls.is_some()
-        && let Some(c) = cache.as_ref().filter(|c| c.calls == calls && !c.cpu)
+        && let Some(c) = cache.as_ref().filter(|c| c.calls == calls)
     {
-        return Ok(advanced(&c.timers, c.at.elapsed().as_nanos() as u64));
+        let mut t = advanced(&c.timers, c.at.elapsed().as_nanos() as u64);
+        if c.cpu {
+            read_cpu_timers(st, maps, &mut t)?;
+        }
+        return Ok(t);
     }
     let timers = read(proc, st, maps, ns_tid)?;
     let cpu = timers.posix.iter().any(|t| cpu_clock(t.clock))
@@ -86,7 +91,6 @@ fn read(
         .map_err(proc_err(pid, "timers"))?;
     let mut posix = parse(&text)
         .map_err(|e| proc_err(pid, "timers")(std::io::Error::other(format!("unparsable: {e}"))))?;
-    let leader = st.tids[0];
     for t in &mut posix {
         if t.notify == sigev::THREAD_ID {
             t.tid = ns_tid(t.tid).ok_or_else(|| {
@@ -99,54 +103,56 @@ fn read(
         } else {
             t.tid = 0;
         }
-        let (r, _, out) = st.inject(
-            maps,
-            leader,
-            libc::SYS_timer_gettime,
-            [t.id as u64, SCRATCH, 0, 0, 0, 0],
-            32,
-        )?;
-        if r < 0 {
-            return Err(CaptureError::Injected {
-                call: "timer_gettime",
-                tid: leader,
-                errno: -r,
-            });
-        }
-        // struct itimerspec: it_interval, then it_value, each (tv_sec, tv_nsec).
-        let w = |i: usize| u64::from_le_bytes(out[i * 8..i * 8 + 8].try_into().unwrap());
-        t.interval_ns = ns(w(0), w(1), 1);
-        t.value_ns = ns(w(2), w(3), 1);
+        (t.interval_ns, t.value_ns) = get(st, maps, libc::SYS_timer_gettime, t.id as u64)?;
     }
     posix.sort_by_key(|t| t.id);
     let mut itimers = Vec::new();
     for which in 0..3u32 {
-        let (r, _, out) = st.inject(
-            maps,
-            leader,
-            libc::SYS_getitimer,
-            [which as u64, SCRATCH, 0, 0, 0, 0],
-            32,
-        )?;
-        if r < 0 {
-            return Err(CaptureError::Injected {
-                call: "getitimer",
-                tid: leader,
-                errno: -r,
-            });
-        }
-        // struct itimerval: it_interval, then it_value, each (tv_sec, tv_usec).
-        let w = |i: usize| u64::from_le_bytes(out[i * 8..i * 8 + 8].try_into().unwrap());
-        let value_ns = ns(w(2), w(3), 1000);
+        let (interval_ns, value_ns) = get(st, maps, libc::SYS_getitimer, which as u64)?;
         if value_ns > 0 {
             itimers.push(ITimer {
                 which,
                 value_ns,
-                interval_ns: ns(w(0), w(1), 1000),
+                interval_ns,
             });
         }
     }
     Ok(Timers { posix, itimers })
+}
+
+/// Reads again the time left of the timers in `t` that run on CPU time.
+fn read_cpu_timers(st: &mut Stopped, maps: &[MapEntry], t: &mut Timers) -> Result<()> {
+    for p in t.posix.iter_mut().filter(|p| cpu_clock(p.clock)) {
+        (p.interval_ns, p.value_ns) = get(st, maps, libc::SYS_timer_gettime, p.id as u64)?;
+    }
+    for i in t.itimers.iter_mut().filter(|i| i.which != 0) {
+        (i.interval_ns, i.value_ns) = get(st, maps, libc::SYS_getitimer, i.which as u64)?;
+    }
+    t.itimers.retain(|i| i.value_ns > 0);
+    Ok(())
+}
+
+/// (period, time left) of timer `arg`, in nanoseconds: `timer_gettime` (a POSIX timer's id)
+/// or `getitimer` (`ITIMER_*`), injected into the leader.
+fn get(st: &mut Stopped, maps: &[MapEntry], nr: i64, arg: u64) -> Result<(u64, u64)> {
+    let leader = st.tids[0];
+    let (r, _, out) = st.inject(maps, leader, nr, [arg, SCRATCH, 0, 0, 0, 0], 32)?;
+    if r < 0 {
+        return Err(CaptureError::Injected {
+            call: if nr == libc::SYS_getitimer {
+                "getitimer"
+            } else {
+                "timer_gettime"
+            },
+            tid: leader,
+            errno: -r,
+        });
+    }
+    // struct itimerspec / itimerval: the interval, then the value, each (seconds, then
+    // nanoseconds or microseconds).
+    let unit = if nr == libc::SYS_getitimer { 1000 } else { 1 };
+    let w = |i: usize| u64::from_le_bytes(out[i * 8..i * 8 + 8].try_into().unwrap());
+    Ok((ns(w(0), w(1), unit), ns(w(2), w(3), unit)))
 }
 
 /// Seconds and a sub-second count of `unit` nanoseconds, to nanoseconds (saturating).
@@ -163,6 +169,7 @@ fn cpu_clock(clock: i32) -> bool {
 
 /// `timers` as they are `elapsed` nanoseconds after they were read: what the kernel reports
 /// then (an expired one-shot timer is disarmed; a periodic one is forwarded by whole periods).
+/// Timers on CPU time are left as they were.
 fn advanced(timers: &Timers, elapsed: u64) -> Timers {
     let left = |value: u64, interval: u64| -> u64 {
         if value == 0 || elapsed < value {
@@ -174,10 +181,10 @@ fn advanced(timers: &Timers, elapsed: u64) -> Timers {
         interval - (elapsed - value) % interval
     };
     let mut t = timers.clone();
-    for p in &mut t.posix {
+    for p in t.posix.iter_mut().filter(|p| !cpu_clock(p.clock)) {
         p.value_ns = left(p.value_ns, p.interval_ns);
     }
-    for i in &mut t.itimers {
+    for i in t.itimers.iter_mut().filter(|i| i.which == 0) {
         i.value_ns = left(i.value_ns, i.interval_ns);
     }
     t.itimers.retain(|i| i.value_ns > 0);
@@ -308,5 +315,10 @@ mod tests {
         assert_eq!(left(advanced(&t(100, 40), 140)), (40, 1));
         // Disarmed stays disarmed.
         assert_eq!(advanced(&t(0, 40), 1000).posix[0].value_ns, 0);
+        // CPU time does not pass with the wall clock: read again instead.
+        let mut cpu = t(100, 0);
+        cpu.posix[0].clock = 2;
+        cpu.itimers[0].which = 1;
+        assert_eq!(left(advanced(&cpu, 1000)), (100, 1));
     }
 }

@@ -152,36 +152,32 @@ fn process_dead(proc_dir: &OwnedFd) -> bool {
         .is_none_or(|(_, rest)| rest.starts_with(['Z', 'X']))
 }
 
-/// `PTRACE_O_SUSPEND_SECCOMP`: while we trace a thread, its seccomp filters do not apply, so
-/// the system calls we inject (and the agent's operations) are never refused, trapped or fatal
-/// because of a filter the service installed; they apply again from the detach. The kernel
-/// allows it to a tracer with `CAP_SYS_ADMIN` that is not itself under seccomp (and with
-/// `CONFIG_CHECKPOINT_RESTORE`); elsewhere threads are seized without it.
+/// `PTRACE_O_SUSPEND_SECCOMP`: while it is set on a traced thread, the thread's seccomp
+/// filters do not apply, so the system calls we inject (and the agent's operations) are never
+/// refused, trapped or fatal because of a filter the service installed; they apply again from
+/// the detach (which clears every option). It is set only once the thread is in its
+/// interrupt stop: set at the seize, it would let a call the thread makes before it stops
+/// pass its filters (the mprotect tracker's agent's among them). The kernel allows it to a
+/// tracer with `CAP_SYS_ADMIN` that is not itself under seccomp (and with
+/// `CONFIG_CHECKPOINT_RESTORE`); elsewhere threads are traced without it.
 const PTRACE_O_SUSPEND_SECCOMP: u64 = 1 << 21;
 
-/// Seizes `tid`, with [`PTRACE_O_SUSPEND_SECCOMP`] where the kernel lets us.
-fn seize(tid: Pid) -> io::Result<libc::c_long> {
+/// Suspends the seccomp filters of `tid`, stopped (see [`PTRACE_O_SUSPEND_SECCOMP`]), where
+/// the kernel lets us.
+fn suspend_seccomp(tid: Pid) {
     use std::sync::atomic::{AtomicBool, Ordering};
     static REFUSED: AtomicBool = AtomicBool::new(false);
-    if !REFUSED.load(Ordering::Relaxed) {
-        let opts = PTRACE_O_TRACESYSGOOD | PTRACE_O_SUSPEND_SECCOMP;
-        // SAFETY: SEIZE takes the options as data, no pointers.
-        match unsafe { ptrace(PTRACE_SEIZE, tid, 0, opts) } {
-            // EINVAL: no CONFIG_CHECKPOINT_RESTORE. EPERM: not allowed, or a zombie thread:
-            // asked again without the option, which tells the two apart.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EINVAL)) => {}
-            r => return r,
-        }
-        // SAFETY: as above.
-        let r = unsafe { ptrace(PTRACE_SEIZE, tid, 0, PTRACE_O_TRACESYSGOOD) };
-        if r.is_ok() {
-            tracing::debug!("seccomp cannot be suspended while tracing here");
-            REFUSED.store(true, Ordering::Relaxed);
-        }
-        return r;
+    if REFUSED.load(Ordering::Relaxed) {
+        return;
     }
-    // SAFETY: as above.
-    unsafe { ptrace(PTRACE_SEIZE, tid, 0, PTRACE_O_TRACESYSGOOD) }
+    let opts = PTRACE_O_TRACESYSGOOD | PTRACE_O_SUSPEND_SECCOMP;
+    // SAFETY: SETOPTIONS takes the options as data, no pointers.
+    if let Err(e) = unsafe { ptrace(libc::PTRACE_SETOPTIONS, tid, 0, opts) }
+        && matches!(e.raw_os_error(), Some(libc::EPERM | libc::EINVAL))
+    {
+        tracing::debug!("seccomp cannot be suspended while tracing here: {e}");
+        REFUSED.store(true, Ordering::Relaxed);
+    }
 }
 
 /// What `PTRACE_GET_SYSCALL_INFO` says about a syscall stop: `op` 1 = entry (`nr_or_rval` is
@@ -252,8 +248,9 @@ impl Stopped {
                 break;
             }
             for &tid in &new {
-                // SAFETY: INTERRUPT takes no pointers.
-                let r = seize(tid).and_then(|_| unsafe { ptrace(PTRACE_INTERRUPT, tid, 0, 0) });
+                // SAFETY: SEIZE/INTERRUPT take no pointers.
+                let r = unsafe { ptrace(PTRACE_SEIZE, tid, 0, PTRACE_O_TRACESYSGOOD) }
+                    .and_then(|_| unsafe { ptrace(PTRACE_INTERRUPT, tid, 0, 0) });
                 match r {
                     Ok(_) => st.tids.push(tid),
                     Err(e) if e.raw_os_error() == Some(libc::ESRCH) => gone.push(tid), // exited
@@ -276,7 +273,7 @@ impl Stopped {
                     continue;
                 }
                 match st.wait_interrupt_stop(tid) {
-                    Ok(()) => {}
+                    Ok(()) => suspend_seccomp(tid),
                     // A thread that exits while we stop the others is simply gone; only the
                     // leader's exit ends the process.
                     Err(PtraceError::Exited { tid }) if tid != pid => {

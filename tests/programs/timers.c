@@ -11,7 +11,9 @@
  *   - ITIMER_REAL every 50 ms (SIGALRM -> alarms); ITIMER_VIRTUAL one shot in 500 s of CPU
  *     time (never fires here -> virt_left_s).
  *   - seccomp (no_new_privs): F1 in main before the worker exists (both threads have it):
- *     getppid fails with errno 77; F2 in the worker only: getpgid fails with errno 78.
+ *     getppid fails with errno 77, and sigaltstack kills the process (the program never calls
+ *     it; a checkpointer reads the alternate signal stack with an injected sigaltstack: its
+ *     filters must not apply to it); F2 in the worker only: getpgid fails with errno 78.
  *   - inotify: a watch on /tmp/gone (wd 1) removed at once, then /tmp/watched IN_MODIFY (wd 2)
  *     and /tmp IN_CREATE (wd 3).
  * Commands (UDP, one datagram each way):
@@ -83,8 +85,9 @@ static void handle(int sig, void (*h)(int, siginfo_t *, void *)) {
     if (sigaction(sig, &sa, NULL) < 0) die("sigaction");
 }
 
-/* A filter: calls `nr` fail with `err`, everything else passes (x86-64 only). */
-static void deny(int nr, int err) {
+/* A filter: calls `nr` fail with `err`, calls `kill_nr` kill the process, everything else
+ * passes (x86-64 only). */
+static void deny(int nr, int err, int kill_nr) {
     struct sock_filter f[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
@@ -92,6 +95,8 @@ static void deny(int nr, int err) {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, nr, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (err & SECCOMP_RET_DATA)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kill_nr, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
     struct sock_fprog p = {.len = sizeof f / sizeof f[0], .filter = f};
@@ -126,7 +131,7 @@ static void *worker(void *arg) {
     sigaddset(&s, SIGRTMIN + 2);
     sigaddset(&s, SIGALRM);
     pthread_sigmask(SIG_BLOCK, &s, NULL);
-    deny(SYS_getpgid, 78);
+    deny(SYS_getpgid, 78, -1);
     for (;;) {
         long r = syscall(SYS_getpgid, 0);
         wpgid_errno = r < 0 ? errno : 0;
@@ -216,7 +221,7 @@ int main(void) {
     if (wd_watched < 0 || wd_tmp < 0) die("inotify_add_watch");
 
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die("no_new_privs");
-    deny(SYS_getppid, 77);
+    deny(SYS_getppid, 77, SYS_sigaltstack);
 
     pthread_t th;
     if (pthread_create(&th, NULL, worker, NULL) != 0) die("pthread_create");
@@ -263,7 +268,7 @@ int main(void) {
                 tc = make_timer(CLOCK_MONOTONIC, SIGEV_SIGNAL, SIGRTMIN + 2, NULL, 0);
                 arm(tc, 25, 25);
                 have_c = 1;
-                deny(SYS_getsid, 79);
+                deny(SYS_getsid, 79, -1);
                 wd_second = inotify_add_watch(ino, "/tmp/second", IN_MODIFY);
             }
             put("more");

@@ -694,6 +694,18 @@ fn snapshot_refuses_a_pending_signal_and_the_service_keeps_running() {
 }
 
 #[test]
+fn snapshot_refuses_queued_inotify_events_and_the_service_keeps_running() {
+    snapshot_refused("inotify-queued", |_, pong| {
+        let fd = pong.split("inotify=").nth(1).unwrap().trim().to_string();
+        vec![
+            format!("inotify descriptor {fd} has "),
+            "bytes of events queued, and they stayed queued".to_string(),
+            "queued inotify events cannot be carried into a checkpoint".to_string(),
+        ]
+    });
+}
+
+#[test]
 fn snapshot_to_an_unwritable_path_names_it_and_leaves_no_partial_file() {
     let svc = Svc::start("unwritable", "bad_resources", &["none"], BAD_PORT);
     let dir = format!("/nonexistent-tardi-test-{}", std::process::id());

@@ -8,7 +8,7 @@
 #![allow(dead_code)]
 
 pub const PLAN_MAGIC: u64 = 0x4e41_4c50_4944_5254; // "TRDIPLAN"
-pub const PLAN_VERSION: u32 = 3;
+pub const PLAN_VERSION: u32 = 4;
 
 /// Size of each restorer thread's private stack inside the hole.
 pub const RESTORER_STACK: u64 = 64 * 1024;
@@ -62,6 +62,56 @@ pub struct PlanHeader {
     pub _pad: u32,
     pub mm: MmMap,
     pub creds: CredsDesc,
+    /// POSIX timers: `nr_timers` [`TimerDesc`]s at `timers_off`, created with their ids once
+    /// the threads exist, armed just before they resume.
+    pub nr_timers: u32,
+    pub timers_off: u32,
+    /// `ITIMER_REAL`, `ITIMER_VIRTUAL`, `ITIMER_PROF` (time left 0: not armed).
+    pub itimers: [ItimerDesc; 3],
+    /// Seccomp filters: [`SeccompDesc`]s at `seccomp_off`. The first `seccomp_shared` are every
+    /// thread's, installed by the main thread with `SECCOMP_FILTER_FLAG_TSYNC`; each thread's
+    /// own follow (`ThreadDesc::seccomp_first`, `seccomp_count`).
+    pub nr_seccomp: u32,
+    pub seccomp_off: u32,
+    pub seccomp_shared: u32,
+    /// Non-zero: each thread installs its whole chain itself before it takes the target's
+    /// credentials, not after (the target has neither `no_new_privs` nor `CAP_SYS_ADMIN`,
+    /// without which the kernel refuses a filter).
+    pub seccomp_early: u32,
+}
+
+/// One POSIX timer (see `tardi_image::image::PosixTimer`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct TimerDesc {
+    pub id: i32,
+    pub clock: i32,
+    pub signo: i32,
+    pub notify: i32,
+    /// The thread signalled, for `SIGEV_THREAD_ID`.
+    pub tid: i32,
+    pub _pad: u32,
+    pub sigval: u64,
+    pub value_ns: u64,
+    pub interval_ns: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ItimerDesc {
+    pub value_ns: u64,
+    pub interval_ns: u64,
+}
+
+/// One seccomp filter: `len` 8-byte `struct sock_filter`s at `insns_off` in the plan.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct SeccompDesc {
+    pub insns_off: u32,
+    pub len: u32,
+    /// `SECCOMP_FILTER_FLAG_LOG` or 0.
+    pub flags: u32,
+    pub _pad: u32,
 }
 
 /// The credentials every thread takes as its last step (`restorer/main.rs`, `drop_creds`).
@@ -185,6 +235,9 @@ pub struct ThreadDesc {
     pub altstack_size: u64,
     pub altstack_flags: u32,
     pub xstate_len: u32,
+    /// This thread's own seccomp filters (after the shared ones), in the plan's list.
+    pub seccomp_first: u32,
+    pub seccomp_count: u32,
     pub comm: [u8; 16],
     /// XSAVE area as `PTRACE_GETREGSET(NT_X86_XSTATE)` returned it.
     pub xstate: [u8; XSTATE_MAX],

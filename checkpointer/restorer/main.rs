@@ -11,7 +11,10 @@
 //! 4. recreates the threads with their old TIDs (clone3 `set_tid`), sets each one's FS/GS base,
 //!    robust list, clear_child_tid, rseq and name, waits until all are ready, tells the supervisor
 //!    (which later unmaps this blob) and resumes every thread with `rt_sigreturn` on a frame
-//!    holding its saved registers, signal mask, alternate stack and XSAVE state.
+//!    holding its saved registers, signal mask, alternate stack and XSAVE state. POSIX timers
+//!    are created (with their ids) once the threads exist and armed, with interval timers,
+//!    just before the threads resume; the service's seccomp filters are installed last (see
+//!    `install_filters`).
 //!
 //! Invariants: the code must be position independent and self-contained — no statics holding
 //! pointers, no formatting, no panics that read their location (the panic handler only exits).
@@ -51,6 +54,8 @@ const E_CLONE: u64 = 11;
 const E_THREAD: u64 = 12;
 const E_RSEQ: u64 = 13;
 const E_CREDS: u64 = 14;
+const E_TIMER: u64 = 15;
+const E_SECCOMP: u64 = 16;
 
 mod nr {
     pub const WRITE: u64 = 1;
@@ -79,6 +84,11 @@ mod nr {
     pub const SETFSGID: u64 = 123;
     pub const CAPGET: u64 = 125;
     pub const CAPSET: u64 = 126;
+    pub const SETITIMER: u64 = 38;
+    pub const TIMER_CREATE: u64 = 222;
+    pub const TIMER_SETTIME: u64 = 223;
+    pub const TIMER_DELETE: u64 = 226;
+    pub const SECCOMP: u64 = 317;
 }
 
 
@@ -487,6 +497,8 @@ unsafe extern "C" fn stage1(plan: u64, base: u64, total: u64) -> ! {
             sc6(nr::FUTEX, &(*rv).arrived as *const AtomicU32 as u64, 0 /* WAIT */, n as u64,
                 0, 0, 0);
         }
+        // Thread-directed timers need their threads: they exist now.
+        create_timers(plan, nfd);
         // Tell the supervisor where we are (so it can unmap us once every thread left).
         let rec = [base, total, 0u64];
         sc(nr::WRITE, nfd as u64, rec.as_ptr() as u64, 24);
@@ -498,8 +510,28 @@ unsafe extern "C" fn stage1(plan: u64, base: u64, total: u64) -> ! {
         }
         // Changing IDs made the process non-dumpable; give it the flag it had.
         sc(nr::PRCTL, 4 /* PR_SET_DUMPABLE */, hdr(plan).creds.dumpable as u64, 0);
-        (*rv).go.store(1, Ordering::Release);
-        sc6(nr::FUTEX, &(*rv).go as *const AtomicU32 as u64, 1 /* WAKE */, i32::MAX as u64, 0, 0, 0);
+        arm_timers(plan);
+        // The service's seccomp filters, last (see `install_filters`): the shared ones for
+        // every thread at once (the others wait in the futex below, which they leave under
+        // them), then the go, then this thread's own; then only rt_sigreturn.
+        let h = hdr(plan);
+        if h.seccomp_early == 0 {
+            let r = install_filters(plan, 0, h.seccomp_shared, true);
+            if r != 0 {
+                fail(-1, E_SECCOMP, r);
+            }
+        }
+        if h.nr_threads > 1 {
+            (*rv).go.store(1, Ordering::Release);
+            sc6(nr::FUTEX, &(*rv).go as *const AtomicU32 as u64, 1 /* WAKE */, i32::MAX as u64,
+                0, 0, 0);
+        }
+        if h.seccomp_early == 0 {
+            let r = install_filters(plan, me.seccomp_first, me.seccomp_count, false);
+            if r != 0 {
+                fail(-1, E_SECCOMP, r);
+            }
+        }
         sigreturn(frame);
     }
 }
@@ -522,6 +554,12 @@ unsafe extern "C" fn thread_main(t: *const ThreadDesc, ctx: *const Ctx) -> ! {
         sc6(nr::FUTEX, &rv.arrived as *const AtomicU32 as u64, 1, 1, 0, 0, 0);
         while rv.go.load(Ordering::Acquire) == 0 {
             sc6(nr::FUTEX, &rv.go as *const AtomicU32 as u64, 0, 0, 0, 0, 0);
+        }
+        if h.seccomp_early == 0 {
+            let r = install_filters(ctx.plan, t.seccomp_first, t.seccomp_count, false);
+            if r != 0 {
+                fail(-1, E_SECCOMP, r);
+            }
         }
         sigreturn(frame);
     }
@@ -553,6 +591,12 @@ unsafe fn prepare_thread(t: &ThreadDesc, ctx: &Ctx, area: u64) -> u64 {
             }
         }
 
+        if hdr(ctx.plan).seccomp_early != 0 {
+            let r = install_filters(ctx.plan, t.seccomp_first, t.seccomp_count, false);
+            if r != 0 {
+                fail(nfd, E_SECCOMP, r);
+            }
+        }
         drop_creds(ctx.plan, nfd);
 
         // Layout inside `area`: [fpstate (64-aligned) | MAGIC2] ... [ucontext (16-aligned)].
@@ -669,6 +713,119 @@ unsafe fn drop_creds(plan: u64, nfd: i32) {
         if c.no_new_privs != 0 {
             ck(sc6(nr::PRCTL, 38 /* PR_SET_NO_NEW_PRIVS */, 1, 0, 0, 0, 0));
         }
+    }
+}
+
+/// Creates the POSIX timers with their ids (not armed yet). With
+/// `PR_TIMER_CREATE_RESTORE_IDS` (77; Linux >= 6.15) `timer_create` takes the id the caller
+/// put in its `timer_t`. Without it, ids come from a per-process counter that starts at 0
+/// after exec and only goes up: fillers are created and deleted until the counter reaches
+/// each id (timers come in increasing id order).
+unsafe fn create_timers(plan: u64, nfd: i32) {
+    // SAFETY: plain system calls; the descriptors lie in the plan.
+    unsafe {
+        let h = hdr(plan);
+        if h.nr_timers == 0 {
+            return;
+        }
+        let exact = sc(nr::PRCTL, 77 /* PR_TIMER_CREATE_RESTORE_IDS */, 1 /* ON */, 0) == 0;
+        for i in 0..h.nr_timers {
+            let t: &TimerDesc = at(plan, h.timers_off, i);
+            // struct sigevent (64 bytes): sigev_value, sigev_signo, sigev_notify, then the
+            // union whose first int is the thread id of SIGEV_THREAD_ID.
+            let mut sev = [0u64; 8];
+            sev[0] = t.sigval;
+            sev[1] = t.signo as u32 as u64 | (t.notify as u32 as u64) << 32;
+            sev[2] = t.tid as u32 as u64;
+            loop {
+                let mut id: i32 = if exact { t.id } else { -1 };
+                let r = sc(nr::TIMER_CREATE, t.clock as u64, sev.as_ptr() as u64,
+                           core::ptr::addr_of_mut!(id) as u64);
+                if r != 0 {
+                    fail(nfd, E_TIMER, r);
+                }
+                if id == t.id {
+                    break;
+                }
+                if exact || id > t.id {
+                    fail(nfd, E_TIMER, 0);
+                }
+                sc(nr::TIMER_DELETE, id as u64, 0, 0);
+            }
+        }
+        if exact {
+            sc(nr::PRCTL, 77, 0 /* OFF */, 0);
+        }
+    }
+}
+
+/// Arms the POSIX timers and the interval timers with the time they had left (relative: from
+/// now). Errors are not possible for values the plan carries (checked at decode).
+unsafe fn arm_timers(plan: u64) {
+    const NS: u64 = 1_000_000_000;
+    // SAFETY: plain system calls on local buffers; the descriptors lie in the plan.
+    unsafe {
+        let h = hdr(plan);
+        for i in 0..h.nr_timers {
+            let t: &TimerDesc = at(plan, h.timers_off, i);
+            if t.value_ns == 0 {
+                continue;
+            }
+            // struct itimerspec: it_interval, it_value, each (tv_sec, tv_nsec).
+            let its = [t.interval_ns / NS, t.interval_ns % NS, t.value_ns / NS, t.value_ns % NS];
+            sc6(nr::TIMER_SETTIME, t.id as u64, 0, its.as_ptr() as u64, 0, 0, 0);
+        }
+        for (which, t) in h.itimers.iter().enumerate() {
+            if t.value_ns == 0 {
+                continue;
+            }
+            // struct itimerval: it_interval, it_value, each (tv_sec, tv_usec); a value below
+            // a microsecond must not round to 0, which would disarm it.
+            let usec = |ns: u64| (ns % NS) / 1000;
+            let value_us = usec(t.value_ns).max(if t.value_ns < NS { 1 } else { 0 });
+            let itv = [t.interval_ns / NS, usec(t.interval_ns), t.value_ns / NS, value_us];
+            sc(nr::SETITIMER, which as u64, itv.as_ptr() as u64, 0);
+        }
+    }
+}
+
+/// Installs filters `first..first + count` of the plan's seccomp list in the calling thread
+/// (`tsync`: in every thread, `SECCOMP_FILTER_FLAG_TSYNC`). Returns 0, or what the kernel
+/// refused with (a negative errno, or with `tsync` the TID of a thread it could not
+/// synchronise).
+///
+/// When, and why then: a filter applies to every system call its thread makes after it is
+/// installed, and the service's may refuse, trap or kill on anything the restorer still
+/// calls. So each thread installs its filters as its very last step: after its credentials
+/// (installing needs `no_new_privs` or `CAP_SYS_ADMIN`, which the target had when it installed
+/// them, and the calls that change credentials are what hardening filters refuse), after the
+/// report, the hold and the timers. What follows is one `rt_sigreturn` (which any filter of a
+/// service that handles signals allows: it is how a handler returns); in the main thread, with
+/// more than one thread, also the `futex` wake of the others, and in the others the return
+/// from their `futex` wait (a threaded service's filter allows `futex`: its mutexes need it).
+/// Filters every thread shares are installed once by the main thread with `TSYNC`, so the
+/// threads share them as they most likely did before (a later `TSYNC` of the service needs
+/// that). A target whose filters the kernel would refuse once the credentials are back
+/// (`seccomp_early`: neither `no_new_privs` nor `CAP_SYS_ADMIN`) installs them before its
+/// credentials instead: then the calls that restore those run under the filters too.
+/// While the supervisor traces the restored process afterwards (to unmap this blob), the
+/// filters are suspended (`PTRACE_O_SUSPEND_SECCOMP`).
+unsafe fn install_filters(plan: u64, first: u32, count: u32, tsync: bool) -> i64 {
+    // SAFETY: plain system calls; the programs lie in the plan.
+    unsafe {
+        let h = hdr(plan);
+        for i in first..first + count {
+            let d: &SeccompDesc = at(plan, h.seccomp_off, i);
+            // struct sock_fprog { unsigned short len; struct sock_filter *filter; }
+            let prog = [d.len as u64, plan + d.insns_off as u64];
+            let flags = d.flags as u64 | tsync as u64; // SECCOMP_FILTER_FLAG_TSYNC = 1
+            let r = sc(nr::SECCOMP, 1 /* SECCOMP_SET_MODE_FILTER */, flags,
+                       prog.as_ptr() as u64);
+            if r != 0 {
+                return r;
+            }
+        }
+        0
     }
 }
 

@@ -43,6 +43,10 @@ pub enum CaptureError {
         .0.join(", ")
     )]
     PendingSignals(Vec<String>),
+    #[error(
+        "cannot checkpoint: {0}, and they stayed queued; queued inotify events cannot be carried into a checkpoint"
+    )]
+    QueuedEvents(String),
 }
 
 type Result<T> = std::result::Result<T, CaptureError>;
@@ -91,7 +95,9 @@ pub fn checkpoint_in_view(
     let mut attempt = 0;
     loop {
         match checkpoint_once(proc, epoch, private_dirs) {
-            Err(CaptureError::PendingSignals(_)) if attempt < 20 => {
+            Err(CaptureError::PendingSignals(_) | CaptureError::QueuedEvents(_))
+                if attempt < 20 =>
+            {
                 attempt += 1;
                 std::thread::sleep(Duration::from_millis(attempt));
             }
@@ -315,6 +321,10 @@ pub struct MetaCache {
     pub(crate) own_filter: bool,
     /// Credentials with the `status` lines they were read from.
     creds: Option<(String, Credentials)>,
+    /// The last reading of the timers ([`crate::timers`]).
+    timers: Option<crate::timers::TimerCache>,
+    /// The last reading of the service's seccomp filters ([`crate::seccomp`]).
+    seccomp: Option<crate::seccomp::SeccompCache>,
     /// Where the last [`capture_meta`] spent its time (for the epoch statistics).
     pub(crate) times: MetaTimes,
 }
@@ -330,7 +340,7 @@ pub(crate) struct MetaTimes {
     pub process: Duration,
     /// The descriptor table.
     pub fds: Duration,
-    /// Credentials and the final pending-signal check.
+    /// Credentials, timers, seccomp filters and the final pending-signal check.
     pub pending: Duration,
     /// The descriptors were taken from the last capture (no descriptor call since).
     pub fds_reused: bool,
@@ -372,7 +382,7 @@ pub(crate) fn capture_meta(
     let status = proc
         .read_string("status")
         .map_err(proc_err(pid, "status"))?;
-    check_supported(proc, &status, &st.tids, cache.own_filter)?;
+    check_supported(proc, &st.tids)?;
     // Signals pending now (say the SIGSEGV of a write a thread just made, or the SIGSYS of a
     // trapped system call) are delivered first, so that the state captured below is the one
     // after their delivery (see `deliver_pending`).
@@ -505,6 +515,33 @@ pub(crate) fn capture_meta(
     cache.fd_calls_seen = calls;
     let t4 = Instant::now();
     let creds = crate::creds::capture(proc, st, maps, &status, &mut cache.creds, refresh)?;
+    let count = |group| cache.calls.as_ref().map(|c| c.count(group));
+    let (timer_calls, seccomp_calls) = (
+        count(crate::syscount::TIMERS),
+        count(crate::syscount::SECCOMP),
+    );
+    let names = &cache.names;
+    let ns_tid = |t: Pid| names.get(&t).map(|n| n.0);
+    let timers = crate::timers::capture(
+        proc,
+        st,
+        maps,
+        &mut cache.timers,
+        timer_calls,
+        refresh,
+        &ns_tid,
+    )?;
+    let seccomp = crate::seccomp::capture(
+        proc,
+        st,
+        maps,
+        &status,
+        &mut cache.seccomp,
+        seccomp_calls,
+        refresh,
+        cache.own_filter,
+        &ns_tid,
+    )?;
     // Last: a signal that arrived during an injected call was raised again and is pending now.
     check_pending_signals(proc, &st.tids)?;
     cache.times = MetaTimes {
@@ -543,6 +580,8 @@ pub(crate) fn capture_meta(
         private_files: Default::default(),
         creds,
         carried: Default::default(),
+        timers,
+        seccomp,
     })
 }
 
@@ -785,13 +824,7 @@ fn signal_name(s: u32) -> String {
 
 /// Process-level state this checkpointer cannot restore yet: refuse it by name rather than
 /// produce a checkpoint that restores into something different.
-/// `status` is the process's `status` text.
-fn check_supported(proc: &Proc, status: &str, tids: &[Pid], own_filter: bool) -> Result<()> {
-    let pid = proc.pid;
-    let field = |k: &str| {
-        procfs::status_value(status, k)
-            .ok_or_else(|| proc_err(pid, k)(io::Error::other(format!("status: no field {k}"))))
-    };
+fn check_supported(proc: &Proc, tids: &[Pid]) -> Result<()> {
     let mut children = Vec::new();
     for t in tids {
         let c = proc
@@ -805,26 +838,8 @@ fn check_supported(proc: &Proc, status: &str, tids: &[Pid], own_filter: bool) ->
             children.join(", ")
         )));
     }
-    let filters = procfs::status_value(status, "Seccomp_filters").unwrap_or("0");
-    if field("Seccomp")? != "0" && !(own_filter && filters.trim() == "1") {
-        let ours = proc
-            .maps()
-            .ok()
-            .and_then(|m| crate::agent::Agent::find(pid, &m))
-            .is_some();
-        return Err(CaptureError::Unsupported(if ours {
-            "the service carries Tardi's write-tracking agent and its seccomp filter (an epoch loop with the mprotect tracker ran on it); checkpoint it from an epoch loop".into()
-        } else {
-            "the service installed a seccomp filter; restoring seccomp filters is not supported yet"
-                .into()
-        }));
-    }
-    let timers = proc.read_string("timers").unwrap_or_default();
-    if !timers.trim().is_empty() {
-        return Err(CaptureError::Unsupported(
-            "the service has POSIX timers (timer_create); they are not supported yet".into(),
-        ));
-    }
+    // Seccomp filters (crate::seccomp), POSIX timers (crate::timers) and inotify
+    // (crate::inotify) are captured; what of them is not is refused there, by name.
     Ok(())
 }
 

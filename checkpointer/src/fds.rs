@@ -44,6 +44,8 @@ pub struct FdCache {
     /// their links do not tell them apart (every epoll instance is `anon_inode:[eventpoll]`),
     /// and a number names the same open file for as long as no counted call was made.
     stable: HashMap<i32, FdImage>,
+    /// Paths found for inodes inotify watches (see [`crate::inotify`]).
+    inotify: crate::inotify::PathCache,
 }
 
 impl FdCache {
@@ -62,16 +64,18 @@ impl FdCache {
 /// through those calls (sockets that are listening or connected over TCP, epoll instances,
 /// signal descriptors) are taken from the cache, flags included. The others (files: their
 /// offset; pipes: their contents; eventfds and timers: their values; unix sockets: their
-/// queues) are read as always.
+/// queues; inotify instances: their watches and queue) are read as always.
 pub fn capture(proc: &Proc, cache: Option<&mut FdCache>, unchanged: bool) -> Result<Vec<FdImage>> {
     let pid = proc.pid;
-    let (mut sockets, mut kept, mut stable) = match cache {
+    let mut no_paths = crate::inotify::PathCache::new();
+    let (mut sockets, mut kept, mut stable, watched) = match cache {
         Some(c) => (
             Some(&mut c.sockets),
             Some(&mut c.links),
             Some(&mut c.stable),
+            &mut c.inotify,
         ),
-        None => (None, None, None),
+        None => (None, None, None, &mut no_paths),
     };
     // The kept links are taken out (not copied) and put back once the capture succeeded; a
     // failed capture leaves none, and the next one reads the table.
@@ -118,6 +122,11 @@ pub fn capture(proc: &Proc, cache: Option<&mut FdCache>, unchanged: bool) -> Res
         let flags = all_flags & !libc::O_CLOEXEC;
         let kind = match cached {
             Some(s) => FdKind::Socket(s),
+            // Read every pause: a watch goes away by itself when its file is deleted, and the
+            // event queue must be empty.
+            None if link == "anon_inode:inotify" => {
+                crate::inotify::capture(proc, &pidfd, fd, &raw, watched)?
+            }
             None => classify(
                 proc, &pidfd, fd, link, &info, &raw, flags, &mut pipes, &mut diags,
             )?,
@@ -582,6 +591,11 @@ pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), Recrea
                 })
                 .map_err(rerr(f.fd, "signalfd"))?;
                 install(tmp, f.fd, floor).map_err(rerr(f.fd, "signalfd"))?;
+            }
+            FdKind::Inotify { watches } => {
+                let tmp =
+                    crate::inotify::recreate(f.flags, watches).map_err(rerr(f.fd, "inotify"))?;
+                install(tmp, f.fd, floor).map_err(rerr(f.fd, "inotify"))?;
             }
             FdKind::Epoll { .. } => {
                 // SAFETY: plain epoll creation.

@@ -5,7 +5,8 @@
 //! restore plan and the freestanding restorer (`restorer/`), write tracking ([`track`]:
 //! userfaultfd, or mprotect through the freestanding agent `agent/` that [`agent`] loads into
 //! the process), the epoch loop ([`epoch`]) and its eBPF count of the process's descriptor
-//! calls ([`syscount`]).
+//! calls ([`syscount`]); timers ([`timers`]), the service's seccomp filters ([`seccomp`]) and
+//! inotify watches ([`inotify`]).
 //! Must not touch: namespaces, mounts, networking, manifests (that is `tardi-sandbox`), or
 //! anything about replication: a checkpoint is bytes with an epoch number, and restore takes
 //! bytes.
@@ -25,11 +26,14 @@ pub mod creds;
 pub mod epoch;
 pub mod fds;
 pub mod files;
+pub mod inotify;
 pub mod procfs;
 pub mod ptrace;
 pub mod restore;
+pub mod seccomp;
 pub mod sys;
 pub mod syscount;
+pub mod timers;
 pub mod track;
 pub mod unix;
 pub mod verify;

@@ -152,6 +152,34 @@ fn process_dead(proc_dir: &OwnedFd) -> bool {
         .is_none_or(|(_, rest)| rest.starts_with(['Z', 'X']))
 }
 
+/// `PTRACE_O_SUSPEND_SECCOMP`: while it is set on a traced thread, the thread's seccomp
+/// filters do not apply, so the system calls we inject (and the agent's operations) are never
+/// refused, trapped or fatal because of a filter the service installed; they apply again from
+/// the detach (which clears every option). It is set only once the thread is in its
+/// interrupt stop: set at the seize, it would let a call the thread makes before it stops
+/// pass its filters (the mprotect tracker's agent's among them). The kernel allows it to a
+/// tracer with `CAP_SYS_ADMIN` that is not itself under seccomp (and with
+/// `CONFIG_CHECKPOINT_RESTORE`); elsewhere threads are traced without it.
+const PTRACE_O_SUSPEND_SECCOMP: u64 = 1 << 21;
+
+/// Suspends the seccomp filters of `tid`, stopped (see [`PTRACE_O_SUSPEND_SECCOMP`]), where
+/// the kernel lets us.
+fn suspend_seccomp(tid: Pid) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static REFUSED: AtomicBool = AtomicBool::new(false);
+    if REFUSED.load(Ordering::Relaxed) {
+        return;
+    }
+    let opts = PTRACE_O_TRACESYSGOOD | PTRACE_O_SUSPEND_SECCOMP;
+    // SAFETY: SETOPTIONS takes the options as data, no pointers.
+    if let Err(e) = unsafe { ptrace(libc::PTRACE_SETOPTIONS, tid, 0, opts) }
+        && matches!(e.raw_os_error(), Some(libc::EPERM | libc::EINVAL))
+    {
+        tracing::debug!("seccomp cannot be suspended while tracing here: {e}");
+        REFUSED.store(true, Ordering::Relaxed);
+    }
+}
+
 /// What `PTRACE_GET_SYSCALL_INFO` says about a syscall stop: `op` 1 = entry (`nr_or_rval` is
 /// the number), 2 = exit (`nr_or_rval` is the return value); `ip` is the address after the
 /// `syscall` instruction.
@@ -245,7 +273,7 @@ impl Stopped {
                     continue;
                 }
                 match st.wait_interrupt_stop(tid) {
-                    Ok(()) => {}
+                    Ok(()) => suspend_seccomp(tid),
                     // A thread that exits while we stop the others is simply gone; only the
                     // leader's exit ends the process.
                     Err(PtraceError::Exited { tid }) if tid != pid => {
@@ -547,6 +575,51 @@ impl Stopped {
         }
         .map_err(op("get_rseq_configuration", tid))?;
         Ok((c.addr != 0).then_some((c.addr, c.len, c.sig)))
+    }
+
+    /// Filter `index` of thread `tid`'s seccomp chain, **0 being the oldest** (measured on
+    /// Linux 6.18, against what ptrace(2) says), with its flags
+    /// (`PTRACE_GET_SECCOMP_METADATA`: only `SECCOMP_FILTER_FLAG_LOG` is reported). `None`
+    /// past the chain's end, or when the thread is not in filter mode (`EINVAL`).
+    pub fn seccomp_filter(&self, tid: Pid, index: u64) -> Result<Option<(u32, Vec<u64>)>> {
+        const PTRACE_SECCOMP_GET_FILTER: u32 = 0x420c;
+        const PTRACE_GET_SECCOMP_METADATA: u32 = 0x420d;
+        // SAFETY: a NULL buffer asks only for the number of instructions.
+        let n = match unsafe { ptrace(PTRACE_SECCOMP_GET_FILTER, tid, index, 0) } {
+            Ok(n) => n as usize,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINVAL)) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(op("seccomp_get_filter", tid)(e)),
+        };
+        if n == 0 || n > crate::image::SECCOMP_MAX_INSNS {
+            return Err(op("seccomp_get_filter", tid)(io::Error::other(format!(
+                "filter {index} has {n} instructions"
+            ))));
+        }
+        let mut insns = vec![0u64; n];
+        // SAFETY: the kernel writes `n` 8-byte `struct sock_filter`s (the length it just
+        // reported; a filter never changes once installed) into `insns`.
+        let got = unsafe {
+            ptrace(
+                PTRACE_SECCOMP_GET_FILTER,
+                tid,
+                index,
+                insns.as_mut_ptr() as u64,
+            )
+        }
+        .map_err(op("seccomp_get_filter", tid))?;
+        if got as usize != n {
+            return Err(op("seccomp_get_filter", tid)(io::Error::other(
+                "filter changed length",
+            )));
+        }
+        // struct seccomp_metadata { u64 filter_off; u64 flags; }
+        let mut md = [index, 0u64];
+        // SAFETY: the kernel reads `filter_off` and writes at most `addr` (16) bytes.
+        unsafe { ptrace(PTRACE_GET_SECCOMP_METADATA, tid, 16, md.as_mut_ptr() as u64) }
+            .map_err(op("get_seccomp_metadata", tid))?;
+        Ok(Some((md[1] as u32, insns)))
     }
 
     /// `get_robust_list(tid)` works from outside for a traced thread.

@@ -13,8 +13,8 @@
 //!    from the restored process once no thread executes in it.
 
 use crate::abi::{
-    self, CredsDesc, MmMap, PLAN_MAGIC, PLAN_VERSION, PlanHeader, Regs, SigactionDesc, ThreadDesc,
-    VMA_ANON, VMA_SHARED, VmaDesc, XSTATE_MAX,
+    self, CredsDesc, ItimerDesc, MmMap, PLAN_MAGIC, PLAN_VERSION, PlanHeader, Regs, SeccompDesc,
+    SigactionDesc, ThreadDesc, TimerDesc, VMA_ANON, VMA_SHARED, VmaDesc, XSTATE_MAX,
 };
 use crate::capture::regs_from_slice;
 use crate::fds;
@@ -363,8 +363,31 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
     }
     let (hole_start, hole_end) = (hole.0 + margin, hole.1 - margin);
 
+    // Seccomp: the filters every thread shares first, then each thread's own (see
+    // `crate::seccomp::plan`). A target with neither `no_new_privs` nor `CAP_SYS_ADMIN` could
+    // not install a filter once it has its credentials back: each thread installs its whole
+    // chain before it takes them.
+    const CAP_SYS_ADMIN: u64 = 1 << 21;
+    let early = !img.creds.no_new_privs && img.creds.cap_effective & CAP_SYS_ADMIN == 0;
+    let tids: Vec<i32> = img.threads.iter().map(|t| t.tid).collect();
+    let (shared, own) = if early {
+        let (shared, mut own) = crate::seccomp::plan(&img.seccomp, &tids);
+        for o in &mut own {
+            o.splice(0..0, shared.iter().copied());
+        }
+        (Vec::new(), own)
+    } else {
+        crate::seccomp::plan(&img.seccomp, &tids)
+    };
+    let mut seccomp_list: Vec<u32> = shared.clone();
+    let mut seccomp_span = Vec::new();
+    for o in &own {
+        seccomp_span.push((seccomp_list.len() as u32, o.len() as u32));
+        seccomp_list.extend(o);
+    }
+
     let mut threads = Vec::new();
-    for t in &img.threads {
+    for (i, t) in img.threads.iter().enumerate() {
         if t.regs.len() != 27 || t.xstate.len() > XSTATE_MAX {
             return Err(RestoreError::Invalid(format!(
                 "thread {} has a malformed register set",
@@ -386,6 +409,8 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
             altstack_size: t.altstack.size,
             altstack_flags: t.altstack.flags,
             xstate_len: t.xstate.len() as u32,
+            seccomp_first: seccomp_span[i].0,
+            seccomp_count: seccomp_span[i].1,
             comm: [0; 16],
             xstate: [0; XSTATE_MAX],
         };
@@ -437,6 +462,52 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
     let close_off = section(&cat(&close));
     let auxv_off = section(&cat(&img.auxv));
     let groups_off = section(&cat(&img.creds.groups));
+    // In increasing id order (a kernel without PR_TIMER_CREATE_RESTORE_IDS can only count up).
+    let mut timers: Vec<TimerDesc> = img
+        .timers
+        .posix
+        .iter()
+        .map(|t| TimerDesc {
+            id: t.id,
+            clock: t.clock,
+            signo: t.signo,
+            notify: t.notify,
+            tid: t.tid,
+            _pad: 0,
+            sigval: t.sigval,
+            value_ns: t.value_ns,
+            interval_ns: t.interval_ns,
+        })
+        .collect();
+    timers.sort_by_key(|t| t.id);
+    let timers_off = section(&cat(&timers));
+    let mut itimers = [ItimerDesc::default(); 3];
+    for t in &img.timers.itimers {
+        if let Some(d) = itimers.get_mut(t.which as usize) {
+            *d = ItimerDesc {
+                value_ns: t.value_ns,
+                interval_ns: t.interval_ns,
+            };
+        }
+    }
+    // Each program once, then the list naming them.
+    let mut insns_off = Vec::with_capacity(img.seccomp.filters.len());
+    for f in &img.seccomp.filters {
+        insns_off.push(section(&cat(&f.insns)));
+    }
+    let seccomp: Vec<SeccompDesc> = seccomp_list
+        .iter()
+        .map(|&k| {
+            let f = &img.seccomp.filters[k as usize];
+            SeccompDesc {
+                insns_off: insns_off[k as usize],
+                len: f.insns.len() as u32,
+                flags: f.flags,
+                _pad: 0,
+            }
+        })
+        .collect();
+    let seccomp_off = section(&cat(&seccomp));
     let m = &img.mm;
     let hdr = PlanHeader {
         magic: PLAN_MAGIC,
@@ -493,6 +564,13 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
             dumpable: img.creds.dumpable,
             _pad: 0,
         },
+        nr_timers: timers.len() as u32,
+        timers_off,
+        itimers,
+        nr_seccomp: seccomp.len() as u32,
+        seccomp_off,
+        seccomp_shared: shared.len() as u32,
+        seccomp_early: early as u32,
     };
     buf[..std::mem::size_of::<PlanHeader>()].copy_from_slice(as_bytes(&hdr));
     Ok(buf)
@@ -758,6 +836,8 @@ fn step_name(step: u64) -> &'static str {
         12 => "setting thread state",
         13 => "registering rseq",
         14 => "restoring credentials (groups, IDs, capabilities, securebits)",
+        15 => "creating a POSIX timer with its id",
+        16 => "installing a seccomp filter",
         _ => "unknown",
     }
 }

@@ -4,11 +4,14 @@
 //! thread-group id, as the initial PID namespace sees it). Reading a count is a few loads from
 //! our own memory: no system call.
 //!
-//! The epoch loop uses it as a change notification, with two groups ([`CHANGE_GROUPS`]): when
+//! The epoch loop uses it as a change notification, with four groups ([`CHANGE_GROUPS`]): when
 //! no call that can change the descriptor table (or what a descriptor is) was made since the
 //! last pause, the descriptors need not be read again (see [`crate::fds::capture`]); when no
 //! call that can change the memory layout was made, the layout and the list of copied-on-write
-//! file pages are carried from the last pause (see `crate::epoch`).
+//! file pages are carried from the last pause (see `crate::epoch`); when no timer call was
+//! made, the timers are carried and their time left computed (see `crate::timers`); when no
+//! seccomp call was made and no thread appeared, the seccomp filters are carried (see
+//! `crate::seccomp`).
 //!
 //! A call may belong to several groups. The array has one element per distinct set of groups
 //! a call belongs to, and a group's count is the sum of the elements whose set holds it: one
@@ -196,12 +199,42 @@ pub const LAYOUT_CALLS: &[i64] = &[
     libc::SYS_execveat,
 ];
 
+/// The system calls (x86-64 numbers) after which the process's POSIX timers (which exist,
+/// their clocks, notifications and periods) or its interval timers may have changed, other than
+/// by running down: creating, setting and deleting timers, `setitimer` and `alarm`, and new
+/// programs (`execve` deletes POSIX timers). The time left on an armed timer changes without
+/// a call: see `crate::timers`.
+pub const TIMER_CALLS: &[i64] = &[
+    libc::SYS_timer_create,
+    libc::SYS_timer_settime,
+    libc::SYS_timer_delete,
+    libc::SYS_setitimer,
+    libc::SYS_alarm,
+    libc::SYS_execve,
+    libc::SYS_execveat,
+];
+
+/// The system calls (x86-64 numbers) after which a thread's seccomp filters may have changed:
+/// `seccomp` and `prctl` (`PR_SET_SECCOMP`; a filter installed with `SECCOMP_FILTER_FLAG_TSYNC`
+/// changes every thread's), and new programs. A new thread inherits its creator's filters:
+/// the capture sees a new thread by itself (see `crate::seccomp`).
+pub const SECCOMP_CALLS: &[i64] = &[
+    libc::SYS_seccomp,
+    libc::SYS_prctl,
+    libc::SYS_execve,
+    libc::SYS_execveat,
+];
+
 /// Index in [`CHANGE_GROUPS`] of [`DESCRIPTOR_CALLS`].
 pub const DESCRIPTORS: usize = 0;
 /// Index in [`CHANGE_GROUPS`] of [`LAYOUT_CALLS`].
 pub const LAYOUT: usize = 1;
+/// Index in [`CHANGE_GROUPS`] of [`TIMER_CALLS`].
+pub const TIMERS: usize = 2;
+/// Index in [`CHANGE_GROUPS`] of [`SECCOMP_CALLS`].
+pub const SECCOMP: usize = 3;
 /// The groups the epoch loop counts.
-pub const CHANGE_GROUPS: [&[i64]; 2] = [DESCRIPTOR_CALLS, LAYOUT_CALLS];
+pub const CHANGE_GROUPS: [&[i64]; 4] = [DESCRIPTOR_CALLS, LAYOUT_CALLS, TIMER_CALLS, SECCOMP_CALLS];
 
 /// A counter of one process's calls of groups of system calls (see the module doc).
 pub struct SyscallCounter {
@@ -537,7 +570,16 @@ mod tests {
         assert_eq!(both(libc::SYS_clone), Some(0b11));
         assert_eq!(both(libc::SYS_mmap), Some(1 << LAYOUT));
         assert_eq!(both(libc::SYS_dup), Some(1 << DESCRIPTORS));
-        assert_eq!(els.len(), 3);
+        assert_eq!(both(libc::SYS_timer_create), Some(1 << TIMERS));
+        assert_eq!(both(libc::SYS_prctl), Some(1 << LAYOUT | 1 << SECCOMP));
+        assert_eq!(
+            both(libc::SYS_seccomp),
+            Some(1 << DESCRIPTORS | 1 << SECCOMP)
+        );
+        assert_eq!(both(libc::SYS_execve), Some(0b1111));
+        // {descriptors}, {layout}, {both}, {timers}, {layout, seccomp},
+        // {descriptors, seccomp}, {all four}.
+        assert_eq!(els.len(), 7);
     }
 
     /// Two groups in one program: mapping memory counts as a layout call and not as a

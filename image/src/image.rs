@@ -20,7 +20,9 @@ mod libc_types {
     pub const SOCK_DGRAM: i32 = 2;
     pub const SOCK_SEQPACKET: i32 = 5;
 }
-/// Version of the encoding; bumped on every incompatible change.
+/// Version of the encoding; bumped on every incompatible change (3: POSIX timers and interval
+/// timers, the service's own seccomp filters, inotify descriptors; incremental checkpoints leave
+/// out the metadata that equals their base's, `Carried`).
 pub const FORMAT_VERSION: u32 = 3;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
@@ -126,6 +128,10 @@ pub struct ProcessImage {
     pub creds: Credentials,
     /// Incremental only: the parts of this metadata left out because they equal the base's.
     pub carried: Carried,
+    /// POSIX timers (`timer_create`) and interval timers (`setitimer`).
+    pub timers: Timers,
+    /// The seccomp filters the service installed itself.
+    pub seccomp: Seccomp,
 }
 
 /// What an incremental checkpoint's metadata leaves out because it is the same as in the
@@ -151,6 +157,96 @@ impl Carried {
     pub fn is_empty(&self) -> bool {
         !self.layout && !self.fds && !self.sigactions && self.threads.is_empty()
     }
+}
+
+/// The process's timers, with the time left as it was at the capture (a restore arms them
+/// with that much left, relative to its own resumption).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timers {
+    /// POSIX timers, by id.
+    pub posix: Vec<PosixTimer>,
+    /// Armed interval timers only.
+    pub itimers: Vec<ITimer>,
+}
+
+/// `SIGEV_*` values of `sigev_notify` (Linux's; this crate does not link libc).
+pub mod sigev {
+    pub const SIGNAL: i32 = 0;
+    pub const NONE: i32 = 1;
+    pub const THREAD: i32 = 2;
+    pub const THREAD_ID: i32 = 4;
+}
+
+/// One POSIX timer, as `timer_create` made it and `timer_gettime` read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PosixTimer {
+    /// The timer's id (`timer_t`), kept at restore.
+    pub id: i32,
+    /// The clock (`CLOCK_*`, or a CPU-time clock id that names a thread or process).
+    pub clock: i32,
+    /// `sigev_signo`.
+    pub signo: i32,
+    /// `sigev_notify`: one of [`sigev`] (`THREAD_ID` means `SIGNAL | THREAD_ID`).
+    pub notify: i32,
+    /// The thread signalled (sandbox TID) when `notify` is [`sigev::THREAD_ID`], else 0.
+    pub tid: i32,
+    /// `sigev_value`, delivered in the signal's `si_value`.
+    pub sigval: u64,
+    /// Time left until it fires, 0 if disarmed.
+    pub value_ns: u64,
+    /// Its period, 0 for a one-shot timer.
+    pub interval_ns: u64,
+}
+
+/// An armed interval timer (`setitimer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ITimer {
+    /// `ITIMER_REAL` (0), `ITIMER_VIRTUAL` (1) or `ITIMER_PROF` (2).
+    pub which: u32,
+    pub value_ns: u64,
+    pub interval_ns: u64,
+}
+
+/// The seccomp filters of the service's threads. A thread's filters are a chain, installed
+/// oldest first; chains are mostly shared (a filter installed before a thread was created, or
+/// with `SECCOMP_FILTER_FLAG_TSYNC`), so the programs are kept once.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seccomp {
+    pub filters: Vec<SeccompFilter>,
+    /// Threads that have filters.
+    pub chains: Vec<SeccompChain>,
+}
+
+/// One classic BPF program, as `PTRACE_SECCOMP_GET_FILTER` returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SeccompFilter {
+    /// `SECCOMP_FILTER_FLAG_LOG` (2) if it was installed with it; no other flag is kept.
+    pub flags: u32,
+    /// `struct sock_filter`s, one per word: code (u16), jt (u8), jf (u8), k (u32), little-endian.
+    pub insns: Vec<u64>,
+}
+
+/// The filters of one thread: indices into [`Seccomp::filters`], oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeccompChain {
+    /// TID inside the sandbox.
+    pub tid: i32,
+    pub filters: Vec<u32>,
+}
+
+/// The kernel's limits on a filter program (`BPF_MAXINSNS`) and on a thread's whole chain
+/// (`MAX_INSNS_PER_PATH`, where each filter counts 4 more).
+pub const SECCOMP_MAX_INSNS: usize = 4096;
+pub const SECCOMP_MAX_PATH: usize = 32768;
+
+/// One inotify watch: re-added at restore, in `wd` order, with the same watch descriptor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InotifyWatch {
+    pub wd: i32,
+    /// The watch's mask as the kernel keeps it (events, `IN_ONESHOT`, `IN_EXCL_UNLINK`).
+    pub mask: u32,
+    /// A path (inside the sandbox) of the watched file or directory at the capture.
+    pub path: String,
 }
 
 /// Who the process is: user and group IDs, capability sets and the flags that go with them.
@@ -344,6 +440,11 @@ pub enum FdKind {
     },
     /// A unix-domain socket of any type.
     Unix(UnixSocketImage),
+    /// An inotify instance and its watches (its event queue was empty: capture refuses
+    /// otherwise).
+    Inotify {
+        watches: Vec<InotifyWatch>,
+    },
 }
 
 /// A unix-domain socket. Sockets are told apart by `ino` (descriptors of one socket share it);
@@ -933,6 +1034,32 @@ impl ProcessImage {
                 }
             }
         }
+        self.validate_timers(&tids)?;
+        self.validate_seccomp(&tids)?;
+        for f in &self.fds {
+            if let FdKind::Inotify { watches } = &f.kind {
+                let mut wds: Vec<i32> = watches.iter().map(|w| w.wd).collect();
+                wds.sort_unstable();
+                if let Some(&wd) = wds.first().filter(|&&wd| wd <= 0) {
+                    return bad(format!("inotify descriptor {} has watch {wd}", f.fd));
+                }
+                if let Some(w) = wds.windows(2).find(|w| w[0] == w[1]) {
+                    return bad(format!(
+                        "inotify descriptor {} has watch {} twice",
+                        f.fd, w[0]
+                    ));
+                }
+                if let Some(w) = watches
+                    .iter()
+                    .find(|w| w.path.is_empty() || w.path.contains('\0'))
+                {
+                    return bad(format!(
+                        "inotify watch {} of descriptor {} has path {:?}",
+                        w.wd, f.fd, w.path
+                    ));
+                }
+            }
+        }
         self.creds
             .groups
             .len()
@@ -940,6 +1067,107 @@ impl ProcessImage {
             .then_some(())
             .ok_or_else(|| FormatError::Meta("more than 65,536 supplementary groups".into()))?;
         self.private_files.validate(None).map_err(FormatError::Meta)
+    }
+}
+
+impl ProcessImage {
+    /// Timer ids non-negative and distinct, notification kinds Linux knows, a thread-directed
+    /// timer naming a thread of the image, signals 1–64 (0 allowed for `SIGEV_NONE`), times
+    /// that fit a `timespec`, interval timers 0–2 and each at most once.
+    fn validate_timers(&self, tids: &[i32]) -> Result<(), FormatError> {
+        let bad = |m: String| Err(FormatError::Meta(m));
+        // Seconds must fit an i64 timespec: any u64 of nanoseconds does.
+        let mut ids: Vec<i32> = Vec::with_capacity(self.timers.posix.len());
+        for t in &self.timers.posix {
+            if t.id < 0 {
+                return bad(format!("POSIX timer id {} is negative", t.id));
+            }
+            ids.push(t.id);
+            match t.notify {
+                sigev::SIGNAL | sigev::THREAD | sigev::THREAD_ID => {
+                    if !(1..=64).contains(&t.signo) {
+                        return bad(format!("POSIX timer {} signals {}", t.id, t.signo));
+                    }
+                }
+                sigev::NONE if (0..=64).contains(&t.signo) => {}
+                _ => {
+                    return bad(format!(
+                        "POSIX timer {} has notification {} (signal {})",
+                        t.id, t.notify, t.signo
+                    ));
+                }
+            }
+            if t.notify == sigev::THREAD_ID && tids.binary_search(&t.tid).is_err() {
+                return bad(format!(
+                    "POSIX timer {} signals thread {}, which is not in the image",
+                    t.id, t.tid
+                ));
+            }
+        }
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return bad(format!("POSIX timer {} appears twice", w[0]));
+        }
+        let mut which: Vec<u32> = self.timers.itimers.iter().map(|t| t.which).collect();
+        which.sort_unstable();
+        if let Some(&w) = which.iter().find(|&&w| w > 2) {
+            return bad(format!("interval timer {w}"));
+        }
+        if let Some(w) = which.windows(2).find(|w| w[0] == w[1]) {
+            return bad(format!("interval timer {} appears twice", w[0]));
+        }
+        Ok(())
+    }
+
+    /// Filters of 1 to [`SECCOMP_MAX_INSNS`] instructions with no flag but `LOG`; chains of
+    /// threads of the image, each thread once, indices inside the filters, at most
+    /// [`SECCOMP_MAX_PATH`] instructions per chain as the kernel counts them.
+    fn validate_seccomp(&self, tids: &[i32]) -> Result<(), FormatError> {
+        let bad = |m: String| Err(FormatError::Meta(m));
+        for (i, f) in self.seccomp.filters.iter().enumerate() {
+            if f.insns.is_empty() || f.insns.len() > SECCOMP_MAX_INSNS {
+                return bad(format!(
+                    "seccomp filter #{i} has {} instructions",
+                    f.insns.len()
+                ));
+            }
+            if f.flags & !2 != 0 {
+                return bad(format!("seccomp filter #{i} has flags {:#x}", f.flags));
+            }
+        }
+        let mut seen: Vec<i32> = Vec::with_capacity(self.seccomp.chains.len());
+        for c in &self.seccomp.chains {
+            if tids.binary_search(&c.tid).is_err() {
+                return bad(format!(
+                    "seccomp filters of thread {}, which is not in the image",
+                    c.tid
+                ));
+            }
+            seen.push(c.tid);
+            let mut total = 0usize;
+            for &i in &c.filters {
+                let Some(f) = self.seccomp.filters.get(i as usize) else {
+                    return bad(format!(
+                        "thread {} names seccomp filter #{i} of {}",
+                        c.tid,
+                        self.seccomp.filters.len()
+                    ));
+                };
+                total += f.insns.len() + 4;
+            }
+            if c.filters.is_empty() || total > SECCOMP_MAX_PATH {
+                return bad(format!(
+                    "thread {} has a chain of {} seccomp filters ({total} instructions)",
+                    c.tid,
+                    c.filters.len()
+                ));
+            }
+        }
+        seen.sort_unstable();
+        if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+            return bad(format!("seccomp filters of thread {} appear twice", w[0]));
+        }
+        Ok(())
     }
 }
 
@@ -1002,12 +1230,27 @@ mod tests {
             private_files: Default::default(),
             creds: Default::default(),
             carried: Default::default(),
+            timers: Default::default(),
+            seccomp: Default::default(),
         };
         Checkpoint {
             epoch: 7,
             kind,
             image,
             data: vec![5; 4096],
+        }
+    }
+
+    fn timer(id: i32) -> PosixTimer {
+        PosixTimer {
+            id,
+            clock: 1,
+            signo: 10,
+            notify: sigev::SIGNAL,
+            tid: 0,
+            sigval: 0,
+            value_ns: 1,
+            interval_ns: 0,
         }
     }
 
@@ -1245,6 +1488,98 @@ mod tests {
                     vec![("/data/../etc".into(), Entry::Dir { mode: 0o755 })];
             }),
             ("base epoch", |c| c.image.base_epoch = Some(3)),
+            ("POSIX timer id -1", |c| {
+                c.image.timers.posix.push(timer(-1))
+            }),
+            ("POSIX timer 4 appears twice", |c| {
+                c.image.timers.posix.push(timer(4));
+                c.image.timers.posix.push(timer(4));
+            }),
+            ("signals 0", |c| {
+                let mut t = timer(1);
+                t.signo = 0;
+                c.image.timers.posix.push(t);
+            }),
+            ("notification 3", |c| {
+                let mut t = timer(1);
+                t.notify = 3;
+                c.image.timers.posix.push(t);
+            }),
+            ("signals thread 9, which is not in the image", |c| {
+                let mut t = timer(1);
+                t.notify = sigev::THREAD_ID;
+                t.tid = 9;
+                c.image.timers.posix.push(t);
+            }),
+            ("interval timer 3", |c| {
+                c.image.timers.itimers.push(ITimer {
+                    which: 3,
+                    value_ns: 1,
+                    interval_ns: 0,
+                })
+            }),
+            ("seccomp filter #0 has 0 instructions", |c| {
+                c.image.seccomp.filters.push(SeccompFilter {
+                    flags: 0,
+                    insns: vec![],
+                })
+            }),
+            ("seccomp filter #0 has flags 0x1", |c| {
+                c.image.seccomp.filters.push(SeccompFilter {
+                    flags: 1,
+                    insns: vec![6],
+                })
+            }),
+            ("names seccomp filter #0 of 0", |c| {
+                c.image.seccomp.chains.push(SeccompChain {
+                    tid: 2,
+                    filters: vec![0],
+                })
+            }),
+            ("seccomp filters of thread 3, which is not", |c| {
+                c.image.seccomp.chains.push(SeccompChain {
+                    tid: 3,
+                    filters: vec![],
+                })
+            }),
+            ("instructions)", |c| {
+                c.image.seccomp.filters.push(SeccompFilter {
+                    flags: 0,
+                    insns: vec![6; SECCOMP_MAX_INSNS],
+                });
+                c.image.seccomp.chains.push(SeccompChain {
+                    tid: 2,
+                    filters: vec![0; 8],
+                })
+            }),
+            ("inotify descriptor 4 has watch 0", |c| {
+                c.image.fds.push(FdImage {
+                    fd: 4,
+                    cloexec: false,
+                    flags: 0,
+                    kind: FdKind::Inotify {
+                        watches: vec![InotifyWatch {
+                            wd: 0,
+                            mask: 2,
+                            path: "/x".into(),
+                        }],
+                    },
+                })
+            }),
+            ("has path \"\"", |c| {
+                c.image.fds.push(FdImage {
+                    fd: 4,
+                    cloexec: false,
+                    flags: 0,
+                    kind: FdKind::Inotify {
+                        watches: vec![InotifyWatch {
+                            wd: 1,
+                            mask: 2,
+                            path: String::new(),
+                        }],
+                    },
+                })
+            }),
         ];
         let good = sample(Kind::Full);
         good.validate().unwrap();

@@ -339,6 +339,8 @@ fn stored_meta(img: &ProcessImage) -> ProcessImage {
         private_files: Default::default(),
         creds: img.creds.clone(),
         carried: Default::default(),
+        timers: img.timers.clone(),
+        seccomp: img.seccomp.clone(),
     }
 }
 
@@ -515,6 +517,8 @@ mod tests {
             private_files: Default::default(),
             creds: Default::default(),
             carried: Default::default(),
+            timers: Default::default(),
+            seccomp: Default::default(),
         }
     }
 

@@ -15,6 +15,7 @@
  *   shmem           a MAP_SHARED|MAP_ANONYMOUS mapping (one page, written)
  *   memfd           an open memfd
  *   pending-signal  SIGUSR1 blocked and pending
+ *   inotify-queued  an inotify watch on / with an IN_OPEN event queued, never read
  *
  * Protocol (UDP, default port 7100): "ping" -> "pong <n> <mode> <detail>" where n counts the
  * pings answered so far (including this one); "exit" -> "bye", then exit(0).
@@ -22,11 +23,13 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -48,7 +51,7 @@ int main(int argc, char **argv) {
             mode = argv[i];
     }
     if (!mode) {
-        fprintf(stderr, "usage: %s [--port N] none|unixsock|fork|orphan|shmem|memfd|pending-signal\n", argv[0]);
+        fprintf(stderr, "usage: %s [--port N] none|unixsock|fork|orphan|shmem|memfd|pending-signal|inotify-queued\n", argv[0]);
         return 2;
     }
 
@@ -116,6 +119,13 @@ int main(int argc, char **argv) {
         if (sigprocmask(SIG_BLOCK, &set, NULL) < 0) die("sigprocmask");
         if (raise(SIGUSR1) != 0) die("raise");
         snprintf(detail, sizeof detail, "pending=SIGUSR1");
+    } else if (strcmp(mode, "inotify-queued") == 0) {
+        int fd = inotify_init1(IN_CLOEXEC);
+        if (fd < 0 || inotify_add_watch(fd, "/", IN_OPEN) < 0) die("inotify");
+        int d = open("/", O_RDONLY | O_DIRECTORY);
+        if (d < 0) die("open /");
+        close(d);
+        snprintf(detail, sizeof detail, "inotify=%d", fd);
     } else {
         fprintf(stderr, "unknown mode %s\n", mode);
         return 2;

@@ -136,6 +136,23 @@ fn fds() -> Vec<FdImage> {
         ),
         fd(8, FdKind::SignalFd { mask: 1 << 9 }),
         fd(
+            12,
+            FdKind::Inotify {
+                watches: vec![
+                    InotifyWatch {
+                        wd: 2,
+                        mask: 0x8000_0002,
+                        path: "/data/watched".into(),
+                    },
+                    InotifyWatch {
+                        wd: 5,
+                        mask: 0x100,
+                        path: "/data".into(),
+                    },
+                ],
+            },
+        ),
+        fd(
             11,
             FdKind::Unix(UnixSocketImage {
                 ino: 77,
@@ -274,6 +291,51 @@ impl Proc {
                 dumpable: 0,
             },
             carried: Default::default(),
+            timers: Timers {
+                posix: vec![
+                    PosixTimer {
+                        id: 0,
+                        clock: 1,
+                        signo: 34,
+                        notify: sigev::SIGNAL,
+                        tid: 0,
+                        sigval: 0x40_2000,
+                        value_ns: 3_000_000,
+                        interval_ns: 20_000_000,
+                    },
+                    PosixTimer {
+                        id: 3,
+                        clock: 0,
+                        signo: 35,
+                        notify: sigev::THREAD_ID,
+                        tid: self.threads[0].tid,
+                        sigval: 7,
+                        value_ns: 0,
+                        interval_ns: 0,
+                    },
+                ],
+                itimers: vec![ITimer {
+                    which: 0,
+                    value_ns: 40_000_000,
+                    interval_ns: 50_000_000,
+                }],
+            },
+            seccomp: Seccomp {
+                // LD nr; JEQ getppid → ERRNO; RET ALLOW; RET ERRNO|77
+                filters: vec![SeccompFilter {
+                    flags: 0,
+                    insns: vec![
+                        0x20,
+                        0x0000_006e_0001_0015,
+                        0x7fff_0000_0000_0006,
+                        0x0005_004d_0000_0006,
+                    ],
+                }],
+                chains: vec![SeccompChain {
+                    tid: self.threads[0].tid,
+                    filters: vec![0],
+                }],
+            },
         }
     }
 

@@ -414,6 +414,11 @@ pub struct InstanceArgs {
     /// epochs, checkpoint size, lag, held output, pauses and takeover time (tardi_instance_*).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
+    /// Testing only: a takeover's restore fails on purpose (once its sandbox is set up, before
+    /// the restored process runs) if this instance removes FILE; instances given the same FILE
+    /// share one fault, taken by the first takeover. Used by the lab tests.
+    #[arg(long, value_name = "FILE", hide = true, env = "TARDI_FAULT_RESTORE")]
+    pub fault_restore: Option<PathBuf>,
 }
 
 /// Measure how much a service would cost to replicate: run it in a sandbox and take an

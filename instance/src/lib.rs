@@ -164,8 +164,9 @@ enum Role {
     /// Assigned primary but could not start, or its service ended: the reason, reported (as
     /// `failed: WHY`) until the view changes. Nothing of it runs (sandbox, gate and address are
     /// gone). A takeover that failed keeps the image it restored from (a restore only reads
-    /// it): its run, and the image. If a later view makes this machine primary again, it
-    /// restores from it; any other role drops it.
+    /// it): its run, and the image. A later view that makes this machine primary again
+    /// restores from it; one that makes it a backup keeps it as the backup's image; a machine
+    /// left out of the view drops it.
     Failed {
         view: u64,
         why: String,
@@ -395,6 +396,30 @@ impl Roles {
                     b.enter_view(view.number);
                     Role::Backup(b, gate)
                 }
+                // Its takeover failed but it kept the image: a backup again, holding it (the
+                // orchestrator keeps it in the next view as one that holds the state).
+                (
+                    Some(Role::Failed {
+                        image: Some(kept), ..
+                    }),
+                    false,
+                ) => {
+                    let (run, image) = *kept;
+                    tracing::warn!(service = %s.service, view = view.number, from_run = run, epoch = image.epoch, "backup again, with the image a failed takeover kept");
+                    let gate = primary::open_gate(s.link_index)
+                        .inspect_err(|e| tracing::warn!(service = %s.service, error = %e, "cannot prepare the output gate; a takeover will"))
+                        .ok();
+                    Role::Backup(
+                        Backup::with_image(
+                            &s.service,
+                            view.number,
+                            self.ctx.opts.queue_len,
+                            run,
+                            image,
+                        ),
+                        gate,
+                    )
+                }
                 (other, false) => {
                     if let Some(r) = other {
                         stop(r);
@@ -454,7 +479,7 @@ impl Roles {
         match Primary::start(self.ctx.clone(), t, image, required, gate) {
             Ok(p) => Role::Primary(p),
             Err(f) => {
-                let why = format!("{:#}", f.error);
+                let why = error_text(&f.error);
                 tracing::error!(service = %t.name, %why, kept_image = f.image.is_some(), "cannot start the primary");
                 Role::Failed {
                     view: t.view.number,
@@ -464,6 +489,23 @@ impl Roles {
             }
         }
     }
+}
+
+/// An error with its causes, each once: the libraries' messages already quote their source
+/// (`tardi-service`'s do), which `{:#}` would print again.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if out.contains(&c) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&c);
+    }
+    out
 }
 
 fn stop(r: Role) {
@@ -828,5 +870,21 @@ async fn session(roles: Arc<Roles>, assign: std::sync::mpsc::Sender<Event>) {
             tracing::warn!(error = %e, "orchestrator session lost; reconnecting");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+
+    #[test]
+    fn error_text_names_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("restore failed: {0}")]
+        struct Quoting(#[source] std::io::Error);
+        let quoted = anyhow::Error::new(Quoting(std::io::Error::other("it exited")));
+        assert_eq!(error_text(&quoted), "restore failed: it exited");
+        let layered = anyhow::Error::new(std::io::Error::other("denied")).context("creating /x");
+        assert_eq!(error_text(&layered), "creating /x: denied");
     }
 }

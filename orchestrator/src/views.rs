@@ -706,11 +706,12 @@ impl Views {
                                 }
                             },
                         };
-                        // The other holders stay backups, not a machine that failed it and
-                        // has not dropped that role yet.
+                        // The other holders stay backups: also one whose takeover failed but
+                        // kept its image (it becomes a backup with it; left out, it would drop
+                        // it).
                         let backups = cands
                             .iter()
-                            .filter(|m| ***m != primary && !reports_failed(m))
+                            .filter(|m| ***m != primary)
                             .map(|m| (*m).clone())
                             .collect();
                         out.push(Command::Propose {
@@ -1097,6 +1098,27 @@ mod tests {
             "re-protection with the machine that failed, now a spare"
         );
         assert!(v.services["redis"].failed.is_none());
+    }
+
+    /// A takeover that failed before its process ran kept its image: the machine stays in the
+    /// next view as a backup (it holds the state; left out, its instance would drop it), the
+    /// other backup becoming primary.
+    #[test]
+    fn a_failed_takeover_that_kept_its_image_stays_a_backup() {
+        let (mut v, mut alive) = cluster(3);
+        deploy(&mut v, &alive, 2);
+        activate_latest(&mut v);
+        alive.remove("m1");
+        let mut reports = Reports::from([backup("m2", 1, 41), backup("m3", 1, 40)]);
+        step(&mut v, &alive, &reports, 10);
+        reports.extend([failed("m2", 2, true)]);
+        step(&mut v, &alive, &reports, 20);
+        step(&mut v, &alive, &reports, 30);
+        let p = latest(&v);
+        assert_eq!(
+            (p.number, p.primary.as_str(), p.backups.clone()),
+            (3, "m3", vec!["m2".to_string()])
+        );
     }
 
     /// A running primary whose service ends is replaced by its backup, like a dead machine,

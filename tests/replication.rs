@@ -574,6 +574,20 @@ fn a_failed_takeover_moves_the_service_to_the_second_backup() {
                 && r.contains("fault injected")),
         "{reasons:?}"
     );
+    // The restore failed before the process ran, and the machine kept its image: it stays in
+    // the very next view, as a backup that holds the state (not only later, as a spare joins).
+    let after = svc["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| {
+            h["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains(&format!("primary {failed} failed: ")))
+        })
+        .unwrap();
+    assert_eq!(after["primary"], serving.as_str(), "{after}");
+    assert_eq!(after["backups"], serde_json::json!([failed]), "{after}");
     let acked: Vec<u64> = first.into_iter().chain(second).collect();
     let lost = c
         .lab
@@ -688,4 +702,76 @@ fn a_service_that_crashes_after_every_restore_is_given_up() {
         "{text}"
     );
     eprintln!("{text}");
+}
+
+/// The service on a running primary crashes on its own (redis-server SIGKILLed inside its
+/// sandbox; the machine and its daemon live on): the instance reports the primary failed, with
+/// why, and tears down what is left (sandbox, address, gate); the orchestrator moves the
+/// service to the backup as if the machine had died, with every acknowledged write. The old
+/// primary's machine then joins as the new backup, and takes the service over again when the
+/// new primary's machine loses power.
+#[test]
+fn a_primary_whose_service_crashes_is_replaced_by_its_backup() {
+    let mut c = Cluster::up(2, &[]);
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let to = addr(&svc, 6379);
+    let first = c
+        .lab
+        .in_node("client", || {
+            common::resp::write_through_failovers(to, 0, 300)
+        })
+        .unwrap();
+    assert_eq!(first.len(), 300);
+    let redis = c
+        .lab
+        .cgroup_pids(&primary)
+        .unwrap()
+        .into_iter()
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"redis-server"))
+        })
+        .expect("redis-server in the primary's node");
+    // SAFETY: kill(2) of the service process the test found in the lab's node.
+    assert_eq!(unsafe { libc::kill(redis as i32, libc::SIGKILL) }, 0);
+    let second = c
+        .lab
+        .in_node("client", || {
+            common::resp::write_through_failovers(to, 300, 300)
+        })
+        .unwrap();
+    assert_eq!(second.len(), 300, "writes resume after the primary's crash");
+    let svc = c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["primary"] == backup.as_str() && s["failures"].as_array().is_some_and(|f| f.len() == 1)
+    });
+    assert_eq!(svc["failures"][0]["machine"], primary.as_str());
+    let why = svc["failures"][0]["why"].as_str().unwrap();
+    assert!(why.contains("the service ended"), "{why}");
+    let acked: Vec<u64> = first.into_iter().chain(second).collect();
+    let lost = c
+        .lab
+        .in_node("client", || missing_writes(to, acked.clone()))
+        .unwrap();
+    assert_eq!(lost, 0, "acknowledged writes lost");
+    // The old primary, alive, is re-protection's spare: it dropped the failed sandbox.
+    c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["primary"] == backup.as_str() && s["backups"][0] == primary.as_str()
+    });
+    assert_eq!(
+        sandbox_links(&c, &primary),
+        Vec::<String>::new(),
+        "sandbox links left on {primary}"
+    );
+    c.lab.kill(&backup).unwrap();
+    c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["primary"] == primary.as_str()
+    });
+    let lost = c
+        .lab
+        .in_node("client", || missing_writes(to, acked))
+        .unwrap();
+    assert_eq!(lost, 0, "acknowledged writes lost at the second failover");
 }

@@ -320,6 +320,18 @@ impl Orch {
                 &l,
                 s.history.len() as f64,
             );
+            e.gauge(
+                "tardi_service_failures",
+                "Reported failures of the service's primaries within its [tardi.failover] window.",
+                &l,
+                s.failures.len() as f64,
+            );
+            e.gauge(
+                "tardi_service_given_up",
+                "1 if the orchestrator gave the service up after its primaries failed.",
+                &l,
+                f64::from(u8::from(!s.failed.is_empty())),
+            );
             if let Some(last) = s
                 .history
                 .iter()

@@ -542,6 +542,7 @@ fn a_failed_takeover_moves_the_service_to_the_second_backup() {
     assert_eq!(first.len(), 300);
     std::fs::write(&token, b"the next takeover fails\n").unwrap();
     c.lab.kill(&primary).unwrap();
+    let t0 = Instant::now();
     let second = c
         .lab
         .in_node("client", || {
@@ -549,6 +550,7 @@ fn a_failed_takeover_moves_the_service_to_the_second_backup() {
         })
         .unwrap();
     assert_eq!(second.len(), 300, "writes resume after the failed takeover");
+    let writes = t0.elapsed();
     assert!(!token.exists(), "no takeover took the injected fault");
     // The failure is recorded with the instance's own error; the other backup serves.
     let svc = c.wait_active("redis", Duration::from_secs(30), |s| {
@@ -588,6 +590,23 @@ fn a_failed_takeover_moves_the_service_to_the_second_backup() {
         .unwrap();
     assert_eq!(after["primary"], serving.as_str(), "{after}");
     assert_eq!(after["backups"], serde_json::json!([failed]), "{after}");
+    // For the record (not asserted): when each view was proposed and activated, from the
+    // failover's first proposal.
+    let from = svc["history"][1]["proposed_ms"].as_i64().unwrap_or(0);
+    for h in svc["history"].as_array().unwrap() {
+        let activated = match h["activated_ms"].as_i64() {
+            Some(t) if t > 0 => format!("{:+} ms", t - from),
+            _ => "never".into(),
+        };
+        eprintln!(
+            "view {} primary {}: proposed {:+} ms, activated {activated}: {}",
+            h["view"],
+            h["primary"],
+            h["proposed_ms"].as_i64().unwrap_or(0) - from,
+            h["reason"]
+        );
+    }
+    eprintln!("300 writes through the failed takeover took {writes:?}");
     let acked: Vec<u64> = first.into_iter().chain(second).collect();
     let lost = c
         .lab

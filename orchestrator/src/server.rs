@@ -135,6 +135,7 @@ impl Orch {
         let alive = orch.alive();
         let live = orch.live();
         let cluster = orch.cluster();
+        let now = now_ms();
         orch.shared.read(|a| {
             let views = &a.views;
             let machines = views
@@ -199,6 +200,9 @@ impl Orch {
                         failures: s
                             .failures
                             .iter()
+                            // Those within the window (the state drops older ones only when
+                            // the next failure is recorded).
+                            .filter(|f| now.saturating_sub(f.at_ms) < s.policy.window_ms)
                             .map(|f| pb::Failure {
                                 view: f.view,
                                 machine: f.machine.clone(),

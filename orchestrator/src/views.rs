@@ -144,9 +144,14 @@ impl Service {
             .any(|f| f.view == view && f.machine == machine)
     }
 
-    /// The newest recorded failure of `machine`, if any.
-    fn last_failure(&self, machine: &str) -> Option<&Failure> {
-        self.failures.iter().rev().find(|f| f.machine == machine)
+    /// The newest failure of `machine` within the policy's window at `now_ms`, if any (an
+    /// older one no longer counts against it).
+    fn recent_failure(&self, machine: &str, now_ms: u64) -> Option<&Failure> {
+        self.failures
+            .iter()
+            .rev()
+            .filter(|f| now_ms.saturating_sub(f.at_ms) < self.policy.window_ms)
+            .find(|f| f.machine == machine)
     }
 }
 
@@ -622,11 +627,14 @@ impl Views {
                     None => {
                         // Never protected: nothing to keep, start afresh elsewhere, away from
                         // the machines that failed it (if enough others are live).
-                        let failed: BTreeSet<String> =
-                            s.failures.iter().map(|f| f.machine.clone()).collect();
+                        let failed: BTreeSet<String> = alive
+                            .iter()
+                            .filter(|m| s.recent_failure(m, now_ms).is_some())
+                            .cloned()
+                            .collect();
                         let others: BTreeSet<String> = alive.difference(&failed).cloned().collect();
                         let retry = |m: &String| {
-                            s.last_failure(m)
+                            s.recent_failure(m, now_ms)
                                 .is_none_or(|f| now_ms.saturating_sub(f.at_ms) >= RETRY_DELAY_MS)
                         };
                         let usable: BTreeSet<String> =
@@ -662,13 +670,14 @@ impl Views {
                             |m: &String| report(m).map_or((0, 0), |r| (r.image_view, r.epoch));
                         // Machines that never failed the service first, the most advanced
                         // first; one that failed it only when no other is left, and not at once.
-                        let (mut clean, mut failed): (Vec<&String>, Vec<&String>) = cands
-                            .iter()
-                            .partition(|m| s.last_failure(m).is_none() && !reports_failed(m));
+                        let (mut clean, mut failed): (Vec<&String>, Vec<&String>) =
+                            cands.iter().partition(|m| {
+                                s.recent_failure(m, now_ms).is_none() && !reports_failed(m)
+                            });
                         clean.sort_by_key(|m| std::cmp::Reverse(rank(m)));
                         failed.sort_by_key(|m| {
                             (
-                                s.last_failure(m).map_or(0, |f| f.at_ms),
+                                s.recent_failure(m, now_ms).map_or(0, |f| f.at_ms),
                                 std::cmp::Reverse(rank(m)),
                             )
                         });
@@ -676,7 +685,7 @@ impl Views {
                             Some(p) => (*p).clone(),
                             None => match failed.first() {
                                 Some(p)
-                                    if s.last_failure(p).is_none_or(|f| {
+                                    if s.recent_failure(p, now_ms).is_none_or(|f| {
                                         now_ms.saturating_sub(f.at_ms) >= RETRY_DELAY_MS
                                     }) =>
                                 {
@@ -691,7 +700,8 @@ impl Views {
                                     // its image: wait. `health` reports it unavailable.
                                     let waiting = !primary_failed
                                         || active.backups.iter().any(|b| {
-                                            !alive.contains(b) && s.last_failure(b).is_none()
+                                            !alive.contains(b)
+                                                && s.recent_failure(b, now_ms).is_none()
                                         });
                                     if !waiting {
                                         out.push(Command::GiveUp {
@@ -1236,6 +1246,31 @@ mod tests {
         let s = &v.services["redis"];
         assert_eq!(s.failures.len(), 3, "{:?}", s.failures);
         assert!(v.plan(&alive, &Reports::new(), now + 1).is_empty());
+    }
+
+    /// A backup that failed the service recently is passed over for one that did not, even a
+    /// less advanced one; once its failure is older than the window it counts as clean again.
+    #[test]
+    fn a_recent_failure_passes_a_backup_over_until_the_window_ends() {
+        let (mut v, mut alive) = cluster(3);
+        deploy(&mut v, &alive, 2);
+        activate_latest(&mut v);
+        let s = v.services.get_mut("redis").unwrap();
+        s.policy.window_ms = 60_000;
+        s.failures.push(Failure {
+            view: 0,
+            machine: "m2".into(),
+            why: "earlier".into(),
+            at_ms: 1_000,
+        });
+        alive.remove("m1");
+        let reports = Reports::from([backup("m2", 1, 41), backup("m3", 1, 40)]);
+        let pick = |now: u64| match &v.plan(&alive, &reports, now)[..] {
+            [Command::Propose { view, .. }] => view.primary.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(pick(2_000), "m3", "m2 failed it a second ago");
+        assert_eq!(pick(61_000), "m2", "the failure is out of the window");
     }
 
     /// Failures older than the window do not count.

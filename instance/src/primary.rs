@@ -430,7 +430,13 @@ impl Primary {
                     .min(st.decision.produced.unwrap_or(0)),
             held_packets: stats.held_packets,
             held_bytes: stats.held_bytes,
-            image_view: self.shared.run,
+            // Its run; none once it failed: a primary holds no image a takeover could use (the
+            // orchestrator must not count it as a holder of the state).
+            image_view: if st.phase.starts_with("failed") {
+                0
+            } else {
+                self.shared.run
+            },
             address: self
                 .shared
                 .address

@@ -176,7 +176,10 @@ pub struct RestoreArgs {
 /// the machines (alive or not) and, per service, its health, address, view (number, active or
 /// proposed), primary, backups and spares, and what the instances report: epoch and decided
 /// epoch, epochs per second, checkpoint size, pause, backup lag, output held, and the last view
-/// change. The leader's answer is preferred: it alone knows which machines are alive.
+/// change. A primary that failed reports why (`failed: ...`); the failures the orchestrator
+/// recorded are listed, and a service it gave up after them shows `FAILED: REASON` (health
+/// "failed"; `failed` and `failures` in --json). The leader's answer is preferred: it alone
+/// knows which machines are alive.
 ///
 /// Without an orchestrator: the sandboxes `tardi run` / `tardi restore` run on this machine.
 ///
@@ -242,6 +245,12 @@ pub struct UndeployArgs {
 ///
 /// Refused, with nothing deployed: an invalid manifest, a service of that name already
 /// deployed, fewer live machines than 1 + BACKUPS.
+///
+/// When a primary fails (its machine stops answering, its takeover's restore fails, or its
+/// service ends on its own), a backup that holds the state takes over. A service whose
+/// primaries *report* failures [tardi.failover] max_failures times (default 3) within
+/// window_s seconds (default 600), or that no machine holding its state can run, is given up:
+/// `tardi status` shows it failed, with why; `tardi undeploy` forgets it.
 ///
 /// Example: tardi deploy gramine-manifests/redis.manifest --backups 1
 #[derive(Args, Debug)]
@@ -414,6 +423,11 @@ pub struct InstanceArgs {
     /// epochs, checkpoint size, lag, held output, pauses and takeover time (tardi_instance_*).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
+    /// Testing only: a takeover's restore fails on purpose (once its sandbox is set up, before
+    /// the restored process runs) if this instance removes FILE; instances given the same FILE
+    /// share one fault, taken by the first takeover. Used by the lab tests.
+    #[arg(long, value_name = "FILE", hide = true, env = "TARDI_FAULT_RESTORE")]
+    pub fault_restore: Option<PathBuf>,
 }
 
 /// Measure how much a service would cost to replicate: run it in a sandbox and take an

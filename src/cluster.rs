@@ -147,6 +147,7 @@ pub fn instance(a: InstanceArgs) -> anyhow::Result<()> {
         epoch_log: a.epoch_log,
         metrics: a.metrics,
         security: sec,
+        fault_restore: a.fault_restore,
     })
 }
 
@@ -332,6 +333,22 @@ pub fn status(a: &StatusArgs, addr: &str) -> anyhow::Result<()> {
         }
         if let Some(h) = s.history.last() {
             println!("  last view change: view {}: {}", h.view, h.reason);
+        }
+        if !s.failed.is_empty() {
+            println!(
+                "  FAILED: {} (given up; `tardi undeploy {}` forgets it)",
+                s.failed, s.name
+            );
+        }
+        for (i, f) in s.failures.iter().enumerate() {
+            println!(
+                "  failure {}/{}: {} as primary of view {}: {}",
+                i + 1,
+                s.max_failures,
+                f.machine,
+                f.view,
+                f.why
+            );
         }
     }
     Ok(())

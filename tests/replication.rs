@@ -500,3 +500,297 @@ fn a_restarted_instance_removes_the_sandbox_its_crashed_run_left() {
         .unwrap();
     assert_eq!(n, 100, "writes lost across the two failovers");
 }
+
+/// The names of the sandbox links (`td<i>h`, the host side of a sandbox's veth) in node `n`.
+fn sandbox_links(c: &Cluster, n: &str) -> Vec<String> {
+    let out = c.lab.exec(n, &["ip", "-o", "link", "show"]).unwrap();
+    assert!(out.status.success(), "ip link in {n}: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(':').nth(1))
+        .map(|name| name.trim().split('@').next().unwrap_or("").to_string())
+        .filter(|name| name.starts_with("td") && name.ends_with('h'))
+        .collect()
+}
+
+/// The first backup's takeover fails: its restore is made to fail once the sandbox is set up,
+/// before the restored process runs (`tardi instance --fault-restore FILE`, given to every
+/// instance: whichever backup takes over first removes the file and fails). The orchestrator
+/// records the failure with the instance's error and moves the service to the second backup,
+/// with every acknowledged write. The machine whose takeover failed left nothing behind (no
+/// sandbox, link or gate): it joins again as a backup and, when the new primary's machine loses
+/// power, takes the service over itself, still with every write.
+#[test]
+fn a_failed_takeover_moves_the_service_to_the_second_backup() {
+    let token = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("fault-restore-{}", std::process::id()));
+    let _ = std::fs::remove_file(&token);
+    let token_arg = token.display().to_string();
+    let mut c = Cluster::up_args(3, 1, &[], &["--fault-restore", &token_arg]);
+    c.deploy(&manifest("redis.manifest"), 2);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["backups"].as_array().is_some_and(|b| b.len() == 2)
+    });
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let to = addr(&svc, 6379);
+    let first = c
+        .lab
+        .in_node("client", || {
+            common::resp::write_through_failovers(to, 0, 300)
+        })
+        .unwrap();
+    assert_eq!(first.len(), 300);
+    std::fs::write(&token, b"the next takeover fails\n").unwrap();
+    c.lab.kill(&primary).unwrap();
+    let t0 = Instant::now();
+    let second = c
+        .lab
+        .in_node("client", || {
+            common::resp::write_through_failovers(to, 300, 300)
+        })
+        .unwrap();
+    assert_eq!(second.len(), 300, "writes resume after the failed takeover");
+    let writes = t0.elapsed();
+    assert!(!token.exists(), "no takeover took the injected fault");
+    // The failure is recorded with the instance's own error; the other backup serves.
+    let svc = c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["failures"].as_array().is_some_and(|f| f.len() == 1) && s["primary"] != primary.as_str()
+    });
+    let failed = svc["failures"][0]["machine"].as_str().unwrap().to_string();
+    let why = svc["failures"][0]["why"].as_str().unwrap().to_string();
+    assert!(why.contains("fault injected"), "{why}");
+    assert_ne!(failed, primary);
+    let serving = svc["primary"].as_str().unwrap().to_string();
+    assert_ne!(serving, failed, "the failed machine was chosen again");
+    assert!(svc["failed"].is_null(), "given up: {}", svc["failed"]);
+    let reasons: Vec<&str> = svc["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|h| h["reason"].as_str())
+        .collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains(&format!("primary {failed} failed: "))
+                && r.contains("fault injected")),
+        "{reasons:?}"
+    );
+    // The restore failed before the process ran, and the machine kept its image: it stays in
+    // the very next view, as a backup that holds the state (not only later, as a spare joins).
+    let after = svc["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| {
+            h["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains(&format!("primary {failed} failed: ")))
+        })
+        .unwrap();
+    assert_eq!(after["primary"], serving.as_str(), "{after}");
+    assert_eq!(after["backups"], serde_json::json!([failed]), "{after}");
+    // For the record (not asserted): when each view was proposed and activated, from the
+    // failover's first proposal.
+    let from = svc["history"][1]["proposed_ms"].as_i64().unwrap_or(0);
+    for h in svc["history"].as_array().unwrap() {
+        let activated = match h["activated_ms"].as_i64() {
+            Some(t) if t > 0 => format!("{:+} ms", t - from),
+            _ => "never".into(),
+        };
+        eprintln!(
+            "view {} primary {}: proposed {:+} ms, activated {activated}: {}",
+            h["view"],
+            h["primary"],
+            h["proposed_ms"].as_i64().unwrap_or(0) - from,
+            h["reason"]
+        );
+    }
+    eprintln!("300 writes through the failed takeover took {writes:?}");
+    let acked: Vec<u64> = first.into_iter().chain(second).collect();
+    let lost = c
+        .lab
+        .in_node("client", || missing_writes(to, acked.clone()))
+        .unwrap();
+    assert_eq!(lost, 0, "acknowledged writes lost");
+    // Re-protected by the machine whose takeover failed.
+    c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["primary"] == serving.as_str()
+            && s["backups"]
+                .as_array()
+                .is_some_and(|b| b.len() == 1 && b[0] == failed.as_str())
+    });
+    let node = c.lab.node(&failed).unwrap().clone();
+    assert!(
+        !node.run_dir().join("redis").join("init.pid").exists(),
+        "a sandbox of the failed takeover is left on {failed}"
+    );
+    assert_eq!(
+        sandbox_links(&c, &failed),
+        Vec::<String>::new(),
+        "sandbox links left on {failed}"
+    );
+    c.lab.kill(&serving).unwrap();
+    c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["primary"] == failed.as_str()
+    });
+    let lost = c
+        .lab
+        .in_node("client", || missing_writes(to, acked))
+        .unwrap();
+    assert_eq!(lost, 0, "acknowledged writes lost at the second failover");
+}
+
+/// A service that crashes right after every restore (`selfconn` holds a TCP connection to
+/// itself, which a restore brings back reset: it aborts) fails at each takeover. Deployed with
+/// `[tardi.failover] max_failures = 2` and two backups, the orchestrator moves it once, then
+/// gives it up at the second failure: `tardi status` (and `--json`) says failed, with the
+/// reason and each failure's error, and no view is proposed afterwards (no flapping).
+#[test]
+fn a_service_that_crashes_after_every_restore_is_given_up() {
+    let bin = programs::build("selfconn");
+    let m = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("selfconn.manifest");
+    std::fs::write(
+        &m,
+        format!(
+            "libos.entrypoint = \"{}\"\nloader.argv = [\"selfconn\", \"--port\", \"7200\"]\n\n\
+             [tardi]\nname = \"selfconn\"\nports = [\"udp:7200\"]\n\n\
+             [tardi.failover]\nmax_failures = 2\nwindow_s = 600\n",
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let mut c = Cluster::up(3, &[]);
+    c.deploy(&m, 2);
+    let svc = c.wait_active("selfconn", Duration::from_secs(30), |s| {
+        s["backups"].as_array().is_some_and(|b| b.len() == 2)
+    });
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let to = addr(&svc, 7200);
+    c.lab
+        .in_node("client", || {
+            programs::wait_ready(to, Duration::from_secs(10))
+        })
+        .unwrap()
+        .expect("the service answers");
+    // Let its connection be in a checkpoint the backups hold (it is from the start).
+    c.lab.kill(&primary).unwrap();
+    let st = c.wait("selfconn to be given up", Duration::from_secs(60), |st| {
+        st["services"][0]["failed"].is_string()
+    });
+    let svc = &st["services"][0];
+    assert_eq!(svc["health"], "failed", "{svc}");
+    let why = svc["failed"].as_str().unwrap();
+    assert!(why.contains("2 failure(s)"), "{why}");
+    let failures = svc["failures"].as_array().unwrap().clone();
+    assert_eq!(failures.len(), 2, "{failures:?}");
+    let machines: Vec<&str> = failures
+        .iter()
+        .map(|f| f["machine"].as_str().unwrap())
+        .collect();
+    assert_ne!(
+        machines[0], machines[1],
+        "the same machine twice: {failures:?}"
+    );
+    assert!(!machines.contains(&primary.as_str()), "{failures:?}");
+    for f in &failures {
+        let w = f["why"].as_str().unwrap();
+        assert!(
+            !w.is_empty() && !w.contains("fault injected"),
+            "{failures:?}"
+        );
+    }
+    // The last failure's own words are in the reason.
+    assert!(
+        why.contains(failures[1]["why"].as_str().unwrap()),
+        "{why} / {failures:?}"
+    );
+    let views = svc["history"].as_array().unwrap().len();
+    let view = svc["view"].as_u64().unwrap();
+    // No flapping: nothing more is proposed.
+    std::thread::sleep(Duration::from_secs(3));
+    let later = c.service("selfconn");
+    assert_eq!(later["history"].as_array().unwrap().len(), views, "{later}");
+    assert_eq!(later["view"].as_u64(), Some(view));
+    assert_eq!(later["failures"].as_array().unwrap().len(), 2);
+    assert_eq!(later["health"], "failed");
+    let out = c.tardi(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("selfconn") && text.contains("FAILED: 2 failure(s)"),
+        "{text}"
+    );
+    eprintln!("{text}");
+}
+
+/// The service on a running primary crashes on its own (redis-server SIGKILLed inside its
+/// sandbox; the machine and its daemon live on): the instance reports the primary failed, with
+/// why, and tears down what is left (sandbox, address, gate); the orchestrator moves the
+/// service to the backup as if the machine had died, with every acknowledged write. The old
+/// primary's machine then joins as the new backup, and takes the service over again when the
+/// new primary's machine loses power.
+#[test]
+fn a_primary_whose_service_crashes_is_replaced_by_its_backup() {
+    let mut c = Cluster::up(2, &[]);
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let to = addr(&svc, 6379);
+    let first = c
+        .lab
+        .in_node("client", || {
+            common::resp::write_through_failovers(to, 0, 300)
+        })
+        .unwrap();
+    assert_eq!(first.len(), 300);
+    let redis = c
+        .lab
+        .cgroup_pids(&primary)
+        .unwrap()
+        .into_iter()
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"redis-server"))
+        })
+        .expect("redis-server in the primary's node");
+    // SAFETY: kill(2) of the service process the test found in the lab's node.
+    assert_eq!(unsafe { libc::kill(redis as i32, libc::SIGKILL) }, 0);
+    let second = c
+        .lab
+        .in_node("client", || {
+            common::resp::write_through_failovers(to, 300, 300)
+        })
+        .unwrap();
+    assert_eq!(second.len(), 300, "writes resume after the primary's crash");
+    let svc = c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["primary"] == backup.as_str() && s["failures"].as_array().is_some_and(|f| f.len() == 1)
+    });
+    assert_eq!(svc["failures"][0]["machine"], primary.as_str());
+    let why = svc["failures"][0]["why"].as_str().unwrap();
+    assert!(why.contains("the service ended"), "{why}");
+    let acked: Vec<u64> = first.into_iter().chain(second).collect();
+    let lost = c
+        .lab
+        .in_node("client", || missing_writes(to, acked.clone()))
+        .unwrap();
+    assert_eq!(lost, 0, "acknowledged writes lost");
+    // The old primary, alive, is re-protection's spare: it dropped the failed sandbox.
+    c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["primary"] == backup.as_str() && s["backups"][0] == primary.as_str()
+    });
+    assert_eq!(
+        sandbox_links(&c, &primary),
+        Vec::<String>::new(),
+        "sandbox links left on {primary}"
+    );
+    c.lab.kill(&backup).unwrap();
+    c.wait_active("redis", Duration::from_secs(30), |s| {
+        s["primary"] == primary.as_str()
+    });
+    let lost = c
+        .lab
+        .in_node("client", || missing_writes(to, acked))
+        .unwrap();
+    assert_eq!(lost, 0, "acknowledged writes lost at the second failover");
+}

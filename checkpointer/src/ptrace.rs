@@ -284,6 +284,12 @@ impl Stopped {
                 }
             }
         }
+        // Every thread gone (the process exited meanwhile): nothing is stopped. Callers take
+        // `tids[0]` as the leader; an empty list panicked an instance's restore of a service
+        // that exits at once.
+        if st.tids.is_empty() {
+            return Err(st.died());
+        }
         // The thread-group leader first: it becomes the restorer's own thread at restore.
         st.tids.sort_by_key(|&t| (t != pid, t));
         Ok(st)
@@ -873,3 +879,41 @@ enum Ran {
 
 /// Placeholder argument for [`Stopped::inject`]: replaced by the scratch buffer's address.
 pub const SCRATCH: u64 = u64::MAX - 0x5c;
+
+#[cfg(test)]
+mod tests {
+    use super::Stopped;
+
+    /// A process whose every thread is gone (a zombie: exited, not reaped) cannot be stopped:
+    /// an error, not a `Stopped` with no thread (callers take the first thread as the leader).
+    #[test]
+    fn a_process_with_no_thread_left_is_not_stopped() {
+        // SAFETY: the child only calls `_exit`, which is async-signal-safe.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(0) };
+        }
+        // Wait until it is a zombie (not reaped: its /proc entry stays).
+        let stat = format!("/proc/{pid}/stat");
+        let zombie = || {
+            std::fs::read_to_string(&stat).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+        };
+        let t0 = std::time::Instant::now();
+        while !zombie() && t0.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(zombie(), "the child did not become a zombie");
+        let proc = crate::procfs::Proc::open(pid).expect("open /proc/PID");
+        let r = Stopped::stop(&proc);
+        let mut status = 0;
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(r.is_err(), "a process without threads was 'stopped'");
+    }
+}

@@ -97,6 +97,26 @@ impl Backup {
         b
     }
 
+    /// A backup for `service` in `view` that already holds `image`, of primary run `run`: the
+    /// one a failed takeover on this machine restored from and kept (a restore only reads it).
+    /// It holds every checkpoint it had acknowledged, so it may take over again; a new primary
+    /// starts a new run and sends it a full checkpoint all the same.
+    pub fn with_image(
+        service: &str,
+        view: u64,
+        queue_len: usize,
+        run: u64,
+        image: Image,
+    ) -> Arc<Backup> {
+        let b = Backup::new(service, view, queue_len);
+        {
+            let mut st = b.lock();
+            st.queued = Some((run, image.epoch));
+            st.image = Some((run, image));
+        }
+        b
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // The state is updated in single assignments after each check: a panic elsewhere while
         // holding the lock cannot leave it half-changed.

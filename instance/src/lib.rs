@@ -61,6 +61,10 @@ pub struct Options {
     /// Mutual TLS (the orchestrator session and the checkpoint streams both ways) or
     /// plaintext.
     pub security: tardi_tls::Security,
+    /// Testing only (`--fault-restore FILE`): a takeover's restore fails on purpose, once the
+    /// sandbox is set up and before the restored process runs, if this instance removes FILE
+    /// (instances given the same file share one fault). `None` in any real deployment.
+    pub fault_restore: Option<PathBuf>,
 }
 
 /// One service as assigned to this machine.
@@ -80,6 +84,16 @@ pub struct Ctx {
     pub throttle: Option<Arc<throttle::Throttle>>,
     /// The orchestrator cluster (remembers its leader).
     orchestrators: Orchestrators,
+    /// The reconcile thread's inbox.
+    events: std::sync::mpsc::Sender<Event>,
+}
+
+/// What the reconcile thread acts on.
+enum Event {
+    /// New assignments from the orchestrator.
+    Assign(pb::Assignments),
+    /// A role changed by itself (a primary failed): reconcile again with the last assignments.
+    Wake,
 }
 
 impl Ctx {
@@ -103,6 +117,11 @@ impl Ctx {
             }
         }
         Ok(c)
+    }
+
+    /// Tells the reconcile thread that a role changed by itself (a primary failed).
+    pub fn wake(&self) {
+        let _ = self.events.send(Event::Wake);
     }
 
     pub fn machine_api(&self, m: &str) -> Option<String> {
@@ -142,10 +161,16 @@ enum Role {
     /// With the output gate a takeover will use, made in advance (`None` if that failed: the
     /// takeover makes it then).
     Backup(Arc<Backup>, Option<Arc<tardi_netfilter::Gate>>),
-    /// Assigned primary but could not start: the reason, reported until the view changes.
+    /// Assigned primary but could not start, or its service ended: the reason, reported (as
+    /// `failed: WHY`) until the view changes. Nothing of it runs (sandbox, gate and address are
+    /// gone). A takeover that failed keeps the image it restored from (a restore only reads
+    /// it): its run, and the image. A later view that makes this machine primary again
+    /// restores from it; one that makes it a backup keeps it as the backup's image; a machine
+    /// left out of the view drops it.
     Failed {
         view: u64,
         why: String,
+        image: Option<Box<(u64, tardi_checkpointer::store::Image)>>,
     },
 }
 
@@ -244,11 +269,14 @@ impl Roles {
                     ..Default::default()
                 }
             }
-            Role::Failed { view, why } => pb::ServiceReport {
+            Role::Failed { view, why, image } => pb::ServiceReport {
                 service: name.clone(),
                 view: *view,
                 role: pb::Role::Primary as i32,
                 state: format!("failed: {why}"),
+                // The image it kept, if any: the orchestrator may choose it again.
+                image_view: image.as_ref().map_or(0, |i| i.0),
+                epoch: image.as_ref().map_or(0, |i| i.1.epoch),
                 ..Default::default()
             },
         }));
@@ -289,13 +317,17 @@ impl Roles {
                         fresh: s.fresh,
                     },
                     Err(e) => {
-                        self.lock().insert(
+                        let old = self.lock().insert(
                             s.service.clone(),
                             Role::Failed {
                                 view: view.number,
                                 why: format!("the manifest is not valid here: {e}"),
+                                image: None,
                             },
                         );
+                        if let Some(r) = old {
+                            stop(r);
+                        }
                         continue;
                     }
                 };
@@ -307,8 +339,43 @@ impl Roles {
                     p.set_view(&view);
                     Role::Primary(p)
                 }
-                (Some(Role::Failed { view: v, why }), true) if v == view.number => {
-                    Role::Failed { view: v, why }
+                // Its service ended (or its chain broke): stop what is left of it (the sandbox
+                // is gone already; the gate and the address go with it) and report why, for
+                // the orchestrator to move the service elsewhere.
+                (Some(Role::Primary(p)), true) if p.view() == view.number || !target.fresh => {
+                    let why = p.failure().unwrap_or_default();
+                    tracing::warn!(service = %s.service, view = view.number, %why, "primary failed; reporting it");
+                    p.stop();
+                    Role::Failed {
+                        view: view.number,
+                        why,
+                        image: None,
+                    }
+                }
+                (
+                    Some(Role::Failed {
+                        view: v,
+                        why,
+                        image,
+                    }),
+                    true,
+                ) if v == view.number => Role::Failed {
+                    view: v,
+                    why,
+                    image,
+                },
+                // A new view makes this machine primary again after its takeover failed: the
+                // image it kept is still the state it had (a restore only reads it).
+                (
+                    Some(Role::Failed {
+                        image: Some(kept), ..
+                    }),
+                    true,
+                ) => {
+                    let (run, image) = *kept;
+                    tracing::warn!(service = %s.service, view = view.number, from_run = run, epoch = image.epoch, "taking over again from the image a failed takeover kept");
+                    let survivors = view.backups.iter().cloned().collect();
+                    self.start_primary(&target, Some((run, image)), survivors, None)
                 }
                 (Some(Role::Backup(b, gate)), true) => self.take_over(&target, &b, gate),
                 (other, true) => {
@@ -321,12 +388,37 @@ impl Roles {
                         Role::Failed {
                             view: view.number,
                             why: "assigned primary of a running service, but this machine holds no image of it".into(),
+                            image: None,
                         }
                     }
                 }
                 (Some(Role::Backup(b, gate)), false) => {
                     b.enter_view(view.number);
                     Role::Backup(b, gate)
+                }
+                // Its takeover failed but it kept the image: a backup again, holding it (the
+                // orchestrator keeps it in the next view as one that holds the state).
+                (
+                    Some(Role::Failed {
+                        image: Some(kept), ..
+                    }),
+                    false,
+                ) => {
+                    let (run, image) = *kept;
+                    tracing::warn!(service = %s.service, view = view.number, from_run = run, epoch = image.epoch, "backup again, with the image a failed takeover kept");
+                    let gate = primary::open_gate(s.link_index)
+                        .inspect_err(|e| tracing::warn!(service = %s.service, error = %e, "cannot prepare the output gate; a takeover will"))
+                        .ok();
+                    Role::Backup(
+                        Backup::with_image(
+                            &s.service,
+                            view.number,
+                            self.ctx.opts.queue_len,
+                            run,
+                            image,
+                        ),
+                        gate,
+                    )
                 }
                 (other, false) => {
                     if let Some(r) = other {
@@ -360,6 +452,7 @@ impl Roles {
                 return Role::Failed {
                     view: t.view.number,
                     why,
+                    image: None,
                 };
             }
         };
@@ -367,28 +460,52 @@ impl Roles {
         // The view's backups are the survivors of the last active view: they hold every
         // decided checkpoint, so decisions wait for them from the start.
         let survivors = t.view.backups.iter().cloned().collect();
-        self.start_primary(t, Some(image), survivors, gate)
+        self.start_primary(t, Some((run, image)), survivors, gate)
     }
 
+    /// Starts the primary (fresh, or restored from `from`: a primary run's image); if that
+    /// fails, a failed role that keeps the image.
     fn start_primary(
         &self,
         t: &Target,
-        from: Option<tardi_checkpointer::store::Image>,
+        from: Option<(u64, tardi_checkpointer::store::Image)>,
         required: BTreeSet<String>,
         gate: Option<Arc<tardi_netfilter::Gate>>,
     ) -> Role {
-        match Primary::start(self.ctx.clone(), t, from, required, gate) {
+        let (run, image) = match from {
+            Some((r, i)) => (r, Some(i)),
+            None => (0, None),
+        };
+        match Primary::start(self.ctx.clone(), t, image, required, gate) {
             Ok(p) => Role::Primary(p),
-            Err(e) => {
-                let why = format!("{e:#}");
-                tracing::error!(service = %t.name, %why, "cannot start the primary");
+            Err(f) => {
+                let why = error_text(&f.error);
+                tracing::error!(service = %t.name, %why, kept_image = f.image.is_some(), "cannot start the primary");
                 Role::Failed {
                     view: t.view.number,
                     why,
+                    image: f.image.map(|i| Box::new((run, *i))),
                 }
             }
         }
     }
+}
+
+/// An error with its causes, each once: the libraries' messages already quote their source
+/// (`tardi-service`'s do), which `{:#}` would print again.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if out.contains(&c) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&c);
+    }
+    out
 }
 
 fn stop(r: Role) {
@@ -617,6 +734,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    // Assignments (and wake-ups: a primary failed) are applied on their own thread, newest
+    // first (a burst collapses to one).
+    let (events, events_rx) = std::sync::mpsc::channel::<Event>();
     let ctx = Arc::new(Ctx {
         throttle: opts
             .link_bandwidth
@@ -625,24 +745,28 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         rt: rt.handle().clone(),
         machines: Mutex::new(HashMap::new()),
         orchestrators: Orchestrators::new(&opts.orchestrator, opts.security.clone()),
+        events: events.clone(),
     });
     let roles = Arc::new(Roles {
         ctx: ctx.clone(),
         roles: Mutex::new(HashMap::new()),
         changing: Mutex::new(HashMap::new()),
     });
-    // Assignments are applied on their own thread, newest first (a burst collapses to one).
-    let (assign_tx, assign_rx) = std::sync::mpsc::channel::<pb::Assignments>();
     {
         let roles = roles.clone();
         std::thread::Builder::new()
             .name("reconcile".into())
             .spawn(move || {
-                while let Ok(mut a) = assign_rx.recv() {
-                    while let Ok(newer) = assign_rx.try_recv() {
-                        a = newer;
+                let mut last: Option<pb::Assignments> = None;
+                while let Ok(first) = events_rx.recv() {
+                    for e in std::iter::once(first).chain(events_rx.try_iter()) {
+                        if let Event::Assign(a) = e {
+                            last = Some(a);
+                        }
                     }
-                    roles.reconcile(&a);
+                    if let Some(a) = &last {
+                        roles.reconcile(a);
+                    }
                 }
             })?;
     }
@@ -668,7 +792,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             "instance {} listening on {}, orchestrator {}",
             opts.machine, opts.listen, opts.orchestrator
         );
-        let session = tokio::spawn(session(roles.clone(), assign_tx));
+        let session = tokio::spawn(session(roles.clone(), events));
         tardi_orchestrator::shutdown_signal().await;
         session.abort();
         anyhow::Ok(())
@@ -694,7 +818,7 @@ fn role_view(r: &Role) -> u64 {
 /// The session with the orchestrators' leader: heartbeats out, assignments in; reconnects
 /// forever, following the leader (a follower refuses the session and names the leader; a dead
 /// node is noticed by HTTP/2 keepalive within a few hundred ms).
-async fn session(roles: Arc<Roles>, assign: std::sync::mpsc::Sender<pb::Assignments>) {
+async fn session(roles: Arc<Roles>, assign: std::sync::mpsc::Sender<Event>) {
     let opts = roles.ctx.opts.clone();
     let orchestrators = &roles.ctx.orchestrators;
     loop {
@@ -729,7 +853,7 @@ async fn session(roles: Arc<Roles>, assign: std::sync::mpsc::Sender<pb::Assignme
             });
             let r = async {
                 while let Some(a) = incoming.message().await? {
-                    if assign.send(a).is_err() {
+                    if assign.send(Event::Assign(a)).is_err() {
                         break;
                     }
                 }
@@ -746,5 +870,21 @@ async fn session(roles: Arc<Roles>, assign: std::sync::mpsc::Sender<pb::Assignme
             tracing::warn!(error = %e, "orchestrator session lost; reconnecting");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+
+    #[test]
+    fn error_text_names_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("restore failed: {0}")]
+        struct Quoting(#[source] std::io::Error);
+        let quoted = anyhow::Error::new(Quoting(std::io::Error::other("it exited")));
+        assert_eq!(error_text(&quoted), "restore failed: it exited");
+        let layered = anyhow::Error::new(std::io::Error::other("denied")).context("creating /x");
+        assert_eq!(error_text(&layered), "creating /x: denied");
     }
 }

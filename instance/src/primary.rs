@@ -212,14 +212,46 @@ impl Shared {
     }
 }
 
+/// A primary that could not start. A takeover's image is handed back: a restore only reads it,
+/// so the machine can restore from it again (the orchestrator may ask it to, see
+/// `Role::Failed`).
+pub struct StartFailure {
+    pub error: anyhow::Error,
+    pub image: Option<Box<tardi_checkpointer::store::Image>>,
+}
+
 impl Primary {
     /// Starts the primary of `target`: fresh from its manifest, or restored from `image`
     /// (a backup's image, at a takeover). Survivors (`required`) are backups that already hold
-    /// every decided checkpoint.
+    /// every decided checkpoint. On failure nothing is left running (sandbox, address, gate)
+    /// and the image comes back.
     pub fn start(
         ctx: Arc<Ctx>,
         target: &Target,
         from: Option<tardi_checkpointer::store::Image>,
+        required: BTreeSet<String>,
+        gate: Option<Arc<Gate>>,
+    ) -> Result<Primary, StartFailure> {
+        match Self::start_from(ctx, target, from.as_ref(), required, gate) {
+            Ok(p) => {
+                // Freeing a large image page by page takes tens of milliseconds: not on the
+                // takeover's path.
+                if let Some(img) = from {
+                    std::thread::spawn(move || drop(img));
+                }
+                Ok(p)
+            }
+            Err(error) => Err(StartFailure {
+                error,
+                image: from.map(Box::new),
+            }),
+        }
+    }
+
+    fn start_from(
+        ctx: Arc<Ctx>,
+        target: &Target,
+        from: Option<&tardi_checkpointer::store::Image>,
         required: BTreeSet<String>,
         gate: Option<Arc<Gate>>,
     ) -> anyhow::Result<Primary> {
@@ -275,27 +307,27 @@ impl Primary {
         // The service's TCP connections, which the restore resets: their clients are told at
         // once (see `tardi_netfilter::probe`) rather than after their retransmission timeout.
         let conns = from
-            .as_ref()
             .map(|img| tcp_connections(&img.meta))
             .unwrap_or_default();
-        let svc = match &from {
+        let svc = match from {
             None => Service::start(&target.manifest, &config)?,
             Some(img) => {
                 let iface = ctx.opts.service_if.clone();
+                let fault = ctx.opts.fault_restore.as_deref();
                 let routed = |addr| {
+                    if let Some(why) = fault.and_then(injected_fault) {
+                        return Err(why);
+                    }
                     early_claim = Some(std::thread::spawn(move || {
                         ServiceAddress::claim(addr, &iface)
                     }));
+                    Ok(())
                 };
                 let (svc, t) = Service::restore_image(img, config, routed)?;
                 tracing::warn!(service = %target.name, timings = ?t, "restored from the backup image");
                 svc
             }
         };
-        // Freeing a large image page by page takes tens of milliseconds: not on this path.
-        if let Some(img) = from {
-            std::thread::spawn(move || drop(img));
-        }
         let claim = match early_claim {
             Some(h) => h
                 .join()
@@ -343,6 +375,8 @@ impl Primary {
                 if let Err(e) = r {
                     tracing::error!(service = %me.name, error = %e, "primary failed");
                     me.lock().phase = format!("failed: {e}");
+                    // The daemon turns it into a failed role (and drops the gate with it).
+                    me.ctx.wake();
                 }
             })?;
         let p = Primary {
@@ -416,7 +450,13 @@ impl Primary {
                     .min(st.decision.produced.unwrap_or(0)),
             held_packets: stats.held_packets,
             held_bytes: stats.held_bytes,
-            image_view: self.shared.run,
+            // Its run; none once it failed: a primary holds no image a takeover could use (the
+            // orchestrator must not count it as a holder of the state).
+            image_view: if st.phase.starts_with("failed") {
+                0
+            } else {
+                self.shared.run
+            },
             address: self
                 .shared
                 .address
@@ -438,6 +478,14 @@ impl Primary {
 
     pub fn failed(&self) -> bool {
         self.shared.lock().phase.starts_with("failed")
+    }
+
+    /// Why it failed (its phase without the `failed: ` prefix), if it did.
+    pub fn failure(&self) -> Option<String> {
+        let st = self.shared.lock();
+        st.phase
+            .strip_prefix("failed")
+            .map(|w| w.trim_start_matches(':').trim().to_string())
     }
 
     /// Stops checkpointing and tears the service down (its output stays held: never released).
@@ -478,6 +526,18 @@ fn summarize(recent: &VecDeque<(Instant, u64, u64)>) -> (f64, u64, u64, u64) {
     pauses.sort_unstable();
     let pick = |q: f64| pauses[((pauses.len() - 1) as f64 * q).round() as usize];
     (rate, bytes, pick(0.5), pick(0.99))
+}
+
+/// Testing only (`tardi instance --fault-restore FILE`): whether this takeover's restore is to
+/// fail, and the error it fails with. It fails if this instance removes `file`: instances given
+/// the same file share one fault, and the first takeover among them takes it.
+fn injected_fault(file: &std::path::Path) -> Option<String> {
+    std::fs::remove_file(file).ok()?;
+    tracing::warn!(file = %file.display(), "failing this restore on purpose (--fault-restore)");
+    Some(format!(
+        "fault injected for testing (--fault-restore {})",
+        file.display()
+    ))
 }
 
 /// The output gate of the service on link `link_index`, holding output and input: a sandbox

@@ -202,6 +202,9 @@ pub struct Tardi {
     pub epoch: Epoch,
     /// `[tardi.network]`.
     pub network: Network,
+    /// `[tardi.failover]`.
+    #[serde(default)]
+    pub failover: Failover,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -234,6 +237,27 @@ pub struct Epoch {
     /// before wrote at least this many (0: before every pause), default 256. Under the
     /// userfaultfd tracker only.
     pub precopy_min_pages: u64,
+}
+
+/// `[tardi.failover]`: how often the orchestrator moves the service to another machine after
+/// its primary *reported* a failure (a takeover whose restore failed, a service that ended on
+/// its own) before it gives up and marks the service failed. A machine that merely stops
+/// answering is not counted: it is replaced as often as it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Failover {
+    /// `max_failures`: give up at this many reported failures within `window_s`, default 3.
+    pub max_failures: u32,
+    /// `window_s`: the window failures are counted in, seconds, default 600.
+    pub window_s: u64,
+}
+
+impl Default for Failover {
+    fn default() -> Self {
+        Failover {
+            max_failures: 3,
+            window_s: 600,
+        }
+    }
 }
 
 /// `[tardi.network]`.

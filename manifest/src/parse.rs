@@ -12,7 +12,7 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
 use crate::error::{Location, ManifestError};
-use crate::{Epoch, Manifest, Mount, MountKind, Network, Port, Proto, Sys, Tardi};
+use crate::{Epoch, Failover, Manifest, Mount, MountKind, Network, Port, Proto, Sys, Tardi};
 
 type Val<'i> = Spanned<DeValue<'i>>;
 type R<T> = Result<T, ManifestError>;
@@ -64,6 +64,9 @@ const KNOWN_KEYS: &[&str] = &[
     "tardi.epoch.precopy_min_pages",
     "tardi.network",
     "tardi.network.subnet",
+    "tardi.failover",
+    "tardi.failover.max_failures",
+    "tardi.failover.window_s",
 ];
 
 /// Gramine keys that are valid but mean nothing under Tardi: accepted with a warning. Matches the
@@ -134,6 +137,7 @@ struct State {
     interval_at: Option<usize>,
     min_at: Option<usize>,
     network: Network,
+    failover: Failover,
 }
 
 pub(crate) struct Ctx<'t> {
@@ -170,6 +174,7 @@ pub(crate) fn parse_manifest(text: &str, source: &Path) -> R<(Manifest, Vec<Stri
         interval_at: None,
         min_at: None,
         network: Network::default(),
+        failover: Failover::default(),
     };
     for it in entries("", root) {
         match it.name {
@@ -727,6 +732,32 @@ impl<'t> Ctx<'t> {
                     st.user = Some(u.to_owned());
                 }
                 "epoch" => self.epoch(&e, st)?,
+                "failover" => {
+                    for f in entries(&e.key, self.table(&e)?) {
+                        match f.name {
+                            "max_failures" => match self.integer(&f)? {
+                                n if (1..=1000).contains(&n) => st.failover.max_failures = n as u32,
+                                n => {
+                                    return Err(
+                                        self.invalid(&f, format!("must be in 1..=1000, got {n}"))
+                                    );
+                                }
+                            },
+                            "window_s" => match self.integer(&f)? {
+                                n if (1..=30 * 86_400).contains(&n) => {
+                                    st.failover.window_s = n as u64
+                                }
+                                n => {
+                                    return Err(self.invalid(
+                                        &f,
+                                        format!("must be in 1..=2592000 (30 days), got {n}"),
+                                    ));
+                                }
+                            },
+                            _ => return Err(self.unknown(&f, &[])),
+                        }
+                    }
+                }
                 "network" => {
                     for f in entries(&e.key, self.table(&e)?) {
                         match f.name {
@@ -889,6 +920,7 @@ impl<'t> Ctx<'t> {
                 user: st.user,
                 epoch,
                 network: st.network,
+                failover: st.failover,
             },
         })
     }

@@ -55,6 +55,11 @@ fn defaults() {
     assert_eq!(m.tardi.epoch.hot_epochs, 3);
     assert_eq!(m.tardi.epoch.precopy_min_pages, 256);
     assert_eq!(m.tardi.network.subnet, Ipv4Addr::new(10, 213, 0, 0));
+    assert_eq!(m.tardi.failover, Failover::default());
+    assert_eq!(
+        (m.tardi.failover.max_failures, m.tardi.failover.window_s),
+        (3, 600)
+    );
     assert!(m.source.is_absolute());
     assert!(m.source.ends_with(SRC));
 }
@@ -93,6 +98,10 @@ precopy_min_pages = 0
 
 [tardi.network]
 subnet = "10.42.0.0"
+
+[tardi.failover]
+max_failures = 5
+window_s = 60
 "#);
     assert!(w.is_empty(), "{w:?}");
     assert_eq!(m.entrypoint, PathBuf::from("/bin/sh"), "file: is stripped");
@@ -129,6 +138,10 @@ subnet = "10.42.0.0"
     assert_eq!(m.tardi.epoch.tracker, "mprotect");
     assert_eq!(m.tardi.epoch.precopy_min_pages, 0);
     assert_eq!(m.tardi.network.subnet, Ipv4Addr::new(10, 42, 0, 0));
+    assert_eq!(
+        (m.tardi.failover.max_failures, m.tardi.failover.window_s),
+        (5, 60)
+    );
     assert_eq!(m.tardi.ports[0].to_string(), "tcp:6379");
 }
 
@@ -375,6 +388,21 @@ fn error_unknown_key_in_tables() {
     // Old Gramine syntax.
     let e = err(&with_head("fs.mount.lib.path = \"/lib\"\n"));
     assert!(e.to_string().contains("did you mean 'fs.mounts'"), "{e}");
+}
+
+#[test]
+fn error_failover_out_of_range() {
+    let e = err(&with_head("[tardi.failover]\nmax_failures = 0\n"));
+    assert_key_err(&e, "tardi.failover.max_failures", 4);
+    assert!(e.to_string().contains("must be in 1..=1000, got 0"), "{e}");
+    let e = err(&with_head("[tardi.failover]\nwindow_s = -5\n"));
+    assert_key_err(&e, "tardi.failover.window_s", 4);
+    let e = err(&with_head("[tardi.failover]\nmax_failure = 2\n"));
+    assert!(
+        e.to_string()
+            .contains("did you mean 'tardi.failover.max_failures'"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -186,7 +186,7 @@ function history(changes) {
 function service(s, page) {
   const r = s.primary_report;
   const healthClass = s.health === "protected" ? "ok"
-    : s.health.startsWith("unavailable") ? "bad" : "warn";
+    : s.health.startsWith("unavailable") || s.health === "failed" ? "bad" : "warn";
   const figures = r ? `${r.state}; epoch ${r.epoch} (decided ${r.decided}), ` +
     `${Math.round(r.epochs_per_sec)} epochs/s, checkpoint ${bytes(r.checkpoint_bytes)}, ` +
     `pause p50 ${us(r.pause_p50_us)} p99 ${us(r.pause_p99_us)}, lag ${r.backup_lag} epochs, ` +
@@ -205,6 +205,10 @@ function service(s, page) {
       role("backups", s.backups.join(", ") || "none", `backups-${s.name}`),
       role("spares", s.spares.join(", ") || "none", `spares-${s.name}`)),
     el("div", { class: "figures" }, figures),
+    ...(s.failed ? [el("div", { class: "figures bad", id: `failed-${s.name}` },
+      `Given up: ${s.failed}`)] : []),
+    ...(s.failures || []).map((f, i) => el("div", { class: "figures" },
+      `failure ${i + 1}/${s.max_failures}: ${f.machine} as primary of view ${f.view}: ${f.why}`)),
     el("h3", {}, `Last ${ago(range.t1 - range.t0).slice(1)}` +
                  (s.changes.length ? " (dashed: view changes)" : "")),
     el("div", { class: "plots" }, ...PLOTS.map((p) => plot(p, s.series, s.changes, page, range))),

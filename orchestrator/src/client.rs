@@ -369,10 +369,12 @@ pub async fn deploy(
                     ..reply
                 });
             }
-            if let Some(p) = s.primary.as_ref().filter(|p| p.state.starts_with("failed")) {
+            // A primary that fails is moved elsewhere (shown as progress above); only a service
+            // the orchestrator gave up is an answer.
+            if !s.failed.is_empty() {
                 return Err(ClientError::Refused(format!(
-                    "the primary could not start {:?}: {}",
-                    reply.service, p.state
+                    "{:?} could not be started: {}",
+                    reply.service, s.failed
                 )));
             }
         }

@@ -17,7 +17,7 @@ use crate::client::{LEADER_KEY, endpoint};
 use crate::consensus::{self, Member, NodeId, Raft, Reply};
 use crate::network::{Network, RaftSvc, Reach};
 use crate::store::{self, Shared};
-use crate::views::{Command, View, Views};
+use crate::views::{Command, FailurePolicy, Report, View, Views};
 use openraft::ChangeMembers;
 use openraft::ServerState;
 use openraft::error::{ClientWriteError, RaftError};
@@ -135,6 +135,7 @@ impl Orch {
         let alive = orch.alive();
         let live = orch.live();
         let cluster = orch.cluster();
+        let now = now_ms();
         orch.shared.read(|a| {
             let views = &a.views;
             let machines = views
@@ -195,6 +196,21 @@ impl Orch {
                                 activated_ms: h.activated_ms,
                             })
                             .collect(),
+                        failed: s.failed.clone().unwrap_or_default(),
+                        failures: s
+                            .failures
+                            .iter()
+                            // Those within the window (the state drops older ones only when
+                            // the next failure is recorded).
+                            .filter(|f| now.saturating_sub(f.at_ms) < s.policy.window_ms)
+                            .map(|f| pb::Failure {
+                                view: f.view,
+                                machine: f.machine.clone(),
+                                why: f.why.clone(),
+                                at_ms: f.at_ms,
+                            })
+                            .collect(),
+                        max_failures: s.policy.max_failures,
                     }
                 })
                 .collect();
@@ -307,6 +323,18 @@ impl Orch {
                 "Views proposed for the service since it was deployed.",
                 &l,
                 s.history.len() as f64,
+            );
+            e.gauge(
+                "tardi_service_failures",
+                "Reported failures of the service's primaries within its [tardi.failover] window.",
+                &l,
+                s.failures.len() as f64,
+            );
+            e.gauge(
+                "tardi_service_given_up",
+                "1 if the orchestrator gave the service up after its primaries failed.",
+                &l,
+                f64::from(u8::from(!s.failed.is_empty())),
             );
             if let Some(last) = s
                 .history
@@ -475,16 +503,15 @@ impl Orch {
             return;
         }
         let alive = self.alive();
-        let epochs: BTreeMap<(String, String), (u64, u64)> = self
+        let reports: BTreeMap<(String, String), Report> = self
             .live()
             .reports
             .iter()
-            .filter(|(_, r)| r.role == pb::Role::Backup as i32)
-            .map(|(k, r)| (k.clone(), (r.image_view, r.epoch)))
+            .map(|(k, r)| (k.clone(), plan_report(r)))
             .collect();
         let cmds = self
             .shared
-            .read(|a| a.views.plan(&alive, &epochs, now_ms()));
+            .read(|a| a.views.plan(&alive, &reports, now_ms()));
         for c in cmds {
             match self.write(c.clone()).await {
                 Ok(Ok(())) => tracing::warn!(?c, "view change"),
@@ -612,6 +639,29 @@ fn assignments(views: &Views, machine: &str) -> pb::Assignments {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+    }
+}
+
+/// What the view manager needs of an instance's report: the image a backup (or a primary whose
+/// takeover failed, if it kept it) holds, and whether a primary failed. A primary reports its
+/// state as `failed: WHY` when its service could not start, could not be restored, or ended.
+fn plan_report(r: &pb::ServiceReport) -> Report {
+    let primary = r.role == pb::Role::Primary as i32;
+    let failed = r
+        .state
+        .strip_prefix("failed")
+        .filter(|_| primary)
+        .map(|why| why.trim_start_matches(':').trim().to_string());
+    Report {
+        view: r.view,
+        // A running primary's `image_view` is its run, not an image it holds for a takeover.
+        image_view: if primary && failed.is_none() {
+            0
+        } else {
+            r.image_view
+        },
+        epoch: r.epoch,
+        failed,
     }
 }
 
@@ -784,6 +834,7 @@ impl pb::orchestrator_server::Orchestrator for Svc {
                 backups: r.backups,
                 primary,
                 backup_machines,
+                policy: FailurePolicy::from(m.tardi.failover),
                 now_ms: now_ms(),
             })
             .await?;

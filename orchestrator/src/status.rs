@@ -26,7 +26,8 @@ pub fn report_json(r: &pb::ServiceReport) -> serde_json::Value {
 
 /// The whole status: `orchestrator` (the node that answered), `cluster` (leader, members by
 /// name, who is unreachable), `machines` and `services` (view, primary, backups, spares, the
-/// primary's and backups' reports, the view history).
+/// primary's and backups' reports, the view history, the primaries' reported failures and,
+/// for a service given up, why).
 pub fn json(st: &pb::ClusterStatus) -> serde_json::Value {
     let cl = st.cluster.clone().unwrap_or_default();
     let members: serde_json::Map<String, serde_json::Value> = cl
@@ -78,6 +79,12 @@ pub fn json(st: &pb::ClusterStatus) -> serde_json::Value {
                     "view": h.view, "primary": h.primary, "backups": h.backups,
                     "reason": h.reason, "proposed_ms": h.proposed_ms, "activated_ms": h.activated_ms,
                 })).collect::<Vec<_>>(),
+                // Why it was given up (null: it was not).
+                "failed": (!s.failed.is_empty()).then_some(&s.failed),
+                "failures": s.failures.iter().map(|f| serde_json::json!({
+                    "view": f.view, "machine": f.machine, "why": f.why, "at_ms": f.at_ms,
+                })).collect::<Vec<_>>(),
+                "max_failures": s.max_failures,
             })
         }).collect::<Vec<_>>(),
     })

@@ -11,6 +11,14 @@
 //! if it is alive, otherwise a backup of the last *active* view (which holds every decided
 //! checkpoint). Re-protection is a separate, later view: first the survivor serves with the
 //! backups that already hold its state, then spares join with a full checkpoint.
+//!
+//! A primary that *reports* it failed (its takeover's restore failed, or its service ended) is
+//! handled like a dead machine for that service alone: the failure is recorded
+//! ([`Command::Failed`]), then [`Views::plan`] replaces that primary the same way it replaces a
+//! silent one, not choosing the failed machine again while another holder of the state is
+//! left. Failures are bounded per service (`[tardi.failover]`, [`FailurePolicy`]): at the limit,
+//! or once no machine that holds the state can run it, the service is given up
+//! ([`Service::failed`]) and nothing more is proposed for it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -41,6 +49,65 @@ pub struct ViewChange {
     pub activated_ms: u64,
 }
 
+/// A primary that reported it failed (not one that stopped answering).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Failure {
+    /// The view it was the primary of.
+    pub view: u64,
+    pub machine: String,
+    /// Its own words (the instance's error).
+    pub why: String,
+    /// When the failure was recorded (milliseconds since the Unix epoch, the leader's clock).
+    pub at_ms: u64,
+}
+
+/// How many reported failures a service is moved on from before it is given up: the
+/// manifest's `[tardi.failover]`, fixed at deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FailurePolicy {
+    /// Give up at this many failures within `window_ms`.
+    pub max_failures: u32,
+    pub window_ms: u64,
+}
+
+impl Default for FailurePolicy {
+    fn default() -> Self {
+        let f = tardi_manifest::Failover::default();
+        FailurePolicy {
+            max_failures: f.max_failures,
+            window_ms: f.window_s * 1000,
+        }
+    }
+}
+
+impl From<tardi_manifest::Failover> for FailurePolicy {
+    fn from(f: tardi_manifest::Failover) -> Self {
+        FailurePolicy {
+            max_failures: f.max_failures.max(1),
+            window_ms: f.window_s.saturating_mul(1000),
+        }
+    }
+}
+
+/// A machine whose primary failed for a service is chosen as its primary again only when no
+/// other machine holds the state, and not before this long after its failure (it may have
+/// kept its image: a transient cause, e.g. a leftover being removed, may be gone by then).
+pub const RETRY_DELAY_MS: u64 = 1000;
+
+/// What the leader last heard from a machine about one service: with the live set, the
+/// failure detector's input to [`Views::plan`] (not replicated).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The view the machine follows.
+    pub view: u64,
+    /// The primary run whose checkpoints its image holds (0: it holds no image).
+    pub image_view: u64,
+    /// The last epoch its image holds (a backup: the last it queued).
+    pub epoch: u64,
+    /// It is the primary of `view` and failed: why.
+    pub failed: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Service {
     pub name: String,
@@ -53,6 +120,11 @@ pub struct Service {
     /// A newer view, proposed and not yet activated.
     pub proposed: Option<View>,
     pub history: Vec<ViewChange>,
+    pub policy: FailurePolicy,
+    /// Reported failures of its primaries within the policy's window, oldest first.
+    pub failures: Vec<Failure>,
+    /// Given up, and why: nothing more is proposed for it (`tardi undeploy` forgets it).
+    pub failed: Option<String>,
 }
 
 impl Service {
@@ -63,6 +135,23 @@ impl Service {
 
     fn next_number(&self) -> u64 {
         self.latest().map_or(1, |v| v.number + 1)
+    }
+
+    /// Whether `machine` reported a failure as the primary of view `view`.
+    pub fn failed_in(&self, machine: &str, view: u64) -> bool {
+        self.failures
+            .iter()
+            .any(|f| f.view == view && f.machine == machine)
+    }
+
+    /// The newest failure of `machine` within the policy's window at `now_ms`, if any (an
+    /// older one no longer counts against it).
+    fn recent_failure(&self, machine: &str, now_ms: u64) -> Option<&Failure> {
+        self.failures
+            .iter()
+            .rev()
+            .filter(|f| now_ms.saturating_sub(f.at_ms) < self.policy.window_ms)
+            .find(|f| f.machine == machine)
     }
 }
 
@@ -82,6 +171,8 @@ pub enum Health {
     /// Its primary is suspected failed and no live machine holds its state: it comes back only
     /// if a member of its active view does.
     Unavailable,
+    /// Given up after its primaries failed ([`Service::failed`] says why).
+    Failed,
 }
 
 impl std::fmt::Display for Health {
@@ -93,6 +184,7 @@ impl std::fmt::Display for Health {
             Health::Changing => "changing views",
             Health::FailingOver => "failing over",
             Health::Unavailable => "unavailable: no live machine holds its state",
+            Health::Failed => "failed",
         })
     }
 }
@@ -110,6 +202,8 @@ pub enum Command {
         /// The first view's members, chosen by [`Views::placement`].
         primary: String,
         backup_machines: Vec<String>,
+        /// The manifest's `[tardi.failover]`.
+        policy: FailurePolicy,
         now_ms: u64,
     },
     Propose {
@@ -126,6 +220,23 @@ pub enum Command {
     },
     /// Forget a service: no machine has a role for it any more.
     Undeploy { service: String },
+    /// The primary of the service's latest view reported that it failed (the instance's
+    /// report, seen by the leader). Recorded once; at the policy's limit the service is given
+    /// up. [`Views::plan`] then replaces that primary.
+    Failed {
+        service: String,
+        view: u64,
+        machine: String,
+        why: String,
+        now_ms: u64,
+    },
+    /// Give the service up (its latest view is `view`): no machine that holds its state can
+    /// run it.
+    GiveUp {
+        service: String,
+        view: u64,
+        reason: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -156,6 +267,8 @@ pub enum ViewError {
     SharedMachine(Vec<String>),
     #[error("unknown machine {0:?}")]
     UnknownMachine(String),
+    #[error("service {service:?} was given up: {reason}")]
+    GivenUp { service: String, reason: String },
 }
 
 /// The replicated state: machines (name → Replica address) and services.
@@ -183,6 +296,7 @@ impl Views {
                 backups,
                 primary,
                 backup_machines,
+                policy,
                 now_ms,
             } => {
                 if self.services.contains_key(name) {
@@ -220,6 +334,9 @@ impl Views {
                             proposed_ms: *now_ms,
                             activated_ms: 0,
                         }],
+                        policy: *policy,
+                        failures: Vec::new(),
+                        failed: None,
                     },
                 );
             }
@@ -231,6 +348,12 @@ impl Views {
             } => {
                 self.check_members(view)?;
                 let s = self.service_mut(service)?;
+                if let Some(reason) = &s.failed {
+                    return Err(ViewError::GivenUp {
+                        service: service.clone(),
+                        reason: reason.clone(),
+                    });
+                }
                 let latest = s.latest().map_or(0, |v| v.number);
                 if view.number <= latest {
                     return Err(ViewError::Stale {
@@ -289,6 +412,69 @@ impl Views {
                     h.activated_ms = *now_ms;
                 }
             }
+            Command::Failed {
+                service,
+                view,
+                machine,
+                why,
+                now_ms,
+            } => {
+                let s = self.service_mut(service)?;
+                let latest = s.latest().map_or(0, |v| v.number);
+                if *view != latest {
+                    return Err(ViewError::Stale {
+                        service: service.clone(),
+                        view: *view,
+                        latest,
+                    });
+                }
+                if s.latest().is_none_or(|v| v.primary != *machine) {
+                    return Err(ViewError::NotPrimary {
+                        service: service.clone(),
+                        view: *view,
+                        machine: machine.clone(),
+                    });
+                }
+                // Asked again (a reply lost with a leader): recorded already.
+                if s.failed_in(machine, *view) {
+                    return Ok(());
+                }
+                let window = s.policy.window_ms;
+                s.failures
+                    .retain(|f| now_ms.saturating_sub(f.at_ms) < window);
+                s.failures.push(Failure {
+                    view: *view,
+                    machine: machine.clone(),
+                    why: why.clone(),
+                    at_ms: *now_ms,
+                });
+                let n = s.failures.len();
+                if s.failed.is_none() && n >= s.policy.max_failures as usize {
+                    s.failed = Some(format!(
+                        "{n} failure(s) of its primary within {} s (limit {}, [tardi.failover]); the last: {machine} in view {view}: {why}",
+                        window / 1000,
+                        s.policy.max_failures
+                    ));
+                }
+            }
+            Command::GiveUp {
+                service,
+                view,
+                reason,
+            } => {
+                let s = self.service_mut(service)?;
+                let latest = s.latest().map_or(0, |v| v.number);
+                if *view != latest {
+                    return Err(ViewError::Stale {
+                        service: service.clone(),
+                        view: *view,
+                        latest,
+                    });
+                }
+                if s.failed.is_none() {
+                    s.failed = Some(reason.clone());
+                }
+            }
         }
         Ok(())
     }
@@ -343,13 +529,24 @@ impl Views {
 
     /// How protected `s` is, given the live set.
     pub fn health(&self, s: &Service, alive: &BTreeSet<String>) -> Health {
+        if s.failed.is_some() {
+            return Health::Failed;
+        }
         let Some(latest) = s.latest() else {
             return Health::Unavailable;
         };
         let holders = |v: &View| v.members().filter(|m| alive.contains(*m)).count();
-        if !alive.contains(&latest.primary) {
+        if !alive.contains(&latest.primary) || s.failed_in(&latest.primary, latest.number) {
+            // A backup that failed the latest view is no longer one (unless it kept its image;
+            // it is then tried again, `Changing`).
             match &s.active {
-                Some(a) if a.backups.iter().any(|b| alive.contains(b)) => Health::FailingOver,
+                Some(a)
+                    if a.backups
+                        .iter()
+                        .any(|b| alive.contains(b) && !s.failed_in(b, latest.number)) =>
+                {
+                    Health::FailingOver
+                }
                 None if holders(latest) > 0 || !alive.is_empty() => Health::Starting,
                 _ => Health::Unavailable,
             }
@@ -380,24 +577,72 @@ impl Views {
     }
 
     /// What the failure detector's view of the world calls for: at most one command per
-    /// service. `epochs` ranks backups by how much of the primary's stream they hold
-    /// (machine, service) → (view of the image, epoch), used to pick a new primary.
+    /// service. `reports` is what each machine last said of each service ((machine, service)
+    /// → [`Report`]): which backups hold the most of the primary's stream (to pick a new
+    /// primary) and which primaries reported a failure.
+    ///
+    /// A primary that reported a failure for the latest view is first recorded
+    /// ([`Command::Failed`]); once recorded it counts as dead *for that service* and is
+    /// replaced exactly like a primary whose heartbeats stopped.
     pub fn plan(
         &self,
         alive: &BTreeSet<String>,
-        epochs: &BTreeMap<(String, String), (u64, u64)>,
+        reports: &BTreeMap<(String, String), Report>,
         now_ms: u64,
     ) -> Vec<Command> {
         let mut out = Vec::new();
         for s in self.services.values() {
+            if s.failed.is_some() {
+                continue;
+            }
             let Some(latest) = s.latest() else { continue };
+            let report = |m: &String| reports.get(&(m.clone(), s.name.clone()));
+            // The latest view's primary says it failed: record it first (once).
+            if let Some(why) = report(&latest.primary)
+                .filter(|r| r.view == latest.number)
+                .and_then(|r| r.failed.clone())
+                && !s.failed_in(&latest.primary, latest.number)
+            {
+                out.push(Command::Failed {
+                    service: s.name.clone(),
+                    view: latest.number,
+                    machine: latest.primary.clone(),
+                    why,
+                    now_ms,
+                });
+                continue;
+            }
+            let primary_failed = s.failed_in(&latest.primary, latest.number);
+            // A machine whose instance reports a failed primary of this service holds no role
+            // a new view could use (it drops it once it is not assigned the service).
+            let reports_failed = |m: &String| report(m).is_some_and(|r| r.failed.is_some());
             let dead: Vec<&String> = latest.members().filter(|m| !alive.contains(*m)).collect();
             let number = s.next_number();
-            if !alive.contains(&latest.primary) {
+            if primary_failed || !alive.contains(&latest.primary) {
+                let what = match s.failures.last().filter(|_| primary_failed) {
+                    Some(f) => format!("primary {} failed: {}", f.machine, f.why),
+                    None => format!("primary {} failed", latest.primary),
+                };
                 match &s.active {
                     None => {
-                        // Never protected: nothing to keep, start afresh elsewhere.
-                        if let Some((p, b)) = self.placement(alive, s.backups_wanted) {
+                        // Never protected: nothing to keep, start afresh elsewhere, away from
+                        // the machines that failed it (if enough others are live).
+                        let failed: BTreeSet<String> = alive
+                            .iter()
+                            .filter(|m| s.recent_failure(m, now_ms).is_some())
+                            .cloned()
+                            .collect();
+                        let others: BTreeSet<String> = alive.difference(&failed).cloned().collect();
+                        let retry = |m: &String| {
+                            s.recent_failure(m, now_ms)
+                                .is_none_or(|f| now_ms.saturating_sub(f.at_ms) >= RETRY_DELAY_MS)
+                        };
+                        let usable: BTreeSet<String> =
+                            alive.iter().filter(|m| retry(m)).cloned().collect();
+                        let placed = self
+                            .placement(&others, s.backups_wanted)
+                            .or_else(|| self.placement(&usable, s.backups_wanted));
+                        if let Some((p, b)) = placed {
                             out.push(Command::Propose {
                                 service: s.name.clone(),
                                 view: View {
@@ -407,37 +652,78 @@ impl Views {
                                     active: false,
                                     fresh: true,
                                 },
-                                reason: format!(
-                                    "primary {} failed before the service was protected",
-                                    latest.primary
-                                ),
+                                reason: format!("{what} before the service was protected"),
                                 now_ms,
                             });
                         }
                     }
                     Some(active) => {
-                        // A backup of the last active view holds every decided checkpoint.
-                        let mut cands: Vec<&String> = active
+                        // A backup of the last active view holds every decided checkpoint, if
+                        // it still holds an image (one whose takeover failed may not).
+                        let holds = |m: &String| report(m).is_none_or(|r| r.image_view > 0);
+                        let cands: Vec<&String> = active
                             .backups
                             .iter()
-                            .filter(|b| alive.contains(*b))
+                            .filter(|b| alive.contains(*b) && holds(b))
                             .collect();
-                        if cands.is_empty() {
-                            // No live machine holds its state. Nothing to propose: a suspicion
-                            // may be false (a primary slow to heartbeat under load), and if it
-                            // is not, only a member of the active view coming back can help.
-                            // The service stays assigned; `health` reports it unavailable.
-                            continue;
-                        }
-                        let rank = |m: &String| {
-                            epochs
-                                .get(&(m.clone(), s.name.clone()))
-                                .copied()
-                                .unwrap_or((0, 0))
+                        let rank =
+                            |m: &String| report(m).map_or((0, 0), |r| (r.image_view, r.epoch));
+                        // Machines that never failed the service first, the most advanced
+                        // first; one that failed it only when no other is left, and not at once.
+                        let (mut clean, mut failed): (Vec<&String>, Vec<&String>) =
+                            cands.iter().partition(|m| {
+                                s.recent_failure(m, now_ms).is_none() && !reports_failed(m)
+                            });
+                        clean.sort_by_key(|m| std::cmp::Reverse(rank(m)));
+                        failed.sort_by_key(|m| {
+                            (
+                                s.recent_failure(m, now_ms).map_or(0, |f| f.at_ms),
+                                std::cmp::Reverse(rank(m)),
+                            )
+                        });
+                        let primary = match clean.first() {
+                            Some(p) => (*p).clone(),
+                            None => match failed.first() {
+                                Some(p)
+                                    if s.recent_failure(p, now_ms).is_none_or(|f| {
+                                        now_ms.saturating_sub(f.at_ms) >= RETRY_DELAY_MS
+                                    }) =>
+                                {
+                                    (*p).clone()
+                                }
+                                // It may serve again, but not at once.
+                                Some(_) => continue,
+                                None => {
+                                    // No live machine holds its state. A silent primary may
+                                    // only be late (a suspicion can be false), and a backup of
+                                    // the active view that is out of reach may come back with
+                                    // its image: wait. `health` reports it unavailable.
+                                    let waiting = !primary_failed
+                                        || active.backups.iter().any(|b| {
+                                            !alive.contains(b)
+                                                && s.recent_failure(b, now_ms).is_none()
+                                        });
+                                    if !waiting {
+                                        out.push(Command::GiveUp {
+                                            service: s.name.clone(),
+                                            view: latest.number,
+                                            reason: format!(
+                                                "no machine that holds its state can run it ({what})"
+                                            ),
+                                        });
+                                    }
+                                    continue;
+                                }
+                            },
                         };
-                        cands.sort_by_key(|m| std::cmp::Reverse(rank(m)));
-                        let primary = cands[0].clone();
-                        let backups = cands[1..].iter().map(|m| (*m).clone()).collect();
+                        // The other holders stay backups: also one whose takeover failed but
+                        // kept its image (it becomes a backup with it; left out, it would drop
+                        // it).
+                        let backups = cands
+                            .iter()
+                            .filter(|m| ***m != primary)
+                            .map(|m| (*m).clone())
+                            .collect();
                         out.push(Command::Propose {
                             service: s.name.clone(),
                             view: View {
@@ -447,7 +733,7 @@ impl Views {
                                 active: false,
                                 fresh: false,
                             },
-                            reason: format!("primary {} failed", latest.primary),
+                            reason: what,
                             now_ms,
                         });
                     }
@@ -481,10 +767,15 @@ impl Views {
                 });
                 continue;
             }
-            // Re-protection: only from a settled (active) view.
+            // Re-protection: only from a settled (active) view, with spares that do not still
+            // report a failed primary of the service.
             if s.proposed.is_none() && (latest.backups.len() as u32) < s.backups_wanted {
                 let need = s.backups_wanted as usize - latest.backups.len();
-                let spares = self.spares(s, alive);
+                let spares: Vec<String> = self
+                    .spares(s, alive)
+                    .into_iter()
+                    .filter(|m| !reports_failed(m))
+                    .collect();
                 if !spares.is_empty() {
                     let mut backups = latest.backups.clone();
                     backups.extend(spares.into_iter().take(need));
@@ -535,9 +826,51 @@ mod tests {
             backups,
             primary,
             backup_machines,
+            policy: FailurePolicy::default(),
             now_ms: 1,
         })
         .unwrap();
+    }
+
+    type Reports = BTreeMap<(String, String), Report>;
+
+    /// A backup's report of "redis": in view `view`, holding an image of run 1 up to `epoch`.
+    fn backup(m: &str, view: u64, epoch: u64) -> ((String, String), Report) {
+        (
+            (m.to_string(), "redis".to_string()),
+            Report {
+                view,
+                image_view: 1,
+                epoch,
+                failed: None,
+            },
+        )
+    }
+
+    /// A primary's report of "redis" saying it failed in `view`; `image`: it kept its image.
+    fn failed(m: &str, view: u64, image: bool) -> ((String, String), Report) {
+        (
+            (m.to_string(), "redis".to_string()),
+            Report {
+                view,
+                image_view: u64::from(image),
+                epoch: 0,
+                failed: Some(format!("the service ended on {m}")),
+            },
+        )
+    }
+
+    /// Applies everything `plan` asks for; returns the commands.
+    fn step(v: &mut Views, alive: &BTreeSet<String>, reports: &Reports, now: u64) -> Vec<Command> {
+        let cmds = v.plan(alive, reports, now);
+        for c in &cmds {
+            v.apply(c).unwrap_or_else(|e| panic!("{c:?} refused: {e}"));
+        }
+        cmds
+    }
+
+    fn latest(v: &Views) -> View {
+        v.services["redis"].latest().unwrap().clone()
     }
 
     fn activate_latest(v: &mut Views) {
@@ -620,10 +953,7 @@ mod tests {
         deploy(&mut v, &alive, 2);
         activate_latest(&mut v);
         alive.remove("m1");
-        let epochs = BTreeMap::from([
-            (("m2".to_string(), "redis".to_string()), (1, 40)),
-            (("m3".to_string(), "redis".to_string()), (1, 41)),
-        ]);
+        let epochs = BTreeMap::from([backup("m2", 1, 40), backup("m3", 1, 41)]);
         let cmds = v.plan(&alive, &epochs, 3);
         v.apply(&cmds[0]).unwrap();
         let p = v.services["redis"].proposed.clone().unwrap();
@@ -724,5 +1054,352 @@ mod tests {
         assert_eq!(v, before);
         assert!(v.apply(&again("m2")).is_err(), "not its primary");
         assert_eq!(v, before);
+    }
+
+    /// The first backup's takeover fails (it reports `failed` and holds no image any more):
+    /// the failure is recorded, then the second backup is made primary, and the failed machine
+    /// is not part of that view. Once it dropped the failed role it is a spare, and joins as
+    /// backup in a later view.
+    #[test]
+    fn a_failed_takeover_moves_the_service_to_the_next_backup() {
+        let (mut v, mut alive) = cluster(3);
+        deploy(&mut v, &alive, 2);
+        activate_latest(&mut v);
+        alive.remove("m1");
+        let mut reports = Reports::from([backup("m2", 1, 41), backup("m3", 1, 40)]);
+        step(&mut v, &alive, &reports, 10);
+        let p = latest(&v);
+        assert_eq!((p.number, p.primary.as_str()), (2, "m2"));
+        assert_eq!(v.health(&v.services["redis"], &alive), Health::Changing);
+
+        reports.extend([failed("m2", 2, false), backup("m3", 2, 40)]);
+        let cmds = step(&mut v, &alive, &reports, 20);
+        assert!(
+            matches!(&cmds[..], [Command::Failed { view: 2, machine, .. }] if machine == "m2"),
+            "the failure is recorded first: {cmds:?}"
+        );
+        assert_eq!(v.health(&v.services["redis"], &alive), Health::FailingOver);
+        let cmds = step(&mut v, &alive, &reports, 30);
+        assert_eq!(cmds.len(), 1, "{cmds:?}");
+        let p = latest(&v);
+        assert_eq!(
+            (p.number, p.primary.as_str(), p.backups.clone(), p.fresh),
+            (3, "m3", vec![], false),
+            "the second backup takes over; the failed machine is in no role"
+        );
+        let reason = &v.services["redis"].history.last().unwrap().reason;
+        assert!(
+            reason.contains("m2 failed: the service ended on m2"),
+            "{reason}"
+        );
+        assert!(
+            step(&mut v, &alive, &reports, 40).is_empty(),
+            "recorded once, proposed once"
+        );
+        activate_latest(&mut v);
+        // m2 still reports its failed role: not a spare to add yet.
+        assert!(step(&mut v, &alive, &reports, 50).is_empty());
+        reports.remove(&("m2".to_string(), "redis".to_string()));
+        step(&mut v, &alive, &reports, 60);
+        let p = latest(&v);
+        assert_eq!(
+            (p.number, p.primary.as_str(), p.backups.clone()),
+            (4, "m3", vec!["m2".to_string()]),
+            "re-protection with the machine that failed, now a spare"
+        );
+        assert!(v.services["redis"].failed.is_none());
+    }
+
+    /// A takeover that failed before its process ran kept its image: the machine stays in the
+    /// next view as a backup (it holds the state; left out, its instance would drop it), the
+    /// other backup becoming primary.
+    #[test]
+    fn a_failed_takeover_that_kept_its_image_stays_a_backup() {
+        let (mut v, mut alive) = cluster(3);
+        deploy(&mut v, &alive, 2);
+        activate_latest(&mut v);
+        alive.remove("m1");
+        let mut reports = Reports::from([backup("m2", 1, 41), backup("m3", 1, 40)]);
+        step(&mut v, &alive, &reports, 10);
+        reports.extend([failed("m2", 2, true)]);
+        step(&mut v, &alive, &reports, 20);
+        step(&mut v, &alive, &reports, 30);
+        let p = latest(&v);
+        assert_eq!(
+            (p.number, p.primary.as_str(), p.backups.clone()),
+            (3, "m3", vec!["m2".to_string()])
+        );
+    }
+
+    /// A running primary whose service ends is replaced by its backup, like a dead machine,
+    /// though its instance still sends heartbeats.
+    #[test]
+    fn a_primary_that_reports_failed_is_replaced_while_alive() {
+        let (mut v, alive) = cluster(3);
+        deploy(&mut v, &alive, 1);
+        activate_latest(&mut v);
+        let reports = Reports::from([failed("m1", 1, false), backup("m2", 1, 7)]);
+        step(&mut v, &alive, &reports, 10);
+        step(&mut v, &alive, &reports, 20);
+        let p = latest(&v);
+        assert_eq!(
+            (p.number, p.primary.as_str(), p.backups.clone()),
+            (2, "m2", vec![])
+        );
+        // A report for an older view is not a failure of the latest one.
+        let before = v.clone();
+        let stale = Reports::from([failed("m2", 1, false)]);
+        assert!(v.plan(&alive, &stale, 30).is_empty());
+        assert_eq!(v, before);
+    }
+
+    /// A failed machine that kept its image is the only holder left: it is tried again, but
+    /// not within RETRY_DELAY_MS of its failure; at the policy's limit the service is given up
+    /// and nothing more is proposed.
+    #[test]
+    fn a_lone_holder_is_retried_after_a_delay_until_the_limit() {
+        let (mut v, mut alive) = cluster(2);
+        deploy(&mut v, &alive, 1);
+        activate_latest(&mut v);
+        alive.remove("m1");
+        let mut reports = Reports::from([backup("m2", 1, 5)]);
+        step(&mut v, &alive, &reports, 0);
+        let mut now = 1_000;
+        for attempt in 1..=3u64 {
+            let view = latest(&v).number;
+            assert_eq!(latest(&v).primary, "m2");
+            reports.extend([failed("m2", view, true)]);
+            step(&mut v, &alive, &reports, now);
+            assert_eq!(v.services["redis"].failures.len() as u64, attempt);
+            if attempt == 3 {
+                break;
+            }
+            assert!(
+                v.plan(&alive, &reports, now + RETRY_DELAY_MS - 1)
+                    .is_empty(),
+                "not at once"
+            );
+            now += RETRY_DELAY_MS;
+            step(&mut v, &alive, &reports, now);
+            assert_eq!(latest(&v).number, view + 1, "tried again");
+            now += 10;
+        }
+        let s = &v.services["redis"];
+        let why = s.failed.clone().expect("given up at the limit");
+        assert!(why.contains("3 failure(s)"), "{why}");
+        assert!(why.contains("the service ended on m2"), "{why}");
+        assert_eq!(v.health(s, &alive), Health::Failed);
+        let before = v.clone();
+        assert!(
+            v.plan(&alive, &reports, now + 60_000).is_empty(),
+            "no flapping"
+        );
+        assert_eq!(v, before);
+        assert!(matches!(
+            v.apply(&Command::Propose {
+                service: "redis".into(),
+                view: View {
+                    number: 99,
+                    primary: "m2".into(),
+                    backups: vec![],
+                    active: false,
+                    fresh: false,
+                },
+                reason: String::new(),
+                now_ms: now,
+            }),
+            Err(ViewError::GivenUp { .. })
+        ));
+    }
+
+    /// A service that fails on every machine it moves to, each machine joining again as a
+    /// backup in between (re-protection), would go round forever: the limit stops it.
+    #[test]
+    fn failing_everywhere_is_bounded() {
+        let (mut v, alive) = cluster(3);
+        deploy(&mut v, &alive, 1);
+        activate_latest(&mut v);
+        let mut now = 0;
+        let mut views = 1;
+        while v.services["redis"].failed.is_none() {
+            assert!(views < 50, "flapping: {:?}", v.services["redis"].history);
+            let a = v.services["redis"].active.clone().unwrap();
+            let mut reports: Reports = a.backups.iter().map(|b| backup(b, a.number, 9)).collect();
+            reports.extend([failed(&a.primary, a.number, false)]);
+            // (Later than the retry delay: the backup may have failed the service before.)
+            now += RETRY_DELAY_MS;
+            step(&mut v, &alive, &reports, now);
+            now += 10;
+            step(&mut v, &alive, &reports, now);
+            if v.services["redis"].failed.is_some() {
+                break;
+            }
+            assert_ne!(latest(&v).primary, a.primary);
+            activate_latest(&mut v);
+            // The failed machine dropped its role; a spare joins (and catches up).
+            reports.remove(&(a.primary.clone(), "redis".to_string()));
+            now += 10;
+            step(&mut v, &alive, &reports, now);
+            activate_latest(&mut v);
+            views = latest(&v).number;
+        }
+        let s = &v.services["redis"];
+        assert_eq!(s.failures.len(), 3, "{:?}", s.failures);
+        assert!(v.plan(&alive, &Reports::new(), now + 1).is_empty());
+    }
+
+    /// A backup that failed the service recently is passed over for one that did not, even a
+    /// less advanced one; once its failure is older than the window it counts as clean again.
+    #[test]
+    fn a_recent_failure_passes_a_backup_over_until_the_window_ends() {
+        let (mut v, mut alive) = cluster(3);
+        deploy(&mut v, &alive, 2);
+        activate_latest(&mut v);
+        let s = v.services.get_mut("redis").unwrap();
+        s.policy.window_ms = 60_000;
+        s.failures.push(Failure {
+            view: 0,
+            machine: "m2".into(),
+            why: "earlier".into(),
+            at_ms: 1_000,
+        });
+        alive.remove("m1");
+        let reports = Reports::from([backup("m2", 1, 41), backup("m3", 1, 40)]);
+        let pick = |now: u64| match &v.plan(&alive, &reports, now)[..] {
+            [Command::Propose { view, .. }] => view.primary.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(pick(2_000), "m3", "m2 failed it a second ago");
+        assert_eq!(pick(61_000), "m2", "the failure is out of the window");
+    }
+
+    /// Failures older than the window do not count.
+    #[test]
+    fn failures_outside_the_window_are_forgotten() {
+        let (mut v, alive) = cluster(3);
+        let (primary, backup_machines) = v.placement(&alive, 1).unwrap();
+        v.apply(&Command::Deploy {
+            name: "redis".into(),
+            manifest: String::new(),
+            manifest_path: String::new(),
+            backups: 1,
+            primary,
+            backup_machines,
+            policy: FailurePolicy {
+                max_failures: 2,
+                window_ms: 1_000,
+            },
+            now_ms: 0,
+        })
+        .unwrap();
+        activate_latest(&mut v);
+        let fail = |v: &mut Views, now: u64| {
+            let l = latest(v);
+            v.apply(&Command::Failed {
+                service: "redis".into(),
+                view: l.number,
+                machine: l.primary.clone(),
+                why: "ended".into(),
+                now_ms: now,
+            })
+            .unwrap();
+            if v.services["redis"].failed.is_some() {
+                return;
+            }
+            let next = View {
+                number: l.number + 1,
+                primary: l.backups[0].clone(),
+                backups: vec![l.primary.clone()],
+                active: false,
+                fresh: false,
+            };
+            v.apply(&Command::Propose {
+                service: "redis".into(),
+                view: next,
+                reason: String::new(),
+                now_ms: now,
+            })
+            .unwrap();
+        };
+        fail(&mut v, 100);
+        fail(&mut v, 5_000);
+        assert!(v.services["redis"].failed.is_none());
+        assert_eq!(v.services["redis"].failures.len(), 1);
+        fail(&mut v, 5_500);
+        assert!(v.services["redis"].failed.is_some());
+    }
+
+    /// When every machine that held the state failed, the service is given up at once (no
+    /// limit to wait for); while a backup of the active view is only out of reach, it waits.
+    #[test]
+    fn no_holder_left_gives_up_unless_a_backup_may_come_back() {
+        let (mut v, mut alive) = cluster(3);
+        deploy(&mut v, &alive, 2);
+        activate_latest(&mut v);
+        alive.remove("m1");
+        let mut reports = Reports::from([backup("m2", 1, 9), backup("m3", 1, 8)]);
+        step(&mut v, &alive, &reports, 10);
+        reports.extend([failed("m2", 2, false)]);
+        step(&mut v, &alive, &reports, 20);
+        step(&mut v, &alive, &reports, 30);
+        assert_eq!(latest(&v).primary, "m3");
+        let waiting = v.clone();
+        reports.extend([failed("m3", 3, false)]);
+        step(&mut v, &alive, &reports, 40);
+        let cmds = step(&mut v, &alive, &reports, 50);
+        assert!(matches!(&cmds[..], [Command::GiveUp { .. }]), "{cmds:?}");
+        let why = v.services["redis"].failed.clone().unwrap();
+        assert!(why.starts_with("no machine that holds its state"), "{why}");
+        assert!(why.contains("m3 failed: the service ended on m3"), "{why}");
+        assert_eq!(v.services["redis"].failures.len(), 2);
+
+        // The same, but m2 (a backup of the active view) is unreachable rather than failed.
+        alive.remove("m2");
+        let reports = Reports::from([failed("m3", 3, false)]);
+        let mut views = waiting;
+        // (As if m2 had not failed: it is only out of reach.)
+        views.services.get_mut("redis").unwrap().failures.clear();
+        step(&mut views, &alive, &reports, 40);
+        assert!(
+            views.plan(&alive, &reports, 50).is_empty(),
+            "m2 may come back"
+        );
+        assert_eq!(
+            views.health(&views.services["redis"], &alive),
+            Health::Unavailable
+        );
+    }
+
+    #[test]
+    fn failure_reports_are_checked() {
+        let (mut v, alive) = cluster(3);
+        deploy(&mut v, &alive, 1);
+        activate_latest(&mut v);
+        let f = |view: u64, machine: &str| Command::Failed {
+            service: "redis".into(),
+            view,
+            machine: machine.into(),
+            why: "x".into(),
+            now_ms: 5,
+        };
+        let before = v.clone();
+        assert!(matches!(v.apply(&f(7, "m1")), Err(ViewError::Stale { .. })));
+        assert!(matches!(
+            v.apply(&f(1, "m2")),
+            Err(ViewError::NotPrimary { .. })
+        ));
+        assert_eq!(v, before);
+        v.apply(&f(1, "m1")).unwrap();
+        let once = v.clone();
+        v.apply(&f(1, "m1")).unwrap();
+        assert_eq!(v, once, "asked again: recorded once");
+        assert!(matches!(
+            v.apply(&Command::GiveUp {
+                service: "redis".into(),
+                view: 3,
+                reason: "r".into()
+            }),
+            Err(ViewError::Stale { .. })
+        ));
     }
 }

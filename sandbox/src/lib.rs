@@ -322,6 +322,7 @@ mod tests {
                 network: Network {
                     subnet: Ipv4Addr::new(10, 99, 0, 0),
                 },
+                failover: Default::default(),
             },
         }
     }

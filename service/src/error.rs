@@ -54,6 +54,13 @@ pub enum Error {
     #[error("starting sandbox {name:?}: {source}")]
     Start { name: String, source: SandboxError },
 
+    /// The caller stopped a restore once the sandbox was set up, before the restored process
+    /// ran (see `Service::restore_image`). The sandbox was removed.
+    #[error(
+        "restoring sandbox {name:?} was stopped before the process ran: {why}; nothing is left running"
+    )]
+    Aborted { name: String, why: String },
+
     /// The sandbox started but its service's main process was already gone. The sandbox was
     /// torn down.
     #[error("{0}")]

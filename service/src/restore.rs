@@ -78,11 +78,15 @@ impl Service {
     /// running on error.
     ///
     /// `routed` is called with the sandbox's address once it is routed on this machine, before
-    /// the restorer runs: a caller can announce the address meanwhile.
+    /// the restorer runs: a caller can announce the address meanwhile. If it returns an error,
+    /// the restore stops there ([`Error::Aborted`]): the sandbox is removed before the restored
+    /// process ever runs.
+    ///
+    /// The image is only read: whatever happens, it can be restored again.
     pub fn restore_image(
         img: &tardi_checkpointer::store::Image,
         config: SandboxConfig,
-        routed: impl FnOnce(std::net::Ipv4Addr),
+        routed: impl FnOnce(std::net::Ipv4Addr) -> std::result::Result<(), String>,
     ) -> Result<(Service, RestoreTimings)> {
         let t0 = Instant::now();
         let what = || format!("the image of epoch {}", img.epoch);
@@ -96,13 +100,18 @@ impl Service {
             })?;
         let laid_out = t0.elapsed();
         let mut written: Option<std::io::Result<Duration>> = None;
+        let mut refused: Option<String> = None;
         let sandbox = std::thread::scope(|s| {
             let writer = s.spawn(move || {
                 img.write_pages(&mut pages.into_file())
                     .map(|()| t0.elapsed())
             });
             tardi_sandbox::Sandbox::start_gated(&config, restore_start(&prep), |addr| {
-                routed(addr);
+                if let Err(why) = routed(addr) {
+                    // The writer ends with the scope; its result no longer matters.
+                    refused = Some(why);
+                    return false;
+                }
                 let r = writer
                     .join()
                     .unwrap_or_else(|_| Err(std::io::Error::other("writing the pages panicked")));
@@ -112,6 +121,12 @@ impl Service {
             })
             // If the sandbox failed before its gate, the writer still ends with the scope.
         });
+        if let Some(why) = refused {
+            return Err(Error::Aborted {
+                name: config.name.clone(),
+                why,
+            });
+        }
         if let Some(Err(e)) = written {
             return Err(Error::Prepare {
                 what: what(),

@@ -48,10 +48,20 @@ impl Cluster {
 
     /// `machines` machines and an orchestrator cluster of `orchestrators` nodes.
     pub fn up_with(machines: usize, orchestrators: usize, orchestrator_args: &[&str]) -> Cluster {
+        Cluster::up_args(machines, orchestrators, orchestrator_args, &[])
+    }
+
+    /// The same, with `instance_args` added to every `tardi instance`.
+    pub fn up_args(
+        machines: usize,
+        orchestrators: usize,
+        orchestrator_args: &[&str],
+        instance_args: &[&str],
+    ) -> Cluster {
         let daemons = Daemons::TardiWith {
             exe: tardi_exe(),
             orchestrator: orchestrator_args.iter().map(|s| s.to_string()).collect(),
-            instance: vec![],
+            instance: instance_args.iter().map(|s| s.to_string()).collect(),
         };
         let lab = Lab::up(
             LabOptions::new(machines)

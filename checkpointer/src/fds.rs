@@ -46,6 +46,11 @@ pub struct FdCache {
     stable: HashMap<i32, FdImage>,
     /// Paths found for inodes inotify watches (see [`crate::inotify`]).
     inotify: crate::inotify::PathCache,
+    /// Pipe ends by descriptor number, without their contents: while no counted call is made,
+    /// only the contents can change (with `read` and `write`), so only they are read again.
+    pipes: HashMap<i32, FdImage>,
+    /// Our own pipe that pipe contents are `tee`d into, kept between captures.
+    tee: Option<(OwnedFd, OwnedFd)>,
 }
 
 impl FdCache {
@@ -62,20 +67,24 @@ impl FdCache {
 /// [`crate::syscount::DESCRIPTOR_CALLS`] since the capture that last filled `cache`), the
 /// table is not read again (no `readlink` per descriptor), and the descriptors that change only
 /// through those calls (sockets that are listening or connected over TCP, epoll instances,
-/// signal descriptors) are taken from the cache, flags included. The others (files: their
-/// offset; pipes: their contents; eventfds and timers: their values; unix sockets: their
-/// queues; inotify instances: their watches and queue) are read as always.
+/// signal descriptors, character devices) are taken from the cache, flags included; of a pipe
+/// only the contents are read again (one `tee` into a pipe of ours). The others (files: their
+/// offset; eventfds and timers: their values; unix sockets: their queues; inotify instances:
+/// their watches and queue) are read as always.
 pub fn capture(proc: &Proc, cache: Option<&mut FdCache>, unchanged: bool) -> Result<Vec<FdImage>> {
     let pid = proc.pid;
     let mut no_paths = crate::inotify::PathCache::new();
-    let (mut sockets, mut kept, mut stable, watched) = match cache {
+    let mut no_tee = None;
+    let (mut sockets, mut kept, mut stable, watched, mut pipe_ends, tee) = match cache {
         Some(c) => (
             Some(&mut c.sockets),
             Some(&mut c.links),
             Some(&mut c.stable),
             &mut c.inotify,
+            Some(&mut c.pipes),
+            &mut c.tee,
         ),
-        None => (None, None, None, &mut no_paths),
+        None => (None, None, None, &mut no_paths, None, &mut no_tee),
     };
     // The kept links are taken out (not copied) and put back once the capture succeeded; a
     // failed capture leaves none, and the next one reads the table.
@@ -91,6 +100,9 @@ pub fn capture(proc: &Proc, cache: Option<&mut FdCache>, unchanged: bool) -> Res
     if !unchanged && let Some(c) = stable.as_deref_mut() {
         c.clear();
     }
+    if !unchanged && let Some(c) = pipe_ends.as_deref_mut() {
+        c.clear();
+    }
     let pidfd = sys::pidfd_open(pid).map_err(perr(pid, "pidfd".into()))?;
     let mut pipes = HashSet::new();
     let mut diags = None;
@@ -99,6 +111,21 @@ pub fn capture(proc: &Proc, cache: Option<&mut FdCache>, unchanged: bool) -> Res
         let (fd, link) = (*fd, link.as_str());
         if unchanged && let Some(img) = stable.as_deref().and_then(|c| c.get(&fd)) {
             out.push(FdImage { fd, ..img.clone() });
+            continue;
+        }
+        if unchanged && let Some(img) = pipe_ends.as_deref().and_then(|c| c.get(&fd)) {
+            let mut img = img.clone();
+            if let FdKind::Pipe {
+                id,
+                write_end,
+                buffered,
+                ..
+            } = &mut img.kind
+                && pipes.insert(*id)
+            {
+                *buffered = peek_pipe(proc, &pidfd, fd, *write_end, tee)?;
+            }
+            out.push(img);
             continue;
         }
         let cached = match sockets.as_deref().and_then(|c| c.get(link)).cloned() {
@@ -115,6 +142,7 @@ pub fn capture(proc: &Proc, cache: Option<&mut FdCache>, unchanged: bool) -> Res
             }
             other => other.map(|e| e.0),
         };
+        let mut char_device = false;
         let (info, raw) = proc.fdinfo(fd).map_err(perr(pid, format!("fdinfo {fd}")))?;
         let flags_octal = procfs::get(&info, "flags").unwrap_or("0");
         let all_flags = i32::from_str_radix(flags_octal, 8).unwrap_or(0);
@@ -128,7 +156,17 @@ pub fn capture(proc: &Proc, cache: Option<&mut FdCache>, unchanged: bool) -> Res
                 crate::inotify::capture(proc, &pidfd, fd, &raw, watched)?
             }
             None => classify(
-                proc, &pidfd, fd, link, &info, &raw, flags, &mut pipes, &mut diags,
+                proc,
+                &pidfd,
+                fd,
+                link,
+                &info,
+                &raw,
+                flags,
+                &mut pipes,
+                &mut diags,
+                tee,
+                &mut char_device,
             )?,
         };
         if let (Some(cache), FdKind::Socket(s)) = (sockets.as_deref_mut(), &kind)
@@ -145,10 +183,19 @@ pub fn capture(proc: &Proc, cache: Option<&mut FdCache>, unchanged: bool) -> Res
             flags,
             kind,
         };
+        // A character device's offset means nothing (`/dev/null`, a terminal): like epoll
+        // instances and signal descriptors, it changes only through counted calls.
         if let Some(c) = stable.as_deref_mut()
-            && matches!(img.kind, FdKind::Epoll { .. } | FdKind::SignalFd { .. })
+            && (char_device || matches!(img.kind, FdKind::Epoll { .. } | FdKind::SignalFd { .. }))
         {
             c.insert(fd, img.clone());
+        }
+        if let (Some(c), FdKind::Pipe { .. }) = (pipe_ends.as_deref_mut(), &img.kind) {
+            let mut end = img.clone();
+            if let FdKind::Pipe { buffered, .. } = &mut end.kind {
+                buffered.clear();
+            }
+            c.insert(fd, end);
         }
         out.push(img);
     }
@@ -199,6 +246,8 @@ fn classify(
     flags: i32,
     pipes: &mut HashSet<u64>,
     diags: &mut Option<HashMap<u64, crate::unix::Diag>>,
+    tee: &mut Option<(OwnedFd, OwnedFd)>,
+    char_device: &mut bool,
 ) -> Result<FdKind> {
     if let Some(path) = link.strip_prefix('/').map(|_| link) {
         if path.starts_with("/memfd:") {
@@ -223,6 +272,7 @@ fn classify(
                 format!("{path}: named FIFOs/sockets are not supported yet"),
             ));
         }
+        *char_device = fmt == libc::S_IFCHR;
         let pos = procfs::get(info, "pos")
             .and_then(|p| p.parse().ok())
             .unwrap_or(0);
@@ -241,7 +291,7 @@ fn classify(
         let capacity = pipe_capacity(proc, fd)?;
         // The buffered bytes go with the first end seen.
         let buffered = if pipes.insert(id) {
-            peek_pipe(proc, fd)?
+            peek_pipe(proc, pidfd, fd, write_end, tee)?
         } else {
             Vec::new()
         };
@@ -340,22 +390,38 @@ fn open_proc_fd(proc: &Proc, fd: i32) -> Result<OwnedFd> {
         .map_err(perr(proc.pid, format!("reopening fd {fd}")))
 }
 
-/// Copies the bytes buffered in a pipe without consuming them (`tee` into a pipe of ours).
-fn peek_pipe(proc: &Proc, fd: i32) -> Result<Vec<u8>> {
+/// Copies the bytes buffered in a pipe without consuming them: `tee` into `tee`, a pipe of ours
+/// kept between captures (made here the first time). The source must be readable: a read end
+/// is duplicated (`pidfd_getfd`, the same open file); a write end is reopened through
+/// `/proc/PID/fd` for reading, which adds a reader to the pipe only until it is closed here,
+/// while the process is stopped.
+fn peek_pipe(
+    proc: &Proc,
+    pidfd: &OwnedFd,
+    fd: i32,
+    write_end: bool,
+    tee: &mut Option<(OwnedFd, OwnedFd)>,
+) -> Result<Vec<u8>> {
+    const MAX: usize = 1 << 20;
     let pid = proc.pid;
-    let src = open_proc_fd(proc, fd)?;
-    let (r, w) = sys::pipe(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(perr(pid, "pipe".into()))?;
-    // SAFETY: F_SETPIPE_SZ takes an int; 1 MiB is within the default pipe-max-size.
-    unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
-    // SAFETY: tee between two pipe descriptors we hold.
-    let n = unsafe {
-        libc::tee(
-            src.as_raw_fd(),
-            w.as_raw_fd(),
-            1 << 20,
-            libc::SPLICE_F_NONBLOCK,
-        )
+    let src = if write_end {
+        open_proc_fd(proc, fd)?
+    } else {
+        sys::pidfd_getfd(pidfd, fd).map_err(perr(pid, format!("pipe fd {fd}")))?
     };
+    if tee.is_none() {
+        let (r, w) =
+            sys::pipe(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(perr(pid, "pipe".into()))?;
+        // SAFETY: F_SETPIPE_SZ takes an int; 1 MiB is within the default pipe-max-size.
+        unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, MAX as libc::c_int) };
+        *tee = Some((r, w));
+    }
+    let Some((r, w)) = tee.as_ref() else {
+        unreachable!("made just above")
+    };
+    // SAFETY: tee between two pipe descriptors we hold. SPLICE_F_NONBLOCK: an empty source
+    // gives EAGAIN instead of waiting (the source itself may be a blocking descriptor).
+    let n = unsafe { libc::tee(src.as_raw_fd(), w.as_raw_fd(), MAX, libc::SPLICE_F_NONBLOCK) };
     if n < 0 {
         let e = io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EAGAIN) {
@@ -364,9 +430,26 @@ fn peek_pipe(proc: &Proc, fd: i32) -> Result<Vec<u8>> {
         return Err(perr(pid, format!("peeking pipe fd {fd}"))(e));
     }
     let mut buf = vec![0u8; n as usize];
-    // SAFETY: `buf` has room for `n` bytes.
-    let got = unsafe { libc::read(r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-    buf.truncate(got.max(0) as usize);
+    let mut got = 0;
+    // Our pipe is drained whole, so that the next capture's `tee` starts from empty.
+    while got < buf.len() {
+        // SAFETY: `buf[got..]` has room for the bytes read.
+        let k = unsafe {
+            libc::read(
+                r.as_raw_fd(),
+                buf[got..].as_mut_ptr().cast(),
+                buf.len() - got,
+            )
+        };
+        if k <= 0 {
+            // Our own pipe holds what tee put there: a failure leaves it in an unknown state.
+            *tee = None;
+            return Err(perr(pid, format!("reading the copy of pipe fd {fd}"))(
+                io::Error::last_os_error(),
+            ));
+        }
+        got += k as usize;
+    }
     Ok(buf)
 }
 

@@ -1294,3 +1294,73 @@ fn a_stack_grown_without_a_call_is_captured_while_the_layout_is_carried() {
         "full reads found layout changes no call was counted for"
     );
 }
+
+/// A signal that stays pending across a pause (blocked by the service) cannot go into a
+/// checkpoint: the epoch is refused by name and the chain stays intact; once the service
+/// unblocks it, epochs go on. The final pending-signal check reads every thread's `status`
+/// and is skipped when no thread ran during the capture: this shows the skip does not let a
+/// blocked signal through (`PTRACE_PEEKSIGINFO` lists it at the capture's start).
+#[test]
+fn a_blocked_pending_signal_refuses_the_epoch_until_it_is_delivered() {
+    use std::io::{BufRead, Write};
+    use tardi_checkpointer::capture::CaptureError;
+    use tardi_checkpointer::epoch::EpochError;
+    const SCRIPT: &str = r#"
+import os, signal, sys
+got = []
+signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+out = sys.stdout
+out.write("ready\n"); out.flush()
+for line in sys.stdin:
+    c = line.strip()
+    if c == "raise":
+        os.kill(os.getpid(), signal.SIGUSR1)
+    elif c == "unblock":
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
+    out.write("k %d\n" % len(got)); out.flush()
+"#;
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", SCRIPT])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn python3");
+    let pid = child.id() as i32;
+    let mut input = child.stdin.take().unwrap();
+    let mut output = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    output.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let mut step = |c: &str| {
+        writeln!(input, "{c}").unwrap();
+        line.clear();
+        output.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    };
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(2),
+        ..Default::default()
+    };
+    let (mut ep, _, _) = Epochs::start(pid, cfg).expect("start epochs");
+    for i in 0..5 {
+        ep.next().unwrap_or_else(|e| panic!("quiet epoch {i}: {e}"));
+    }
+    assert_eq!(step("raise"), "k 0");
+    match ep.next() {
+        Err(e @ EpochError::Capture(CaptureError::PendingSignals(_))) => {
+            assert_eq!(e.chain(), ChainState::Intact);
+            assert!(e.to_string().contains("SIGUSR1"), "{e}");
+        }
+        Err(e) => panic!("refused, but not for the pending signal: {e}"),
+        Ok((ck, _)) => panic!("epoch {} captured with SIGUSR1 pending", ck.epoch),
+    }
+    assert_eq!(step("unblock"), "k 1", "the handler ran once unblocked");
+    for i in 0..5 {
+        ep.next()
+            .unwrap_or_else(|e| panic!("epoch {i} after the delivery: {e}"));
+    }
+    ep.stop();
+    drop(input);
+    let _ = child.wait();
+}

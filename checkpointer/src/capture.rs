@@ -301,6 +301,13 @@ pub(crate) fn prefaulted_buffer(bytes: usize) -> Vec<u8> {
 /// is seen at the next full refresh only.
 #[derive(Default)]
 pub struct MetaCache {
+    /// `/proc` status files kept open (by path relative to the process's directory) and read
+    /// again from offset 0: a `seq_file` regenerates its text on every read from the start,
+    /// and the path lookups under `/proc/PID/task/TID` cost more than the read.
+    status_files: HashMap<String, std::fs::File>,
+    /// The layout-call count ([`crate::syscount::LAYOUT`], which counts `clone` and `fork`)
+    /// when the service was last seen without child processes.
+    childless_at: Option<u64>,
     threads: HashMap<Pid, (u64, AltStack)>,
     sig_masks: Option<(u64, u64)>,
     sigactions: Vec<SigAction>,
@@ -379,14 +386,32 @@ pub(crate) fn capture_meta(
     let t0 = Instant::now();
     // Read once: nothing below changes the fields used from it (the process stays stopped, and
     // the injected calls only read).
-    let status = proc
-        .read_string("status")
-        .map_err(proc_err(pid, "status"))?;
-    check_supported(proc, &st.tids)?;
+    let status =
+        read_status(proc, &mut cache.status_files, "status").map_err(proc_err(pid, "status"))?;
+    cache.status_files.retain(|rel, _| {
+        rel == "status"
+            || rel
+                .strip_prefix("task/")
+                .and_then(|r| r.strip_suffix("/status"))
+                .and_then(|t| t.parse::<Pid>().ok())
+                .is_some_and(|t| st.tids.contains(&t))
+    });
+    // A child process appears only through a counted call (`clone`, `fork`, ...): while none
+    // was made since the last check found none, there is none.
+    let layout_calls = cache
+        .calls
+        .as_ref()
+        .map(|c| c.count(crate::syscount::LAYOUT));
+    if refresh || layout_calls.is_none() || layout_calls != cache.childless_at {
+        cache.childless_at = None;
+        check_supported(proc, &st.tids)?;
+        cache.childless_at = layout_calls;
+    }
     // Signals pending now (say the SIGSEGV of a write a thread just made, or the SIGSYS of a
     // trapped system call) are delivered first, so that the state captured below is the one
     // after their delivery (see `deliver_pending`).
-    deliver_pending_signals(st, maps)?;
+    let ran = st.ran;
+    let blocked_pending = deliver_pending_signals(st, maps)?;
     let t1 = Instant::now();
 
     let mut threads = Vec::with_capacity(st.tids.len());
@@ -543,7 +568,16 @@ pub(crate) fn capture_meta(
         &ns_tid,
     )?;
     // Last: a signal that arrived during an injected call was raised again and is pending now.
-    check_pending_signals(proc, &st.tids)?;
+    // When no thread ran during this capture and none kept a signal pending (blocked) at its
+    // start, only a signal from outside can have arrived since the stop: it reads as sent
+    // after this checkpoint (the process has not seen it, and it sees it after the resume),
+    // so the check, which reads every thread's `status`, is skipped. What that skips, besides:
+    // a signal pending since before the stop that `PTRACE_PEEKSIGINFO` does not list, which
+    // happens only when the kernel could not queue its details (the sender's
+    // RLIMIT_SIGPENDING exhausted, or no memory); the full refreshes still check.
+    if refresh || blocked_pending || st.ran != ran {
+        check_pending_signals(proc, &mut cache.status_files, &st.tids)?;
+    }
     cache.times = MetaTimes {
         checks: t1 - t0,
         threads: t2 - t1,
@@ -730,9 +764,11 @@ pub(crate) fn regs_from_slice(v: &[u64]) -> Regs {
 /// Cheaper than resuming the process and stopping it again, which the callers still do when a
 /// signal stays pending (blocked ones, or one that arrives meanwhile: see
 /// [`check_pending_signals`], which also sees signals queued without details).
-fn deliver_pending_signals(st: &mut Stopped, maps: &[MapEntry]) -> Result<()> {
+/// Returns whether a signal stays pending that this could not deliver (blocked, or still
+/// arriving after three rounds).
+fn deliver_pending_signals(st: &mut Stopped, maps: &[MapEntry]) -> Result<bool> {
     for _ in 0..3 {
-        let mut any = false;
+        let (mut any, mut blocked) = (false, false);
         let shared = match st.tids.first() {
             Some(&t) => st.peek_pending(t, true)?,
             None => None,
@@ -744,24 +780,30 @@ fn deliver_pending_signals(st: &mut Stopped, maps: &[MapEntry]) -> Result<()> {
             if st.sigmask(tid)? & (1u64 << (sig - 1)) == 0 {
                 any = true;
                 st.inject(maps, tid, libc::SYS_getpid, [0; 6], 0)?;
+            } else {
+                blocked = true;
             }
         }
         if !any {
-            break;
+            return Ok(blocked);
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Signals that are pending (queued but not yet delivered) would be lost: refuse them, naming
 /// the signal. (Capturing and re-queueing them is not implemented yet.)
-fn check_pending_signals(proc: &Proc, tids: &[Pid]) -> Result<()> {
+fn check_pending_signals(
+    proc: &Proc,
+    files: &mut HashMap<String, std::fs::File>,
+    tids: &[Pid],
+) -> Result<()> {
     let pid = proc.pid;
-    let parse = |path: String, key: &str| -> Result<u64> {
-        let v = proc
-            .status_field(&path, key)
-            .map_err(proc_err(pid, key.to_string()))?;
-        u64::from_str_radix(&v, 16).map_err(|e| CaptureError::Unsupported(format!("{key}: {e}")))
+    let mut parse = |path: String, key: &str| -> Result<u64> {
+        let text = read_status(proc, files, &path).map_err(proc_err(pid, key.to_string()))?;
+        let v = crate::procfs::status_value(&text, key)
+            .ok_or_else(|| CaptureError::Unsupported(format!("{path}: no field {key}")))?;
+        u64::from_str_radix(v, 16).map_err(|e| CaptureError::Unsupported(format!("{key}: {e}")))
     };
     let shared = parse("status".into(), "ShdPnd")?;
     let mut all = shared;
@@ -778,6 +820,46 @@ fn check_pending_signals(proc: &Proc, tids: &[Pid]) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// A `/proc` file of the process (`rel`: `status`, `task/TID/status`), read whole from a
+/// descriptor kept in `files` (opened the first time). A kept descriptor that fails (its thread
+/// exited) is dropped and the file opened again once, so that the error is the path's own.
+fn read_status(
+    proc: &Proc,
+    files: &mut HashMap<String, std::fs::File>,
+    rel: &str,
+) -> std::io::Result<String> {
+    use std::os::unix::fs::FileExt;
+    let read = |f: &std::fs::File| -> std::io::Result<String> {
+        let mut buf = vec![0u8; 4096];
+        let mut n = 0;
+        loop {
+            if n == buf.len() {
+                buf.resize(buf.len() * 2, 0);
+            }
+            match f.read_at(&mut buf[n..], n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        buf.truncate(n);
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    };
+    if let Some(f) = files.get(rel) {
+        match read(f) {
+            Ok(text) => return Ok(text),
+            Err(_) => {
+                files.remove(rel);
+            }
+        }
+    }
+    let f = proc.open_file(rel, libc::O_RDONLY)?;
+    let text = read(&f)?;
+    files.insert(rel.to_string(), f);
+    Ok(text)
 }
 
 /// `SIGUSR1` for 10, `SIGRTMIN+3` for 37.

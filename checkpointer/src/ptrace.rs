@@ -219,6 +219,9 @@ pub struct Stopped {
     syscall_insn: Option<u64>,
     /// `/proc/PID`, for liveness checks that work inside the sandbox's view.
     proc_dir: OwnedFd,
+    /// How many times a thread was let run while stopped (an injected call, an agent
+    /// operation, a signal delivered): a signal can arrive only then, or from outside.
+    pub(crate) ran: u64,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -232,6 +235,7 @@ impl Stopped {
             tids: Vec::new(),
             syscall_insn: None,
             proc_dir: proc.dir_fd().map_err(op("dup /proc dir", pid))?,
+            ran: 0,
             _not_send: PhantomData,
         };
         // Threads found gone (exited, or zombies: a leader that called pthread_exit stays one
@@ -473,6 +477,7 @@ impl Stopped {
     /// first instruction was pending before (see [`Stopped::deliver_pending`]).
     fn run_call(&mut self, tid: Pid, entry: u64, deferred: &mut Vec<i32>) -> Result<Ran> {
         for _ in 0..64 {
+            self.ran += 1;
             // SAFETY: CONT takes no pointers; no signal is delivered.
             unsafe { ptrace(libc::PTRACE_CONT, tid, 0, 0) }.map_err(op("cont", tid))?;
             let Some(status) = wait_tid(self.pid, tid, &self.proc_dir).map_err(op("wait", tid))?
@@ -742,6 +747,7 @@ impl Stopped {
         let mut deferred = Vec::new();
         let mut entered = false;
         for _ in 0..64 {
+            self.ran += 1;
             // SAFETY: PTRACE_SYSCALL takes no pointers.
             unsafe { ptrace(libc::PTRACE_SYSCALL, tid, 0, 0) }.map_err(op("syscall", tid))?;
             let Some(status) = wait_tid(self.pid, tid, &self.proc_dir).map_err(op("wait", tid))?
@@ -797,6 +803,7 @@ impl Stopped {
         }
         // SAFETY: INTERRUPT takes no pointers.
         unsafe { ptrace(PTRACE_INTERRUPT, tid, 0, 0) }.map_err(op("interrupt", tid))?;
+        self.ran += 1;
         // SAFETY: CONT takes the signal to deliver as data, no pointers.
         unsafe { ptrace(libc::PTRACE_CONT, tid, 0, sig as u64) }.map_err(op("cont", tid))?;
         self.wait_interrupt_stop(tid)

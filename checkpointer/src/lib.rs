@@ -31,6 +31,7 @@ pub mod procfs;
 pub mod ptrace;
 pub mod restore;
 pub mod seccomp;
+pub mod shm;
 pub mod sys;
 pub mod syscount;
 pub mod timers;

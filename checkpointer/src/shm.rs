@@ -384,7 +384,6 @@ fn parse_sysvipc(text: &str) -> Vec<Segment> {
     out
 }
 
-
 /// Restore (the restore child, inside the new sandbox, before the restorer runs): makes every
 /// object of `objects` and fills it from `pages` (the page data's descriptor). System V
 /// segments get their id (`/proc/sys/kernel/shm_next_id`, which the next `shmget` of the IPC

@@ -148,7 +148,12 @@ static void setup(void) {
     if (map1[ANON] == MAP_FAILED) die("mmap anon");
     map2[ANON] = mremap(map1[ANON], 0, sizes[ANON], MREMAP_MAYMOVE);
     if (map2[ANON] == MAP_FAILED) die("mremap anon");
-    /* System V. */
+    /* System V, after two segments made and removed: the ids are not the first ones a fresh
+     * namespace hands out (the kernel counts a sequence number up per slot). */
+    for (int i = 0; i < 2; i++) {
+        int t = shmget(IPC_PRIVATE, PG, IPC_CREAT | 0600);
+        if (t < 0 || shmctl(t, IPC_RMID, NULL) < 0) die("throwaway segment");
+    }
     for (int o = S1; o <= S3; o++) {
         ids[o] = shmget(keys[o], sizes[o], IPC_CREAT | 0640);
         if (ids[o] < 0) die("shmget");

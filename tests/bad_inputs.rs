@@ -631,12 +631,16 @@ fn snapshot_refuses_a_forked_child_and_the_service_keeps_running() {
     });
 }
 
+/// Shared memory is captured (tests/shared_memory.rs), but a POSIX object unlinked while
+/// mapped is a deleted file: no name to restore it under.
 #[test]
-fn snapshot_refuses_shared_anonymous_memory_and_the_service_keeps_running() {
-    snapshot_refused("shmem", |_, pong| {
-        // pong N shmem shmem=0x7f...
-        let addr = pong.split("shmem=").nth(1).unwrap().trim().to_string();
-        vec![format!("shared anonymous memory at {addr}-")]
+fn snapshot_refuses_unlinked_posix_shared_memory_and_the_service_keeps_running() {
+    snapshot_refused("shm-unlinked", |_, pong| {
+        // pong N shm-unlinked shm=0x7f...
+        let addr = pong.split("shm=").nth(1).unwrap().trim().to_string();
+        vec![format!(
+            "mapping at {addr} of a deleted file /dev/shm/bad-shm (deleted)"
+        )]
     });
 }
 
@@ -667,12 +671,24 @@ fn snapshot_refuses_an_orphaned_grandchild() {
     });
 }
 
-/// The kernel shows a MAP_SHARED|MAP_ANONYMOUS mapping as `/dev/zero (deleted)` with an inode;
-/// the refusal must still call it shared anonymous memory, not a deleted file.
+/// A System V attachment is restored with `shmat` at its start: one whose first page was
+/// unmapped is refused, naming the segment.
 #[test]
-fn snapshot_error_calls_shared_anonymous_memory_by_its_name() {
-    let msg = snapshot_refused_as("shmem2", "shmem", |_, _| vec![]);
-    assert!(msg.contains("shared anonymous memory"), "{msg}");
+fn snapshot_refuses_a_system_v_attachment_without_its_start() {
+    snapshot_refused("sysv-tail", |_, pong| {
+        // pong N sysv-tail shmid=I tail=0x7f...
+        let id = pong
+            .split("shmid=")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap();
+        let tail = pong.split("tail=").nth(1).unwrap().trim();
+        vec![format!(
+            "System V segment {id} mapped at {tail} without the start of its attachment"
+        )]
+    });
 }
 
 #[test]

@@ -116,7 +116,11 @@ fn private_directory_follows_memory_through_epochs_and_restore() {
     let first = scratch.0.join("first.tardi");
     run.snapshot(&first).unwrap();
     let snap = Checkpoint::from_bytes(std::fs::read(&first).unwrap()).unwrap();
-    assert_eq!(snap.image.private_files.dirs, vec!["/data".to_string()]);
+    // The service's /data, and the sandbox's /dev/shm (POSIX shared memory).
+    assert_eq!(
+        snap.image.private_files.dirs,
+        vec!["/data".to_string(), "/dev/shm".to_string()]
+    );
     let mut snap_tree = Tree::default();
     snap_tree.apply(&snap.image.private_files);
     assert!(

@@ -8,7 +8,7 @@
 #![allow(dead_code)]
 
 pub const PLAN_MAGIC: u64 = 0x4e41_4c50_4944_5254; // "TRDIPLAN"
-pub const PLAN_VERSION: u32 = 4;
+pub const PLAN_VERSION: u32 = 5;
 
 /// Size of each restorer thread's private stack inside the hole.
 pub const RESTORER_STACK: u64 = 64 * 1024;
@@ -22,6 +22,13 @@ pub const VMA_WIPEONFORK: u32 = 16;
 pub const VMA_DONTDUMP: u32 = 32;
 pub const VMA_HUGEPAGE: u32 = 64;
 pub const VMA_NOHUGEPAGE: u32 = 128;
+/// A System V segment attached read-only (`SHM_RDONLY`).
+pub const VMA_SHM_RDONLY: u32 = 256;
+/// A System V attachment: `fd` is the `shmid`, `file_off` the offset in the segment. The piece
+/// at offset 0 (the attachment's start) is attached with `shmat` for `attach_len` bytes, then
+/// what the attachment's other pieces do not cover is unmapped; the other pieces are there
+/// from then on and only get their protection.
+pub const VMA_SYSV: u32 = 512;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -78,6 +85,10 @@ pub struct PlanHeader {
     /// credentials, not after (the target has neither `no_new_privs` nor `CAP_SYS_ADMIN`,
     /// without which the kernel refuses a filter).
     pub seccomp_early: u32,
+    /// System V segments to mark for removal (`IPC_RMID`) once every mapping is back:
+    /// `nr_rmid` i32 shmids at `rmid_off`.
+    pub nr_rmid: u32,
+    pub rmid_off: u32,
 }
 
 /// One POSIX timer (see `tardi_image::image::PosixTimer`).
@@ -168,6 +179,8 @@ pub struct VmaDesc {
     pub first_run: u32,
     pub nr_runs: u32,
     pub _pad: u32,
+    /// `VMA_SYSV` at offset 0: the segment's size rounded up to pages.
+    pub attach_len: u64,
 }
 
 /// A run of contiguous saved pages: `len` bytes at target address `addr`, found at `data_off` in

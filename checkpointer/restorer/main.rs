@@ -56,6 +56,8 @@ const E_RSEQ: u64 = 13;
 const E_CREDS: u64 = 14;
 const E_TIMER: u64 = 15;
 const E_SECCOMP: u64 = 16;
+const E_SHMAT: u64 = 17;
+const E_RMID: u64 = 18;
 
 mod nr {
     pub const WRITE: u64 = 1;
@@ -89,6 +91,8 @@ mod nr {
     pub const TIMER_SETTIME: u64 = 223;
     pub const TIMER_DELETE: u64 = 226;
     pub const SECCOMP: u64 = 317;
+    pub const SHMAT: u64 = 30;
+    pub const SHMCTL: u64 = 31;
 }
 
 
@@ -339,6 +343,10 @@ unsafe extern "C" fn stage1(plan: u64, base: u64, total: u64) -> ! {
         for i in 0..h.nr_vmas {
             let v: &VmaDesc = at(plan, h.vmas_off, i);
             let len = v.end - v.start;
+            if v.flags & VMA_SYSV != 0 {
+                sysv_piece(plan, i, v, nfd);
+                continue;
+            }
             let fill = v.nr_runs > 0;
             let prot = v.prot as u64 | if fill { 2 } else { 0 };
             let mut flags: u64 = 0x10_0000; // MAP_FIXED_NOREPLACE
@@ -385,6 +393,16 @@ unsafe extern "C" fn stage1(plan: u64, base: u64, total: u64) -> ! {
                 if v.flags & bit != 0 {
                     sc(nr::MADVISE, v.start, len, advice);
                 }
+            }
+        }
+
+        // Segments that were marked for removal while attached: marked again now that their
+        // attachments are back (the kernel removes them at the last detach).
+        for i in 0..h.nr_rmid {
+            let id: &i32 = at(plan, h.rmid_off, i);
+            let r = sc(nr::SHMCTL, *id as u64, 0 /* IPC_RMID */, 0);
+            if r != 0 {
+                fail(nfd, E_RMID, r);
             }
         }
 
@@ -533,6 +551,55 @@ unsafe extern "C" fn stage1(plan: u64, base: u64, total: u64) -> ! {
             }
         }
         sigreturn(frame);
+    }
+}
+
+/// One piece of a System V attachment (`VMA_SYSV`, `fd` = shmid, `file_off` = offset in the
+/// segment). The piece at offset 0 attaches the whole segment there with `shmat` (which
+/// refuses to replace a mapping: nothing is mapped there yet), then unmaps what none of the
+/// attachment's pieces (the following `VMA_SYSV` descriptors of the same segment whose start
+/// minus offset is this start) covers: holes the process had punched, and the tail past what
+/// it kept, where other mappings may come next. Every piece then gets its protection and
+/// advice (a read-only attachment, `SHM_RDONLY`, can never be made writable).
+unsafe fn sysv_piece(plan: u64, i: u32, v: &VmaDesc, nfd: i32) {
+    // SAFETY: the plan's descriptors are in bounds (checked by the supervisor), and the calls
+    // only change the target's own mappings, inside what the plan describes.
+    unsafe {
+        let h = hdr(plan);
+        let len = v.end - v.start;
+        if v.file_off == 0 {
+            let flags = if v.flags & VMA_SHM_RDONLY != 0 { 0o10000 } else { 0 };
+            let r = sc(nr::SHMAT, v.fd as u64, v.start, flags);
+            if r as u64 != v.start {
+                fail(nfd, E_SHMAT, r);
+            }
+            let limit = v.start + v.attach_len;
+            let mut covered = v.end;
+            for j in i + 1..h.nr_vmas {
+                let w: &VmaDesc = at(plan, h.vmas_off, j);
+                if w.start >= limit {
+                    break;
+                }
+                if w.flags & VMA_SYSV != 0 && w.fd == v.fd && w.start.wrapping_sub(w.file_off) == v.start {
+                    if w.start > covered {
+                        sc(nr::MUNMAP, covered, w.start - covered, 0);
+                    }
+                    covered = w.end;
+                }
+            }
+            if covered < limit {
+                sc(nr::MUNMAP, covered, limit - covered, 0);
+            }
+        }
+        let r = sc(nr::MPROTECT, v.start, len, v.prot as u64);
+        if r != 0 {
+            fail(nfd, E_MPROTECT, r);
+        }
+        for (bit, advice) in [(VMA_DONTFORK, 10u64), (VMA_WIPEONFORK, 18), (VMA_DONTDUMP, 16)] {
+            if v.flags & bit != 0 {
+                sc(nr::MADVISE, v.start, len, advice);
+            }
+        }
     }
 }
 

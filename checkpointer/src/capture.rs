@@ -173,8 +173,10 @@ pub(crate) fn full_memory(
     maps: &[MapEntry],
     mut meta: ProcessImage,
     buf: Vec<u8>,
+    shm: &mut crate::shm::ShmTracker,
 ) -> Result<FullMemory> {
-    let (vmas, runs, data, files) = capture_memory(proc, maps, buf)?;
+    let (vmas, runs, mut data, files) = capture_memory(proc, maps, buf)?;
+    meta.shm = shm.capture(proc, maps, true, true, &mut data)?;
     meta.vmas = vmas;
     meta.runs = runs;
     Ok(((meta, data), files))
@@ -363,7 +365,8 @@ fn capture_stopped(
     let mut cache = MetaCache::default();
     let mut image = capture_meta(proc, st, &maps, &mut cache, true)?;
     let tm = Instant::now();
-    let (vmas, runs, data, files) = capture_memory(proc, &maps, buf)?;
+    let (vmas, runs, mut data, files) = capture_memory(proc, &maps, buf)?;
+    image.shm = crate::shm::ShmTracker::default().capture(proc, &maps, true, true, &mut data)?;
     stats.memory_copy = tm.elapsed();
     image.vmas = vmas;
     image.runs = runs;
@@ -616,6 +619,7 @@ pub(crate) fn capture_meta(
         carried: Default::default(),
         timers,
         seccomp,
+        shm: Vec::new(),
     })
 }
 
@@ -1062,19 +1066,36 @@ pub(crate) fn describe_vmas(maps: &[MapEntry]) -> Result<(Vec<Vma>, Vec<PendingF
             }
         }
         let file_backed = is_file_backed(m);
-        // The kernel shows shared anonymous memory as a deleted /dev/zero (and SysV shared
-        // memory as /SYSV...): call it what the service asked for.
-        let shared_anon = m.shared
-            && (!file_backed || name == "/dev/zero (deleted)" || name.starts_with("/SYSV"));
-        if shared_anon {
+        // Shared anonymous memory (the kernel shows it as a deleted /dev/zero) and System V
+        // segments (/SYSV...) are objects of their own (`crate::shm`), captured once each.
+        let shm = crate::shm::object_of(m);
+        if let Some(ShmId::Sysv(id)) = shm {
+            // Restored with `shmat` at the attachment's start and cut to the pieces the
+            // process kept: the attachment's first page must still be there.
+            let head = m.start.checked_sub(m.offset);
+            if !maps
+                .iter()
+                .any(|h| crate::shm::object_of(h) == shm && h.offset == 0 && Some(h.start) == head)
+            {
+                return Err(CaptureError::Unsupported(format!(
+                    "System V segment {id} mapped at {:#x} without the start of its attachment \
+                     (the start was unmapped)",
+                    m.start
+                )));
+            }
+            // Attached read-only (`SHM_RDONLY`): no write permission, ever.
+            if !m.has_flag("mw") {
+                flags |= abi::VMA_SHM_RDONLY;
+            }
+        } else if m.shared && (!file_backed || name.starts_with("/SYSV")) {
             return Err(CaptureError::Unsupported(format!(
-                "shared anonymous memory at {:#x}-{:#x} ({}) is not supported yet",
+                "shared mapping at {:#x}-{:#x} ({}) of an unknown kind",
                 m.start,
                 m.end,
                 if name.is_empty() { "anonymous" } else { name }
             )));
         }
-        if file_backed && name.ends_with(" (deleted)") {
+        if shm.is_none() && file_backed && name.ends_with(" (deleted)") {
             return Err(CaptureError::Unsupported(format!(
                 "mapping at {:#x} of a deleted file {name}",
                 m.start
@@ -1082,6 +1103,11 @@ pub(crate) fn describe_vmas(maps: &[MapEntry]) -> Result<(Vec<Vma>, Vec<PendingF
         }
         let backing = if vdso {
             Backing::Vdso
+        } else if let Some(id) = shm {
+            Backing::Shm {
+                id,
+                offset: m.offset,
+            }
         } else if file_backed {
             let next = files.len() as u32;
             let index = *file_index.entry(name.to_string()).or_insert_with(|| {
@@ -1230,6 +1256,7 @@ fn read_mem(f: &std::fs::File, addr: u64, out: &mut [u8]) -> io::Result<()> {
 
 /// Removes all-zero pages of anonymous mappings from the saved data: a fresh anonymous mapping
 /// reads as zero already. (File-backed private pages keep their zeroes: the file differs.)
+/// The shared memory objects' runs (which hold no zero page) move with the data.
 pub(crate) fn drop_zero_pages(image: &mut ProcessImage, data: &mut Vec<u8>) {
     let anon = |addr: u64| {
         image
@@ -1268,6 +1295,13 @@ pub(crate) fn drop_zero_pages(image: &mut ProcessImage, data: &mut Vec<u8>) {
         if let Some(c) = cur {
             out_runs.push(c);
         }
+    }
+    // Compacting only moves bytes towards the front: each run's bytes are still in place.
+    for r in image.shm.iter_mut().flat_map(|o| o.runs.iter_mut()) {
+        let (src, len) = (r.data_off as usize, r.len as usize);
+        data.copy_within(src..src + len, w);
+        r.data_off = w as u64;
+        w += len;
     }
     data.truncate(w);
     image.runs = out_runs;

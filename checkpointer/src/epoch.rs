@@ -665,6 +665,8 @@ struct EpochLoop<'p> {
     rng: u64,
     buf: Vec<u8>,
     dirs: DirTracker,
+    /// Shared memory objects, compared by content every pause (see `crate::shm`).
+    shm: crate::shm::ShmTracker,
     /// Pages taken (and protected again) by the pre-copy and not yet part of a checkpoint.
     pre: Option<Precopy>,
     /// Pages the last captured epoch wrote: the pre-copy's predictor.
@@ -692,6 +694,8 @@ struct Carry {
     ranges: Vec<(u64, u64)>,
     /// The private directories were walked: their tracker must forget that walk.
     walked: bool,
+    /// The shared memory objects were compared: their tracker must forget that capture.
+    shm: bool,
 }
 
 impl Carry {
@@ -784,9 +788,12 @@ impl<'p> EpochLoop<'p> {
             // The memory first: arming may split the kernel's mappings the capture names files
             // by. (The agent pages the commit writes are in the first incremental checkpoint.)
             let mut dirs = DirTracker::new(cfg.private_dirs.clone());
+            let mut shm = crate::shm::ShmTracker::default();
             let (mut ck, files) = if copy {
-                capture::full_memory(proc, &maps, meta, buf)?
+                capture::full_memory(proc, &maps, meta, buf, &mut shm)?
             } else {
+                // Nothing copied; the objects' pages are known from here on all the same.
+                shm.capture(proc, &maps, true, true, &mut Vec::new())?;
                 ((meta, Vec::new()), Vec::new())
             };
             // Walked either way: the tracker reports changes from this state on.
@@ -800,7 +807,7 @@ impl<'p> EpochLoop<'p> {
                 armed.push((m.start, m.end));
             }
             tracker.commit(&mut st, &armed, &maps)?;
-            Ok((tracker, cache, maps, armed, ck, files, exe, dirs))
+            Ok((tracker, cache, maps, armed, ck, files, exe, dirs, shm))
         })();
         if r.is_ok() {
             trigger.clear();
@@ -810,7 +817,8 @@ impl<'p> EpochLoop<'p> {
         }
         let resumed = st.resume();
         let pause = t0.elapsed();
-        let (tracker, cache, maps, armed, (mut image, data), files, exe, dirs) = r.map_err(gone)?;
+        let (tracker, cache, maps, armed, (mut image, data), files, exe, dirs, shm) =
+            r.map_err(gone)?;
         resumed
             .map_err(CaptureError::from)
             .map_err(|e| gone(e.into()))?;
@@ -861,6 +869,7 @@ impl<'p> EpochLoop<'p> {
             rng: 0x9E37_79B9_7F4A_7C15 ^ pid as u64,
             buf: Vec::new(),
             dirs,
+            shm,
             pre: None,
             last_dirty: u64::MAX,
             prebuf: Vec::new(),
@@ -1121,6 +1130,9 @@ impl<'p> EpochLoop<'p> {
     fn keep(&mut self, journal: Carry) {
         if journal.walked {
             self.dirs.undo();
+        }
+        if journal.shm {
+            self.shm.undo();
         }
         self.carry.absorb(journal);
     }
@@ -1586,14 +1598,17 @@ impl<'p> EpochLoop<'p> {
         let full = match fullbuf.take() {
             Some(buf) => {
                 let tf = Instant::now();
-                let (runs, data) = capture::copy_saved(self.proc, &maps, &vmas, buf)?;
+                let (runs, mut data) = capture::copy_saved(self.proc, &maps, &vmas, buf)?;
                 let tree = DirTracker::new(self.cfg.private_dirs.clone())
                     .changes()
                     .map_err(EpochError::Files)?;
+                let shm = crate::shm::ShmTracker::default()
+                    .capture(self.proc, &maps, true, true, &mut data)?;
                 Some(FullCapture {
                     runs,
                     data,
                     tree,
+                    shm,
                     took: tf.elapsed(),
                 })
             }
@@ -1606,6 +1621,13 @@ impl<'p> EpochLoop<'p> {
         meta.private_files = self.dirs.changes_mapped(&maps).map_err(EpochError::Files)?;
         parts.walk = tw.elapsed();
         j.walked = true;
+        // Shared memory, compared by content (nothing to do for a process that has none and
+        // made no layout call: see `crate::shm`).
+        let mut shm_data = Vec::new();
+        let shm = self
+            .shm
+            .capture(self.proc, &maps, !layout_carried, false, &mut shm_data)?;
+        j.shm = true;
         self.fail_at(FailPoint::AfterCopy)?;
         self.prev_maps = maps;
         // The pre-copied pages join the checkpoint (their bytes are moved over after the
@@ -1627,6 +1649,7 @@ impl<'p> EpochLoop<'p> {
         Ok(Captured {
             meta,
             exe,
+            shm: (shm, shm_data),
             write_faults: self.tracker.write_faults(),
             runs,
             data,
@@ -1690,6 +1713,7 @@ impl<'p> EpochLoop<'p> {
         let Captured {
             mut meta,
             exe,
+            shm,
             full,
             write_faults,
             pre,
@@ -1734,6 +1758,7 @@ impl<'p> EpochLoop<'p> {
             let mut image = meta.clone();
             image.runs = f.runs;
             image.private_files = f.tree;
+            image.shm = f.shm;
             let mut data = f.data;
             capture::drop_zero_pages(&mut image, &mut data);
             Checkpoint {
@@ -1908,6 +1933,15 @@ impl<'p> EpochLoop<'p> {
         st.write_faults = write_faults;
         st.precopy_us = precopy_time.as_micros() as u64;
         st.precopy_ran = precopy_ran;
+        // The shared memory objects' pages, raw, after the encoded ones.
+        let (mut objects, shm_data) = shm;
+        for r in objects.iter_mut().flat_map(|o| o.runs.iter_mut()) {
+            r.data_off += out.len() as u64;
+        }
+        out.extend_from_slice(&shm_data);
+        st.raw_bytes += shm_data.len() as u64;
+        st.encoded_bytes += shm_data.len() as u64;
+        meta.shm = objects;
         // Last: nothing fails from here on, so this checkpoint is produced and the next one
         // applies on top of it.
         self.meta_carry.leave_out(&mut meta);
@@ -1956,12 +1990,15 @@ struct FullCapture {
     runs: Vec<PageRun>,
     data: Vec<u8>,
     tree: FileChanges,
+    shm: Vec<ShmObject>,
     took: Duration,
 }
 
 struct Captured {
     meta: ProcessImage,
     exe: capture::PendingFile,
+    /// The shared memory objects with the pages that changed, and those pages' bytes.
+    shm: (Vec<ShmObject>, Vec<u8>),
     full: Option<FullCapture>,
     write_faults: Option<u64>,
     /// Pre-copied pages to add (address, offset in the pre-copy's bytes), and the pre-copy.

@@ -100,6 +100,12 @@ impl Proc {
     }
 
     /// Opens `rel` (relative to `/proc/PID`; magic links like `fd/3` are followed).
+    /// Opens `rel` under the host's `/proc` (the parent of this process's directory, reachable
+    /// even after a chroot): e.g. `self/map_files/...` of the caller's own mappings.
+    pub fn open_host(&self, rel: &str, flags: i32) -> io::Result<File> {
+        self.open_file(&format!("../{rel}"), flags)
+    }
+
     pub fn open_file(&self, rel: &str, flags: i32) -> io::Result<File> {
         let c = cstr(rel);
         // SAFETY: valid C string relative to our directory descriptor.
@@ -328,16 +334,22 @@ impl Proc {
 
 /// Runs `f` in a thread whose root is process `pid`'s root, with a [`Proc`] opened before the
 /// chroot. The kernel prints paths (maps, fd links, exe, cwd) relative to the *reader's* root, so
-/// inside `f` they read exactly as the sandboxed process sees them.
+/// inside `f` they read exactly as the sandboxed process sees them. The thread is also in the
+/// process's IPC namespace (System V shared memory: `/proc/sysvipc/shm` lists the reader's
+/// namespace's segments, `shmat` attaches by id in it; see `crate::shm`).
 pub fn in_view<T: Send>(pid: Pid, f: impl FnOnce(&Proc) -> T + Send) -> io::Result<T> {
     let proc = Proc::open(pid)?;
+    let ipc = proc.open_file("ns/ipc", libc::O_RDONLY)?;
     std::thread::scope(|s| {
         s.spawn(|| -> io::Result<T> {
             let root = cstr(&format!("/proc/{pid}/root"));
             // SAFETY: unshare(CLONE_FS) gives this thread its own root and cwd, shared with no
             // other thread; chroot/chdir then change only those (we are root: CAP_SYS_CHROOT).
+            // An IPC namespace is per thread (no single-thread rule, unlike the user and mount
+            // namespaces): setns changes this thread's only, which makes no IPC call of its own.
             unsafe {
                 if libc::unshare(libc::CLONE_FS) < 0
+                    || libc::setns(ipc.as_raw_fd(), libc::CLONE_NEWIPC) < 0
                     || libc::chroot(root.as_ptr()) < 0
                     || libc::chdir(c"/".as_ptr()) < 0
                 {

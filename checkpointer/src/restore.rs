@@ -14,7 +14,7 @@
 
 use crate::abi::{
     self, CredsDesc, ItimerDesc, MmMap, PLAN_MAGIC, PLAN_VERSION, PlanHeader, Regs, SeccompDesc,
-    SigactionDesc, ThreadDesc, TimerDesc, VMA_ANON, VMA_SHARED, VmaDesc, XSTATE_MAX,
+    SigactionDesc, ThreadDesc, TimerDesc, VMA_ANON, VMA_SHARED, VMA_SYSV, VmaDesc, XSTATE_MAX,
 };
 use crate::capture::regs_from_slice;
 use crate::fds;
@@ -81,6 +81,21 @@ pub struct ChildPlan {
     pub max_tid: i32,
     /// The private directories' tree, written before anything is opened.
     pub private_files: crate::files::FileChanges,
+    /// Shared memory objects, made (and filled) before the files are opened.
+    pub shm: Vec<ShmPlan>,
+}
+
+/// A shared memory object for the restore child to make: System V segments in the sandbox's
+/// IPC namespace with their id, anonymous ones as a descriptor of a fresh shmem file (placed
+/// after the executable's, in the order of the image's anonymous objects) that the restorer
+/// maps shared.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct ShmPlan {
+    pub id: ShmId,
+    pub size: u64,
+    pub sysv: Option<SysvShm>,
+    /// (offset in the object, length, offset in the pages descriptor).
+    pub runs: Vec<(u64, u64, u64)>,
 }
 
 /// Everything [`prepare`] made; keep it alive until [`finish`].
@@ -179,9 +194,10 @@ fn prepare_pages(
         .iter()
         .fold(max_fd, |m, &fd| m.max(fd))
         .checked_add(1)
-        // The block after it: the inherited descriptors, the mapped files, the executable.
+        // The block after it: the inherited descriptors, the mapped files, the executable, the
+        // anonymous shared memory objects.
         .filter(|b| {
-            RawFd::try_from(img.files.len() + INHERITED + 1)
+            RawFd::try_from(img.files.len() + INHERITED + 1 + img.shm.len())
                 .is_ok_and(|n| b.checked_add(n).is_some())
         })
         .ok_or_else(|| RestoreError::Invalid(format!("descriptor {max_fd} is out of range")))?;
@@ -207,6 +223,20 @@ fn prepare_pages(
         rlimits: img.rlimits.clone(),
         max_tid: img.max_tid,
         private_files: img.private_files.clone(),
+        shm: img
+            .shm
+            .iter()
+            .map(|o| ShmPlan {
+                id: o.id,
+                size: o.size,
+                sysv: o.sysv.clone(),
+                runs: o
+                    .runs
+                    .iter()
+                    .map(|r| (r.addr, r.len, pages_offset + r.data_off))
+                    .collect(),
+            })
+            .collect(),
     };
     let payload = postcard::to_stdvec(&child).map_err(io::Error::other)?;
     // The pipe's write end must survive into the sandbox: clear close-on-exec on every
@@ -282,6 +312,19 @@ fn apply_restart(mut r: Regs) -> Regs {
 fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) -> Result<Vec<u8>> {
     let file_fd = |i: u32| base + INHERITED as RawFd + i as RawFd;
     let exe_fd = base + INHERITED as RawFd + img.files.len() as RawFd;
+    // Anonymous shared memory objects: their descriptors follow the executable's.
+    let anon: Vec<ShmId> = img
+        .shm
+        .iter()
+        .map(|o| o.id)
+        .filter(|id| matches!(id, ShmId::Anon(_)))
+        .collect();
+    let shm_fd = |id: ShmId| {
+        anon.iter()
+            .position(|&a| a == id)
+            .map(|k| exe_fd + 1 + k as RawFd)
+    };
+    let shm_size = |id: ShmId| img.shm.iter().find(|o| o.id == id).map(|o| o.size);
 
     let mut runs: Vec<PageRun> = img.runs.clone();
     runs.sort_by_key(|r| r.addr);
@@ -312,11 +355,32 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
             });
             ri += 1;
         }
+        let mut flags = v.flags;
+        let mut attach_len = 0;
         let (fd, file_off) = match v.backing {
             Backing::File { index, offset } => (file_fd(index), offset),
+            Backing::Shm { id, offset } => {
+                let missing =
+                    || RestoreError::Invalid(format!("shared memory {id:?} is not in the image"));
+                if first_run != plan_runs.len() as u32 {
+                    return Err(RestoreError::Invalid(format!(
+                        "page runs in the shared mapping at {:#x}",
+                        v.start
+                    )));
+                }
+                match id {
+                    ShmId::Anon(_) => (shm_fd(id).ok_or_else(missing)?, offset),
+                    ShmId::Sysv(shmid) => {
+                        flags |= VMA_SYSV;
+                        if offset == 0 {
+                            attach_len = shm_size(id).ok_or_else(missing)?.div_ceil(4096) * 4096;
+                        }
+                        (shmid, offset)
+                    }
+                }
+            }
             _ => (-1, 0),
         };
-        let mut flags = v.flags;
         if v.shared {
             flags |= VMA_SHARED;
         }
@@ -333,6 +397,7 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
             first_run,
             nr_runs: plan_runs.len() as u32 - first_run,
             _pad: 0,
+            attach_len,
         });
     }
     if ri != runs.len() {
@@ -443,6 +508,16 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
         .collect();
     close.extend((0..img.files.len() as u32).map(file_fd));
     close.push(exe_fd);
+    close.extend(anon.iter().filter_map(|&id| shm_fd(id)));
+    // Segments marked for removal: marked again once attached.
+    let rmid: Vec<i32> = img
+        .shm
+        .iter()
+        .filter_map(|o| match (o.id, &o.sysv) {
+            (ShmId::Sysv(id), Some(sv)) if sv.removed => Some(id),
+            _ => None,
+        })
+        .collect();
 
     // Lay the sections out after the header, each 64-byte aligned.
     let mut buf = vec![0u8; std::mem::size_of::<PlanHeader>()];
@@ -460,6 +535,7 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
     let sigactions_off = section(&cat(&sigs));
     let cloexec_off = section(&cat(&cloexec));
     let close_off = section(&cat(&close));
+    let rmid_off = section(&cat(&rmid));
     let auxv_off = section(&cat(&img.auxv));
     let groups_off = section(&cat(&img.creds.groups));
     // In increasing id order (a kernel without PR_TIMER_CREATE_RESTORE_IDS can only count up).
@@ -571,6 +647,8 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
         seccomp_off,
         seccomp_shared: shared.len() as u32,
         seccomp_early: early as u32,
+        nr_rmid: rmid.len() as u32,
+        rmid_off,
     };
     buf[..std::mem::size_of::<PlanHeader>()].copy_from_slice(as_bytes(&hdr));
     Ok(buf)
@@ -637,6 +715,15 @@ fn child_setup(p: &ChildPlan) -> String {
     {
         return step("writing the private directories", e);
     }
+    // 2b. Shared memory objects (System V ones in the sandbox's IPC namespace, with their ids;
+    // anonymous ones as descriptors after the executable's).
+    if let Err(e) = crate::shm::make_all(
+        &p.shm,
+        p.base + 1,
+        p.base + INHERITED as RawFd + p.files.len() as RawFd + 1,
+    ) {
+        return e;
+    }
     // 3. Mapped files and the executable. The executable for PR_SET_MM_EXE_FILE must be a real
     // open file: O_PATH only if it cannot be read.
     let n = p.files.len();
@@ -680,7 +767,7 @@ fn child_setup(p: &ChildPlan) -> String {
         return step(&format!("chdir {}", p.cwd), io::Error::last_os_error());
     }
     // 5. The target's descriptors at their numbers; limits, PID cursor.
-    let floor = p.base + INHERITED as RawFd + n as RawFd + 1;
+    let floor = p.base + INHERITED as RawFd + n as RawFd + 1 + p.shm.len() as RawFd;
     if let Err(e) = fds::recreate(&p.fds, floor) {
         return e.to_string();
     }
@@ -838,6 +925,8 @@ fn step_name(step: u64) -> &'static str {
         14 => "restoring credentials (groups, IDs, capabilities, securebits)",
         15 => "creating a POSIX timer with its id",
         16 => "installing a seccomp filter",
+        17 => "attaching a System V segment (shmat)",
+        18 => "marking a System V segment for removal",
         _ => "unknown",
     }
 }

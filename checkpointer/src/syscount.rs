@@ -158,7 +158,8 @@ const SYS_MAP_SHADOW_STACK: i64 = 453;
 /// The system calls (x86-64 numbers) after which the memory layout may have changed, or pages
 /// of it may have been dropped (zapped) without a write: mapping, unmapping, moving and
 /// protecting memory, the heap's end, advice (`MADV_DONTNEED`, `MADV_FREE`, ...), locking
-/// (it splits mappings), memory policies, System V segments, names of mappings (`prctl`),
+/// (it splits mappings), memory policies, System V segments (created, changed, removed,
+/// attached, detached: `crate::shm` lists them again after one), names of mappings (`prctl`),
 /// truncating files (it zaps copied-on-write pages of private mappings beyond the new end),
 /// io_uring (it can give advice), a userfaultfd of the service's own, and new processes or
 /// programs. Not counted, and so caught only by the periodic full read: a file mapped by the
@@ -183,6 +184,8 @@ pub const LAYOUT_CALLS: &[i64] = &[
     libc::SYS_set_mempolicy_home_node,
     libc::SYS_shmat,
     libc::SYS_shmdt,
+    libc::SYS_shmget,
+    libc::SYS_shmctl,
     libc::SYS_prctl,
     SYS_MAP_SHADOW_STACK,
     libc::SYS_mseal,

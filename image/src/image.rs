@@ -22,8 +22,9 @@ mod libc_types {
 }
 /// Version of the encoding; bumped on every incompatible change (3: POSIX timers and interval
 /// timers, the service's own seccomp filters, inotify descriptors; incremental checkpoints leave
-/// out the metadata that equals their base's, `Carried`).
-pub const FORMAT_VERSION: u32 = 3;
+/// out the metadata that equals their base's, `Carried`; 4: shared memory objects, `shm`, and
+/// mappings of them, `Backing::Shm`).
+pub const FORMAT_VERSION: u32 = 4;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
 /// checkpointer checks equals this).
@@ -132,7 +133,61 @@ pub struct ProcessImage {
     pub timers: Timers,
     /// The seccomp filters the service installed itself.
     pub seccomp: Seccomp,
+    /// Shared memory objects (shared anonymous memory, System V segments), each once with its
+    /// contents, whether mapped or not; mappings name them (`Backing::Shm`). Always listed in
+    /// full, incremental checkpoints included (their pages there are those that changed).
+    pub shm: Vec<ShmObject>,
 }
+
+/// The identity of a shared memory object within a chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ShmId {
+    /// Shared anonymous memory (`MAP_SHARED | MAP_ANONYMOUS`, a shmem file the kernel shows as
+    /// `/dev/zero (deleted)`), by the inode number it had at capture.
+    Anon(u64),
+    /// A System V segment, by its `shmid` (kept at restore).
+    Sysv(i32),
+}
+
+/// A shared memory object and its contents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShmObject {
+    pub id: ShmId,
+    /// Size in bytes (a System V segment's may be no multiple of the page size).
+    pub size: u64,
+    /// System V segments only.
+    pub sysv: Option<SysvShm>,
+    /// Contents: runs of pages, `addr` being the offset in the object. A full checkpoint lists
+    /// every page that is not all zeros; an incremental one the pages that changed since its
+    /// base (a page that became all zeros is sent as zeros), on top of the base's contents of
+    /// the same object, or of zeros when `fresh`.
+    pub runs: Vec<PageRun>,
+    /// Incremental only: the object is new since the base (or replaced: another object with
+    /// the same id), its contents start from zeros.
+    pub fresh: bool,
+}
+
+/// What a System V segment is besides its contents (`/proc/sysvipc/shm`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysvShm {
+    /// Its key (0: `IPC_PRIVATE`, also what a segment marked for removal shows).
+    pub key: i32,
+    /// Permission bits (`0o777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Creator's user and group.
+    pub cuid: u32,
+    pub cgid: u32,
+    /// Marked for removal (`IPC_RMID`) while still attached: removed again at restore once
+    /// the mappings are back.
+    pub removed: bool,
+    /// Locked in memory (`SHM_LOCK`).
+    pub locked: bool,
+}
+
+/// Largest shared memory object a checkpoint may describe (1 TiB).
+pub const SHM_MAX_SIZE: u64 = 1 << 40;
 
 /// What an incremental checkpoint's metadata leaves out because it is the same as in the
 /// checkpoint it applies to (most epochs of a service change no mapping, no descriptor and
@@ -332,6 +387,12 @@ pub enum Backing {
     },
     /// The vDSO set (`[vvar]`, `[vvar_vclock]`, `[vdso]`): recreated by the kernel, not saved.
     Vdso,
+    /// Shared memory object `id` (one of [`ProcessImage::shm`]) at byte offset `offset`: the
+    /// mapping is shared again at restore, its contents are the object's.
+    Shm {
+        id: ShmId,
+        offset: u64,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -945,6 +1006,23 @@ impl ProcessImage {
                 ));
             }
         }
+        // A shared mapping's contents are its object's, never page runs of their own.
+        let shm_spans: Vec<(u64, u64)> = self
+            .vmas
+            .iter()
+            .filter(|v| matches!(v.backing, Backing::Shm { .. }))
+            .map(|v| (v.start, v.end))
+            .collect();
+        if let Some(r) = self
+            .runs
+            .iter()
+            .find(|r| r.len > 0 && shm_spans.iter().any(|s| s.0 <= r.addr && r.addr < s.1))
+        {
+            return bad(format!(
+                "page run at {:#x} lies in a mapping of shared memory",
+                r.addr
+            ));
+        }
         let mut by_addr: Vec<(u64, u64)> = self.runs.iter().map(|r| (r.addr, r.len)).collect();
         let mut by_data: Vec<(u64, u64)> = self.runs.iter().map(|r| (r.data_off, r.len)).collect();
         for (what, set) in [("memory", &mut by_addr), ("the page data", &mut by_data)] {
@@ -1036,6 +1114,7 @@ impl ProcessImage {
         }
         self.validate_timers(&tids)?;
         self.validate_seccomp(&tids)?;
+        self.validate_shm(data_len)?;
         for f in &self.fds {
             if let FdKind::Inotify { watches } = &f.kind {
                 let mut wds: Vec<i32> = watches.iter().map(|w| w.wd).collect();
@@ -1115,6 +1194,82 @@ impl ProcessImage {
         }
         if let Some(w) = which.windows(2).find(|w| w[0] == w[1]) {
             return bad(format!("interval timer {} appears twice", w[0]));
+        }
+        Ok(())
+    }
+
+    /// Shared memory objects: distinct ids (System V ones non-negative, with their
+    /// description, anonymous ones without), sizes of 1 byte to [`SHM_MAX_SIZE`], runs
+    /// page-aligned, inside the object (rounded up to pages) and inside the data, not
+    /// overlapping one another in the object; `fresh` only in an incremental checkpoint; and
+    /// every mapping of one naming an object of the image, inside it.
+    fn validate_shm(&self, data_len: u64) -> Result<(), FormatError> {
+        let bad = |m: String| Err(FormatError::Meta(m));
+        const PAGE: u64 = crate::delta::PAGE_SIZE as u64;
+        let mut ids: Vec<(ShmId, u64)> = Vec::with_capacity(self.shm.len());
+        for o in &self.shm {
+            if o.size == 0 || o.size > SHM_MAX_SIZE {
+                return bad(format!("shared memory {:?} has size {}", o.id, o.size));
+            }
+            match (o.id, &o.sysv) {
+                (ShmId::Sysv(id), Some(_)) if id >= 0 => {}
+                (ShmId::Anon(_), None) => {}
+                _ => return bad(format!("shared memory {:?} is described wrongly", o.id)),
+            }
+            if o.fresh && self.base_epoch.is_none() {
+                return bad(format!(
+                    "shared memory {:?} is fresh in a full checkpoint",
+                    o.id
+                ));
+            }
+            let size = o.size.div_ceil(PAGE) * PAGE;
+            let mut spans: Vec<(u64, u64)> = Vec::with_capacity(o.runs.len());
+            for r in &o.runs {
+                let end = r.addr.checked_add(r.len);
+                if !r.addr.is_multiple_of(PAGE)
+                    || !r.len.is_multiple_of(PAGE)
+                    || end.is_none_or(|e| e > size)
+                    || r.data_off.checked_add(r.len).is_none_or(|e| e > data_len)
+                {
+                    return bad(format!(
+                        "a page run of shared memory {:?} ({} bytes at {:#x}) lies outside it \
+                         or the page data",
+                        o.id, r.len, r.addr
+                    ));
+                }
+                if r.len > 0 {
+                    spans.push((r.addr, r.len));
+                }
+            }
+            spans.sort_unstable();
+            if spans.windows(2).any(|w| w[1].0 < w[0].0 + w[0].1) {
+                return bad(format!("page runs of shared memory {:?} overlap", o.id));
+            }
+            ids.push((o.id, size));
+        }
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
+            return bad(format!("shared memory {:?} appears twice", w[0].0));
+        }
+        for v in &self.vmas {
+            if let Backing::Shm { id, offset } = v.backing {
+                let Ok(i) = ids.binary_search_by_key(&id, |x| x.0) else {
+                    return bad(format!(
+                        "mapping at {:#x} names shared memory {id:?}, which is not in the image",
+                        v.start
+                    ));
+                };
+                if !offset.is_multiple_of(PAGE)
+                    || offset
+                        .checked_add(v.end - v.start)
+                        .is_none_or(|e| e > ids[i].1)
+                {
+                    return bad(format!(
+                        "mapping at {:#x} lies outside shared memory {id:?}",
+                        v.start
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -1232,6 +1387,7 @@ mod tests {
             carried: Default::default(),
             timers: Default::default(),
             seccomp: Default::default(),
+            shm: Vec::new(),
         };
         Checkpoint {
             epoch: 7,

@@ -42,6 +42,44 @@ pub struct Image {
     codec: PageCodec,
     /// The private directories' tree at this epoch (`meta.private_files` stays empty).
     tree: Tree,
+    /// The shared memory objects' pages by object and offset (all-zero pages absent;
+    /// `meta.shm` lists the objects, without runs).
+    shm: BTreeMap<ShmId, BTreeMap<u64, Box<[u8; PAGE_SIZE]>>>,
+}
+
+/// The pages of each object of `objects` after `runs` of `data` are laid over `base`'s (an
+/// object not in `base`, or `fresh`, starts from zeros; objects not listed are dropped).
+/// All-zero pages are dropped. (Runs lie inside the data: `ProcessImage::validate` checked
+/// it; one that did not would be skipped.)
+fn shm_pages(
+    objects: &[ShmObject],
+    data: &[u8],
+    mut base: BTreeMap<ShmId, BTreeMap<u64, Box<[u8; PAGE_SIZE]>>>,
+) -> BTreeMap<ShmId, BTreeMap<u64, Box<[u8; PAGE_SIZE]>>> {
+    let mut out = BTreeMap::new();
+    for o in objects {
+        let mut pages = match base.remove(&o.id) {
+            Some(p) if !o.fresh => p,
+            _ => BTreeMap::new(),
+        };
+        for r in &o.runs {
+            for p in 0..r.len / PAGE {
+                let Some(page) = usize::try_from(r.data_off + p * PAGE)
+                    .ok()
+                    .and_then(|off| data.get(off..)?.first_chunk::<PAGE_SIZE>())
+                else {
+                    continue;
+                };
+                if page.iter().all(|&b| b == 0) {
+                    pages.remove(&(r.addr + p * PAGE));
+                } else {
+                    pages.insert(r.addr + p * PAGE, Box::new(*page));
+                }
+            }
+        }
+        out.insert(o.id, pages);
+    }
+    out
 }
 
 impl Image {
@@ -81,8 +119,10 @@ impl Image {
         }
         let mut tree = Tree::default();
         tree.apply(&ck.image.private_files);
+        let shm = shm_pages(&ck.image.shm, &ck.data, BTreeMap::new());
         Ok(Image {
             tree,
+            shm,
             epoch: ck.epoch,
             meta: stored_meta(&ck.image),
             pages,
@@ -98,6 +138,11 @@ impl Image {
     /// The private directories' tree at this epoch.
     pub fn tree(&self) -> &Tree {
         &self.tree
+    }
+
+    /// The pages of shared memory object `id` that are not all zeros, by offset.
+    pub fn shm_pages(&self, id: ShmId) -> Option<&BTreeMap<u64, Box<[u8; PAGE_SIZE]>>> {
+        self.shm.get(&id)
     }
 
     pub fn page(&self, addr: u64) -> Option<&[u8; PAGE_SIZE]> {
@@ -157,6 +202,13 @@ impl Image {
             let i = layout.partition_point(|v| v.0 <= addr);
             i.checked_sub(1).map(|i| layout[i]).filter(|v| addr < v.1)
         };
+        // Shared mappings hold no pages of their own (their object's are in `shm`).
+        let shm_maps = Ranges::new(
+            meta.vmas
+                .iter()
+                .filter(|v| matches!(v.backing, Backing::Shm { .. }))
+                .map(|v| (v.start, v.end)),
+        );
         let reset = Ranges::new(img.reset.iter().copied());
         let cow = Ranges::new(img.cow.iter().copied());
         let file_private = Ranges::new(
@@ -168,6 +220,7 @@ impl Image {
         let keep = |a: u64| {
             mapping(a).is_some()
                 && !reset.contains(a)
+                && !shm_maps.contains(a)
                 // A page of a private file mapping without its own copy shows the file.
                 && (!file_private.contains(a) || cow.contains(a))
         };
@@ -177,8 +230,8 @@ impl Image {
         let zero = [0u8; PAGE_SIZE];
         let mut staged: BTreeMap<u64, Option<Box<[u8; PAGE_SIZE]>>> = BTreeMap::new();
         for p in &img.pages {
-            let Some((_, _, anon)) = mapping(p.addr) else {
-                continue; // outside the new layout: gone
+            let Some((_, _, anon)) = mapping(p.addr).filter(|_| !shm_maps.contains(p.addr)) else {
+                continue; // outside the new layout (or shared memory's): gone
             };
             let bytes = usize::try_from(p.data_off)
                 .ok()
@@ -229,6 +282,7 @@ impl Image {
             meta.sandbox = std::mem::take(&mut self.meta.sandbox);
         }
         self.tree.apply(&img.private_files);
+        self.shm = shm_pages(&img.shm, &ck.data, std::mem::take(&mut self.shm));
         self.meta = meta;
         self.epoch = ck.epoch;
         Ok(())
@@ -259,6 +313,22 @@ impl Image {
         let mut image = self.meta.clone();
         image.runs = runs;
         image.private_files = self.tree.to_changes();
+        // The objects' pages follow the process's, object by object in id order (as
+        // `write_pages` writes them).
+        for o in &mut image.shm {
+            o.runs.clear();
+            for &off in self.shm.get(&o.id).into_iter().flat_map(|p| p.keys()) {
+                match o.runs.last_mut() {
+                    Some(r) if r.addr + r.len == off => r.len += PAGE,
+                    _ => o.runs.push(PageRun {
+                        addr: off,
+                        len: PAGE,
+                        data_off: written,
+                    }),
+                }
+                written += PAGE;
+            }
+        }
         Checkpoint {
             epoch: self.epoch,
             kind: Kind::Full,
@@ -271,7 +341,12 @@ impl Image {
     pub fn write_pages(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
         // Pages are boxed one by one: hand them to the kernel in batches, no staging copy.
         let mut batch: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(BATCH);
-        for page in self.pages.values() {
+        let shm = self
+            .meta
+            .shm
+            .iter()
+            .flat_map(|o| self.shm.get(&o.id).into_iter().flat_map(|p| p.values()));
+        for page in self.pages.values().chain(shm) {
             batch.push(std::io::IoSlice::new(&page[..]));
             if batch.len() == BATCH {
                 write_all_vectored(out, &mut batch)?;
@@ -284,7 +359,8 @@ impl Image {
     /// with the sandbox description the chain carried and the private directories' tree.
     pub fn to_full(&self) -> Checkpoint {
         let mut ck = self.full_meta();
-        let mut data = Vec::with_capacity(self.pages.len() * PAGE_SIZE);
+        let shm: usize = self.shm.values().map(|p| p.len()).sum();
+        let mut data = Vec::with_capacity((self.pages.len() + shm) * PAGE_SIZE);
         self.write_pages(&mut data)
             .expect("writing to a Vec cannot fail");
         ck.data = data;
@@ -341,6 +417,15 @@ fn stored_meta(img: &ProcessImage) -> ProcessImage {
         carried: Default::default(),
         timers: img.timers.clone(),
         seccomp: img.seccomp.clone(),
+        shm: img
+            .shm
+            .iter()
+            .map(|o| ShmObject {
+                runs: Vec::new(),
+                fresh: false,
+                ..o.clone()
+            })
+            .collect(),
     }
 }
 
@@ -519,6 +604,7 @@ mod tests {
             carried: Default::default(),
             timers: Default::default(),
             seccomp: Default::default(),
+            shm: Vec::new(),
         }
     }
 

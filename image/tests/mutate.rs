@@ -245,6 +245,22 @@ fn chains_apply_as_the_model_says() {
                 );
             }
             assert_eq!(img.tree(), &ch.trees[i], "seed {seed} epoch {i}: tree");
+            let listed: Vec<ShmId> = img.meta.shm.iter().map(|o| o.id).collect();
+            assert_eq!(
+                listed,
+                ch.shm[i].keys().copied().collect::<Vec<_>>(),
+                "seed {seed} epoch {i}: shared memory objects"
+            );
+            for (id, want) in &ch.shm[i] {
+                let got = img.shm_pages(*id).expect("the object is held");
+                assert_eq!(got.len(), want.len(), "seed {seed} epoch {i}: {id:?} pages");
+                for (off, page) in want {
+                    assert!(
+                        got.get(off).is_some_and(|p| p[..] == page[..]),
+                        "seed {seed} epoch {i}: {id:?} page {off:#x} differs"
+                    );
+                }
+            }
             assert_eq!(img.meta.sandbox, ch.sandboxes[i], "seed {seed} epoch {i}");
             // A backup can restore from here: the full checkpoint reads back the same.
             let full = Checkpoint::from_bytes(img.to_full().to_bytes()).unwrap();

@@ -197,9 +197,10 @@ impl ServiceHandle {
 /// The directories a checkpoint carries the files of: the sandbox configuration's writable
 /// binds (a manifest makes a bind writable exactly when it is, or lies under, one of
 /// `tardi.private_dirs`) and its tmpfs mounts (`/tmp`, ...: their contents exist only in the
-/// sandbox, they are the service's state as much as its memory).
+/// sandbox, they are the service's state as much as its memory), and `/dev/shm`, the tmpfs the
+/// sandbox's init mounts for POSIX shared memory (`shm_open`).
 pub fn private_dirs(config: &SandboxConfig) -> Vec<String> {
-    config
+    let mut dirs: Vec<String> = config
         .mounts
         .iter()
         .filter(|m| {
@@ -209,7 +210,11 @@ pub fn private_dirs(config: &SandboxConfig) -> Vec<String> {
             )
         })
         .map(|m| m.path.to_string_lossy().into_owned())
-        .collect()
+        .collect();
+    if !dirs.iter().any(|d| d == "/dev/shm") {
+        dirs.push("/dev/shm".into());
+    }
+    dirs
 }
 
 /// [`Sandbox::start`] with the error users read.

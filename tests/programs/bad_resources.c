@@ -12,7 +12,8 @@
  *   fork            a forked child process (pauses forever)
  *   orphan          a grandchild process (pauses forever) whose parent, our child, exited: it
  *                   is reparented to the sandbox's init, so it is no child of the service
- *   shmem           a MAP_SHARED|MAP_ANONYMOUS mapping (one page, written)
+ *   shm-unlinked    a POSIX shared memory object mapped and then unlinked (shm_unlink)
+ *   sysv-tail       a System V attachment whose first page was unmapped
  *   memfd           an open memfd
  *   pending-signal  SIGUSR1 blocked and pending
  *   inotify-queued  an inotify watch on / with an IN_OPEN event queued, never read
@@ -31,6 +32,7 @@
 #include <string.h>
 #include <sys/inotify.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -51,7 +53,7 @@ int main(int argc, char **argv) {
             mode = argv[i];
     }
     if (!mode) {
-        fprintf(stderr, "usage: %s [--port N] none|unixsock|fork|orphan|shmem|memfd|pending-signal|inotify-queued\n", argv[0]);
+        fprintf(stderr, "usage: %s [--port N] none|unixsock|fork|orphan|shm-unlinked|sysv-tail|memfd|pending-signal|inotify-queued\n", argv[0]);
         return 2;
     }
 
@@ -103,11 +105,22 @@ int main(int argc, char **argv) {
         close(p[1]);
         if (waitpid(child, NULL, 0) < 0) die("waitpid");
         snprintf(detail, sizeof detail, "grandchild=%d", (int)grandchild);
-    } else if (strcmp(mode, "shmem") == 0) {
-        char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    } else if (strcmp(mode, "shm-unlinked") == 0) {
+        int fd = shm_open("/bad-shm", O_RDWR | O_CREAT, 0600);
+        if (fd < 0 || ftruncate(fd, 4096) < 0) die("shm_open");
+        char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) die("mmap");
         strcpy(p, "shared");
-        snprintf(detail, sizeof detail, "shmem=%p", (void *)p);
+        close(fd);
+        if (shm_unlink("/bad-shm") < 0) die("shm_unlink");
+        snprintf(detail, sizeof detail, "shm=%p", (void *)p);
+    } else if (strcmp(mode, "sysv-tail") == 0) {
+        int id = shmget(IPC_PRIVATE, 2 * 4096, IPC_CREAT | 0600);
+        char *p = id < 0 ? (void *)-1 : shmat(id, NULL, 0);
+        if (p == (void *)-1) die("shmat");
+        strcpy(p + 4096, "tail");
+        if (munmap(p, 4096) < 0) die("munmap");
+        snprintf(detail, sizeof detail, "shmid=%d tail=%p", id, (void *)(p + 4096));
     } else if (strcmp(mode, "memfd") == 0) {
         int fd = memfd_create("bad-memfd", 0);
         if (fd < 0) die("memfd_create");

@@ -22,6 +22,49 @@ pub struct Chain {
     pub pages: Vec<BTreeMap<u64, Page>>,
     pub trees: Vec<Tree>,
     pub sandboxes: Vec<Vec<u8>>,
+    /// After `cks[..=i]`: each shared memory object's pages that are not all zeros.
+    pub shm: Vec<BTreeMap<ShmId, BTreeMap<u64, Page>>>,
+}
+
+const SHM_MAP: u64 = 0x7e00_0000_0000;
+
+/// A System V segment's description.
+fn sysv(key: i32, removed: bool) -> Option<SysvShm> {
+    Some(SysvShm {
+        key,
+        mode: 0o640,
+        uid: 100,
+        gid: 101,
+        cuid: 0,
+        cgid: 0,
+        removed,
+        locked: false,
+    })
+}
+
+/// A shared memory object's pages as runs of `data` (contiguous offsets coalesced).
+fn shm_runs(pages: &BTreeMap<u64, Page>, data: &mut Vec<u8>) -> Vec<PageRun> {
+    let mut runs: Vec<PageRun> = Vec::new();
+    for (&off, page) in pages {
+        match runs.last_mut() {
+            Some(r) if r.addr + r.len == off => r.len += PAGE,
+            _ => runs.push(PageRun {
+                addr: off,
+                len: PAGE,
+                data_off: data.len() as u64,
+            }),
+        }
+        data.extend_from_slice(&page[..]);
+    }
+    runs
+}
+
+fn nonzero(pages: &BTreeMap<u64, Page>) -> BTreeMap<u64, Page> {
+    pages
+        .iter()
+        .filter(|(_, p)| !is_zero(&p[..]))
+        .map(|(a, p)| (*a, p.clone()))
+        .collect()
 }
 
 const HEAP: u64 = 0x60_0000;
@@ -238,6 +281,8 @@ struct Proc {
     mem: BTreeMap<u64, Page>,
     threads: Vec<ThreadImage>,
     tree: Tree,
+    /// Shared memory objects (without runs) and their pages (zero ones possibly kept).
+    shm: BTreeMap<ShmId, (ShmObject, BTreeMap<u64, Page>)>,
 }
 
 impl Proc {
@@ -336,7 +381,15 @@ impl Proc {
                     filters: vec![0],
                 }],
             },
+            shm: self.shm.values().map(|(o, _)| o.clone()).collect(),
         }
+    }
+
+    fn shm_held(&self) -> BTreeMap<ShmId, BTreeMap<u64, Page>> {
+        self.shm
+            .iter()
+            .map(|(id, (_, p))| (*id, nonzero(p)))
+            .collect()
     }
 
     fn anon(&self, addr: u64) -> bool {
@@ -357,7 +410,9 @@ impl Proc {
     fn writable(&self) -> Vec<u64> {
         self.vmas
             .iter()
-            .filter(|v| v.prot & 2 != 0 && v.backing != Backing::Vdso)
+            .filter(|v| {
+                v.prot & 2 != 0 && matches!(v.backing, Backing::Anon | Backing::File { .. })
+            })
             .flat_map(|v| (v.start..v.end).step_by(PAGE_SIZE))
             .collect()
     }
@@ -414,11 +469,74 @@ pub fn build(seed: u64, epochs: usize) -> Chain {
                 Backing::Vdso,
                 "[vdso]",
             ),
+            // One shared anonymous object mapped twice, a System V segment attached (and
+            // marked for removal).
+            Vma {
+                shared: true,
+                ..vma(
+                    SHM_MAP,
+                    SHM_MAP + 16 * PAGE,
+                    3,
+                    Backing::Shm {
+                        id: ShmId::Anon(77),
+                        offset: 0,
+                    },
+                    "/dev/zero (deleted)",
+                )
+            },
+            Vma {
+                shared: true,
+                ..vma(
+                    SHM_MAP + 0x10_0000,
+                    SHM_MAP + 0x10_0000 + 4 * PAGE,
+                    1,
+                    Backing::Shm {
+                        id: ShmId::Anon(77),
+                        offset: 8 * PAGE,
+                    },
+                    "/dev/zero (deleted)",
+                )
+            },
+            Vma {
+                shared: true,
+                ..vma(
+                    SHM_MAP + 0x20_0000,
+                    SHM_MAP + 0x20_0000 + 3 * PAGE,
+                    3,
+                    Backing::Shm {
+                        id: ShmId::Sysv(32768),
+                        offset: 0,
+                    },
+                    "/SYSV00000000 (deleted)",
+                )
+            },
         ],
         mem: BTreeMap::new(),
         threads: (0..3).map(|i| thread(rng, 100 + i)).collect(),
         tree: Tree::default(),
+        shm: BTreeMap::new(),
     };
+    // The objects: the anonymous one, the attached segment, and one no mapping names.
+    for (id, size, sv) in [
+        (ShmId::Anon(77), 16 * PAGE, None),
+        (ShmId::Sysv(32768), 2 * PAGE + 100, sysv(0, true)),
+        (ShmId::Sysv(5), 40 * PAGE, sysv(0x5eed, false)),
+    ] {
+        let mut pages = BTreeMap::new();
+        for off in (0..size).step_by(PAGE_SIZE) {
+            if rng.random_bool(0.5) {
+                pages.insert(off, content(rng));
+            }
+        }
+        let o = ShmObject {
+            id,
+            size,
+            sysv: sv,
+            runs: vec![],
+            fresh: false,
+        };
+        p.shm.insert(id, (o, pages));
+    }
     for a in p.writable() {
         if rng.random_bool(0.6) {
             p.mem.insert(a, content(rng));
@@ -471,6 +589,9 @@ pub fn build(seed: u64, epochs: usize) -> Chain {
         data.extend_from_slice(&page[..]);
     }
     image.private_files = p.tree.to_changes();
+    for o in &mut image.shm {
+        o.runs = shm_runs(&nonzero(&p.shm[&o.id].1), &mut data);
+    }
     let mut chain = Chain {
         cks: vec![Checkpoint {
             epoch: 0,
@@ -481,6 +602,7 @@ pub fn build(seed: u64, epochs: usize) -> Chain {
         pages: vec![p.held()],
         trees: vec![p.tree.clone()],
         sandboxes: vec![sandbox.clone()],
+        shm: vec![p.shm_held()],
     };
 
     let mut codec = PageCodec::new().expect("zstd context");
@@ -620,6 +742,57 @@ pub fn build(seed: u64, epochs: usize) -> Chain {
             ));
         }
         p.tree.apply(&ch);
+        // Shared memory: pages of each object written (some zeroed), a segment created, one
+        // removed, one replaced by another with the same id.
+        let mut shm_written: BTreeMap<ShmId, BTreeMap<u64, Page>> = BTreeMap::new();
+        let mut shm_fresh = Vec::new();
+        match rng.random_range(0..8) {
+            0 => {
+                let id = ShmId::Sysv(1000 + epoch as i32);
+                let o = ShmObject {
+                    id,
+                    size: 5 * PAGE,
+                    sysv: sysv(epoch as i32, false),
+                    runs: vec![],
+                    fresh: false,
+                };
+                p.shm.insert(id, (o, BTreeMap::new()));
+                shm_fresh.push(id);
+            }
+            1 => {
+                let victim = p
+                    .shm
+                    .keys()
+                    .copied()
+                    .find(|id| id.ne(&ShmId::Anon(77)) && id.ne(&ShmId::Sysv(32768)));
+                if let Some(id) = victim {
+                    p.shm.remove(&id);
+                }
+            }
+            2 => {
+                if let Some((o, pages)) = p.shm.get_mut(&ShmId::Sysv(5)) {
+                    o.size = 7 * PAGE;
+                    pages.clear();
+                    shm_fresh.push(ShmId::Sysv(5));
+                }
+            }
+            _ => {}
+        }
+        for (id, (o, pages)) in &mut p.shm {
+            let n = o.size.div_ceil(PAGE);
+            for _ in 0..rng.random_range(0..6) {
+                let off = rng.random_range(0..n) * PAGE;
+                let page = pages.entry(off).or_insert_with(|| Box::new([0; PAGE_SIZE]));
+                write(rng, page);
+                shm_written
+                    .entry(*id)
+                    .or_default()
+                    .insert(off, page.clone());
+            }
+            if shm_fresh.contains(id) {
+                shm_written.insert(*id, nonzero(pages));
+            }
+        }
         // Once in a while the caller attaches a new sandbox description.
         let carried = if rng.random_bool(0.15) {
             sandbox_now = format!(r#"{{"name":"svc","link_index":{epoch}}}"#).into_bytes();
@@ -645,6 +818,13 @@ pub fn build(seed: u64, epochs: usize) -> Chain {
             .map(|&a| (a, a + PAGE))
             .collect();
         image.private_files = ch;
+        for o in &mut image.shm {
+            o.fresh = shm_fresh.contains(&o.id);
+            o.runs = shm_runs(
+                shm_written.get(&o.id).unwrap_or(&BTreeMap::new()),
+                &mut data,
+            );
+        }
         chain.cks.push(Checkpoint {
             epoch,
             kind: Kind::Incremental { base: epoch - 1 },
@@ -654,6 +834,7 @@ pub fn build(seed: u64, epochs: usize) -> Chain {
         chain.pages.push(p.held());
         chain.trees.push(p.tree.clone());
         chain.sandboxes.push(sandbox_now.clone());
+        chain.shm.push(p.shm_held());
     }
     chain
 }

@@ -1,0 +1,207 @@
+//! Shared memory of every kind (`tests/programs/shmem.c`): shared anonymous memory mapped
+//! twice, System V segments (with a key and owner, attached twice one of them read-only,
+//! marked for removal while attached, not attached at all), POSIX shared memory in
+//! `/dev/shm` mapped twice and a shared mapping of a `/tmp` file. Snapshot → kill → restore,
+//! and an incremental chain (a new generation written to every object between epochs) with
+//! each tracker, restored: every byte as it was (the program checks each against its
+//! generation), the segments with their ids, keys, sizes, modes, owners and attachment
+//! counts, and the sharing itself (a write through one mapping seen through the other, and
+//! through a child forked after the restore).
+
+mod common;
+
+use common::programs;
+use common::tardi::{Running, Scratch};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tardi_checkpointer::epoch::{EpochConfig, Epochs};
+use tardi_checkpointer::image::{Checkpoint, ShmId};
+use tardi_checkpointer::store::Image;
+use tardi_checkpointer::track::TrackerKind;
+
+const PORT: u16 = 7000;
+
+/// A manifest with the host's root read-only and a tmpfs at /tmp.
+fn manifest(dir: &Path, name: &str, bin: &Path) -> PathBuf {
+    let text = format!(
+        "libos.entrypoint = {:?}\nloader.argv = [\"shmem\"]\n\
+         fs.mounts = [\n  {{ path = \"/\", uri = \"file:/\" }},\n  {{ type = \"tmpfs\", path = \"/tmp\" }},\n]\n\n\
+         [tardi]\nname = {name:?}\n",
+        bin.to_str().unwrap()
+    );
+    let p = dir.join(format!("{name}.manifest"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn ask(r: &Running, cmd: &str) -> String {
+    programs::request(
+        SocketAddr::new(r.address.into(), PORT),
+        cmd,
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|e| panic!("{cmd} to {}: {e}", r.name))
+}
+
+fn fields(line: &str) -> BTreeMap<String, String> {
+    line.split_whitespace()
+        .filter_map(|f| f.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn start(tag: &str) -> (Scratch, Running) {
+    let bin = programs::build("shmem");
+    let scratch = Scratch::new(tag);
+    let name = format!("shm-{tag}-{}", std::process::id() % 10000);
+    let m = manifest(&scratch.0, &name, &bin);
+    let run = Running::run(&m).expect("tardi run");
+    programs::wait_ready(
+        SocketAddr::new(run.address.into(), PORT),
+        Duration::from_secs(10),
+    )
+    .expect("ready");
+    (scratch, run)
+}
+
+fn restore_or_log(file: &Path, log: &Path) -> Running {
+    Running::restore(file).unwrap_or_else(|e| {
+        panic!(
+            "restore: {e}\n--- log ---\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        )
+    })
+}
+
+/// The state line as it must be, before any restore: every byte right, the segments as made.
+fn check_source(state: &str) {
+    let f = fields(state);
+    assert_eq!(f["ok"], "1", "{state}");
+    assert_eq!(f["s1_key"], "7a7d0001", "{state}");
+    assert_eq!(f["s1_owner"], "1234:5678", "{state}");
+    assert_eq!(f["s1_nattch"], "2", "{state}");
+    assert_eq!(f["s1_ro"], "yes", "{state}");
+    // Marked for removal (SHM_DEST, 01000) and still attached.
+    assert_eq!(f["s2_key"], "0", "{state}");
+    assert!(f["s2_mode"].starts_with('1'), "{state}");
+    assert_eq!(f["s3_nattch"], "0", "{state}");
+}
+
+/// What a restored process must show: the state it had, sharing intact, and writes that go on.
+fn check_restored(r: &Running, before: &str) {
+    let after = ask(r, "state");
+    assert_eq!(after, before, "state after restore");
+    let share = fields(&ask(r, "share"));
+    let want: BTreeMap<String, String> = [
+        ("anon_twin", "shared"),
+        ("anon_fork", "shared"),
+        ("s1_twin", "shared"),
+        ("s2_fork", "shared"),
+        ("posix_twin", "shared"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(share, want, "sharing after restore");
+    let generation: u64 = fields(before)["gen"].parse().unwrap();
+    assert_eq!(ask(r, "tick"), format!("gen={}", generation + 1));
+    let next = fields(&ask(r, "state"));
+    assert_eq!(
+        next["ok"], "1",
+        "a generation written after the restore: {next:?}"
+    );
+}
+
+#[test]
+fn shared_memory_survives_a_restore() {
+    let (scratch, cur) = start("snap");
+    ask(&cur, "tick");
+    let before = ask(&cur, "state");
+    check_source(&before);
+    let file = scratch.0.join("s.tardi");
+    cur.snapshot(&file).expect("snapshot");
+    let image = Checkpoint::from_bytes(std::fs::read(&file).unwrap())
+        .unwrap()
+        .image;
+    let kinds: Vec<ShmId> = image.shm.iter().map(|o| o.id).collect();
+    assert_eq!(
+        kinds.iter().filter(|i| matches!(i, ShmId::Sysv(_))).count(),
+        3,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|i| matches!(i, ShmId::Anon(_))).count(),
+        1,
+        "one anonymous object, captured once for its two mappings: {kinds:?}"
+    );
+    let log = cur.log.clone();
+    cur.stop();
+    let restored = restore_or_log(&file, &log);
+    check_restored(&restored, &before);
+    restored.stop();
+}
+
+/// An incremental chain with a new generation written to every object between epochs,
+/// applied to an image and restored.
+fn chain(tracker: TrackerKind, tag: &str) {
+    let (scratch, run) = start(tag);
+    let first = scratch.0.join("first.tardi");
+    run.snapshot(&first).unwrap();
+    let sandbox = Checkpoint::from_bytes(std::fs::read(&first).unwrap())
+        .unwrap()
+        .image
+        .sandbox;
+    let cfg = EpochConfig {
+        private_dirs: vec!["/tmp".into(), "/dev/shm".into()],
+        tracker,
+        ..Default::default()
+    };
+    let (mut ep, full, _) = Epochs::start(run.pid, cfg).expect("start epochs");
+    let mut image = Image::from_full(&full).unwrap();
+    let mut shm_bytes = 0;
+    for round in 0..6 {
+        assert_eq!(ask(&run, "tick"), format!("gen={}", round + 1));
+        for _ in 0..3 {
+            let (ck, _) = ep.next().expect("an epoch");
+            let ck = Checkpoint::from_bytes(ck.to_bytes()).unwrap();
+            shm_bytes += ck
+                .image
+                .shm
+                .iter()
+                .flat_map(|o| &o.runs)
+                .map(|r| r.len)
+                .sum::<u64>();
+            image.apply(&ck).unwrap();
+        }
+    }
+    assert!(shm_bytes > 0, "the chain carried the objects' changes");
+    let before = ask(&run, "state");
+    check_source(&before);
+    let (ck, _) = ep.next().expect("the last epoch");
+    image
+        .apply(&Checkpoint::from_bytes(ck.to_bytes()).unwrap())
+        .unwrap();
+    drop(ep);
+
+    let mut full = image.to_full();
+    full.image.sandbox = sandbox;
+    let file = scratch.0.join("chain.tardi");
+    std::fs::write(&file, full.to_bytes()).unwrap();
+    let log = run.log.clone();
+    run.stop();
+    let restored = restore_or_log(&file, &log);
+    check_restored(&restored, &before);
+    restored.stop();
+}
+
+#[test]
+fn shared_memory_written_between_epochs_survives_a_chain_restore_uffd() {
+    chain(TrackerKind::Uffd, "cu");
+}
+
+#[test]
+fn shared_memory_written_between_epochs_survives_a_chain_restore_mprotect() {
+    chain(TrackerKind::Mprotect, "cm");
+}

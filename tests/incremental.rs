@@ -1063,6 +1063,8 @@ for line in sys.stdin:
         fds.append(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
     elif c == "seek":
         os.lseek(fds[-1], 7, os.SEEK_SET)
+    elif c == "chdir":
+        os.chdir("/tmp" if os.getcwd() != "/tmp" else "/")
     out.write("k\n"); out.flush()
 os.unlink(path)
 "#;
@@ -1102,8 +1104,8 @@ os.unlink(path)
     // the descriptors are reused, and those parts must be read all the same.
     let script = [
         "nop", "open", "nop", "dup", "nop", "nonblock", "nop", "epoll", "nop", "fill", "nop",
-        "drain", "nop", "listen", "nop", "file", "nop", "seek", "nop", "close", "nop", "nonblock",
-        "nop",
+        "drain", "nop", "listen", "nop", "file", "nop", "seek", "nop", "chdir", "nop", "close",
+        "nop", "nonblock", "nop", "chdir", "nop",
     ];
     let counted = |c: &str| !matches!(c, "nop" | "fill" | "drain" | "seek");
     for (i, c) in script.iter().enumerate() {
@@ -1123,6 +1125,13 @@ os.unlink(path)
             image
                 .apply(&ck)
                 .expect("each checkpoint applies to the last");
+            // The working directory is kept with the descriptors (chdir is a counted call).
+            let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap();
+            assert_eq!(
+                std::path::Path::new(&image.meta.cwd),
+                cwd,
+                "step {i} ({c}), pause {k}: working directory"
+            );
             assert_eq!(
                 format!("{:?}", image.meta.fds),
                 format!("{want:?}"),

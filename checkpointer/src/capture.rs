@@ -310,6 +310,12 @@ pub struct MetaCache {
     /// The layout-call count ([`crate::syscount::LAYOUT`], which counts `clone` and `fork`)
     /// when the service was last seen without child processes.
     childless_at: Option<u64>,
+    /// The values read from `stat`, `cwd` and `exe`, with the (layout, descriptor) call counts
+    /// when they were read: the `stat` fields kept (code, data, stack, arguments, environment)
+    /// change only through `execve`, `brk` and `prctl(PR_SET_MM*)`, the executable through
+    /// `execve` (layout calls), the working directory through `chdir`, `fchdir` and `chroot`
+    /// (counted with the descriptor calls).
+    process_vals: Option<((u64, u64), MmInfo, String, String)>,
     threads: HashMap<Pid, (u64, AltStack)>,
     sig_masks: Option<(u64, u64)>,
     sigactions: Vec<SigAction>,
@@ -485,26 +491,49 @@ pub(crate) fn capture_meta(
             u as u32
         }
     };
-    let stat = proc.stat_fields().map_err(proc_err(pid, "stat"))?;
-    // proc(5) numbers fields from 1.
-    let f = |n: usize| {
-        stat.get(n - 1)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
+    // The process is stopped: the counts cannot move while it is.
+    let counts = cache.calls.as_ref().map(|c| {
+        (
+            c.count(crate::syscount::LAYOUT),
+            c.count(crate::syscount::DESCRIPTORS),
+        )
+    });
+    let kept = match (&cache.process_vals, counts) {
+        (Some((at, mm, cwd, exe)), Some(now)) if !refresh && *at == now => {
+            Some((mm.clone(), cwd.clone(), exe.clone()))
+        }
+        _ => None,
     };
-    let mm = MmInfo {
-        start_code: f(26),
-        end_code: f(27),
-        start_stack: f(28),
-        start_data: f(45),
-        end_data: f(46),
-        start_brk: f(47),
-        brk: cache.brk,
-        arg_start: f(48),
-        arg_end: f(49),
-        env_start: f(50),
-        env_end: f(51),
+    let (mut mm, cwd, exe_path) = match kept {
+        Some(v) => v,
+        None => {
+            let stat = proc.stat_fields().map_err(proc_err(pid, "stat"))?;
+            // proc(5) numbers fields from 1.
+            let f = |n: usize| {
+                stat.get(n - 1)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let mm = MmInfo {
+                start_code: f(26),
+                end_code: f(27),
+                start_stack: f(28),
+                start_data: f(45),
+                end_data: f(46),
+                start_brk: f(47),
+                brk: 0,
+                arg_start: f(48),
+                arg_end: f(49),
+                env_start: f(50),
+                env_end: f(51),
+            };
+            let cwd = proc.read_link("cwd").map_err(proc_err(pid, "cwd"))?;
+            let exe_path = proc.read_link("exe").map_err(proc_err(pid, "exe"))?;
+            cache.process_vals = counts.map(|c| (c, mm.clone(), cwd.clone(), exe_path.clone()));
+            (mm, cwd, exe_path)
+        }
     };
+    mm.brk = cache.brk;
     // The auxiliary vector is set at exec and never changes.
     let auxv = match &cache.auxv {
         Some(a) if !refresh => a.clone(),
@@ -518,8 +547,6 @@ pub(crate) fn capture_meta(
             a
         }
     };
-    let cwd = proc.read_link("cwd").map_err(proc_err(pid, "cwd"))?;
-    let exe_path = proc.read_link("exe").map_err(proc_err(pid, "exe"))?;
     if refresh {
         cache.rlimits = None;
         cache.fds.clear();

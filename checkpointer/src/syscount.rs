@@ -91,8 +91,12 @@ fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
 /// descriptors is, may have changed: creating, closing and duplicating descriptors, changing
 /// their flags (`fcntl`, `ioctl` `FIONBIO`), binding, connecting or configuring sockets,
 /// receiving descriptors (`recvmsg` with `SCM_RIGHTS`), epoll registrations, timers and
-/// signal descriptors, and new processes or programs.
+/// signal descriptors, and new processes or programs; and the working directory's changes
+/// (`chdir`, `fchdir`, `chroot`: the capture keeps the directory with the descriptors).
 pub const DESCRIPTOR_CALLS: &[i64] = &[
+    libc::SYS_chdir,
+    libc::SYS_fchdir,
+    libc::SYS_chroot,
     libc::SYS_open,
     libc::SYS_openat,
     libc::SYS_openat2,

@@ -6,7 +6,7 @@
 mod common;
 
 use common::programs::{self, Report};
-use common::tardi::{Running, Scratch, manifest_for};
+use common::tardi::{Running, Scratch, manifest_for, write_chain};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -198,12 +198,7 @@ fn statemachine_run(tag: &str) -> (Scratch, Running, SocketAddr) {
 fn statemachine_chain(tag: &str, cfg: EpochConfig) {
     let (scratch, run, addr) = statemachine_run(tag);
     // The sandbox description comes from an ordinary snapshot.
-    let first = scratch.0.join("first.tardi");
-    run.snapshot(&first).unwrap();
-    let sandbox = Checkpoint::from_bytes(std::fs::read(&first).unwrap())
-        .unwrap()
-        .image
-        .sandbox;
+    let sandbox = run.snapshot_sandbox(&scratch.0.join("first.tardi"));
 
     let every: u64 = std::env::var("TARDI_CHECK_EVERY")
         .ok()
@@ -214,10 +209,8 @@ fn statemachine_chain(tag: &str, cfg: EpochConfig) {
     before.check().unwrap();
 
     // Restore the chain's final image in place of the original.
-    let mut full = image.to_full();
-    full.image.sandbox = sandbox;
     let file = scratch.0.join("chain.tardi");
-    std::fs::write(&file, full.to_bytes()).unwrap();
+    write_chain(&image, sandbox, &file);
     run.stop();
     let restored = Running::restore(&file).expect("restore the chain");
     let after = programs::query(addr, Duration::from_secs(5)).unwrap();
@@ -293,15 +286,8 @@ fn churn_run(tag: &str, env: &str) -> (Scratch, Running, String) {
 fn churn_chain(tag: &str, cfg: EpochConfig, env: &str) {
     use tardi_sandbox::SandboxConfig;
     let (scratch, run, name) = churn_run(tag, env);
-    let first = scratch.0.join("first.tardi");
-    run.snapshot(&first).unwrap();
-    let mut config: SandboxConfig = serde_json::from_slice(
-        &Checkpoint::from_bytes(std::fs::read(&first).unwrap())
-            .unwrap()
-            .image
-            .sandbox,
-    )
-    .unwrap();
+    let mut config: SandboxConfig =
+        serde_json::from_slice(&run.snapshot_sandbox(&scratch.0.join("first.tardi"))).unwrap();
 
     let pid = run.pid;
     let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
@@ -630,6 +616,60 @@ impl Commanded {
 impl Drop for Commanded {
     fn drop(&mut self) {
         let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `python3 -c SCRIPT` driven by one command a line on stdin, each answered with one line on
+/// stdout once done; the script writes `ready` first. Dropped: its stdin is closed (the script
+/// ends its loop and cleans up) and it is waited for.
+struct PythonScript {
+    child: std::process::Child,
+    input: Option<std::process::ChildStdin>,
+    output: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl PythonScript {
+    fn spawn(script: &str) -> PythonScript {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn python3");
+        let input = child.stdin.take();
+        let mut output = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        output.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        PythonScript {
+            child,
+            input,
+            output,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends command `c` and returns the script's answer (without its newline).
+    fn step(&mut self, c: &str) -> String {
+        use std::io::{BufRead, Write};
+        writeln!(self.input.as_mut().unwrap(), "{c}").unwrap();
+        let mut line = String::new();
+        self.output.read_line(&mut line).unwrap();
+        match line.strip_suffix('\n') {
+            Some(answer) => answer.to_string(),
+            None => panic!("the script's answer to {c} is not a line: {line:?}"),
+        }
+    }
+}
+
+impl Drop for PythonScript {
+    fn drop(&mut self) {
+        drop(self.input.take());
         let _ = self.child.wait();
     }
 }
@@ -1027,7 +1067,6 @@ fn full_pause_length() {
 /// reused them (a loop that always reads, or never notices, fails here).
 #[test]
 fn descriptors_are_read_again_exactly_when_the_process_changed_them() {
-    use std::io::{BufRead, Write};
     const SCRIPT: &str = r#"
 import fcntl, os, select, socket, sys
 ep = select.epoll()
@@ -1068,24 +1107,9 @@ for line in sys.stdin:
     out.write("k\n"); out.flush()
 os.unlink(path)
 "#;
-    let mut child = std::process::Command::new("python3")
-        .args(["-c", SCRIPT])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn python3");
-    let pid = child.id() as i32;
-    let mut input = child.stdin.take().unwrap();
-    let mut output = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    output.read_line(&mut line).unwrap();
-    assert_eq!(line, "ready\n");
-    let mut step = |c: &str| {
-        writeln!(input, "{c}").unwrap();
-        line.clear();
-        output.read_line(&mut line).unwrap();
-        assert_eq!(line, "k\n", "the script's answer to {c}");
-    };
+    let mut py = PythonScript::spawn(SCRIPT);
+    let pid = py.pid();
+    let mut step = |c: &str| assert_eq!(py.step(c), "k", "the script's answer to {c}");
     let cfg = EpochConfig {
         interval: Duration::from_millis(2),
         ..Default::default()
@@ -1150,8 +1174,7 @@ os.unlink(path)
         }
     }
     ep.stop();
-    drop(input);
-    let _ = child.wait();
+    drop(py);
     assert!(
         reused >= script.len(),
         "too few pauses reused the descriptors ({reused} reused, {read} read): the count is not in effect"
@@ -1311,7 +1334,6 @@ fn a_stack_grown_without_a_call_is_captured_while_the_layout_is_carried() {
 /// blocked signal through (`PTRACE_PEEKSIGINFO` lists it at the capture's start).
 #[test]
 fn a_blocked_pending_signal_refuses_the_epoch_until_it_is_delivered() {
-    use std::io::{BufRead, Write};
     use tardi_checkpointer::capture::CaptureError;
     use tardi_checkpointer::epoch::EpochError;
     const SCRIPT: &str = r#"
@@ -1329,24 +1351,8 @@ for line in sys.stdin:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
     out.write("k %d\n" % len(got)); out.flush()
 "#;
-    let mut child = std::process::Command::new("python3")
-        .args(["-c", SCRIPT])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn python3");
-    let pid = child.id() as i32;
-    let mut input = child.stdin.take().unwrap();
-    let mut output = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    output.read_line(&mut line).unwrap();
-    assert_eq!(line, "ready\n");
-    let mut step = |c: &str| {
-        writeln!(input, "{c}").unwrap();
-        line.clear();
-        output.read_line(&mut line).unwrap();
-        line.trim().to_string()
-    };
+    let mut py = PythonScript::spawn(SCRIPT);
+    let pid = py.pid();
     let cfg = EpochConfig {
         interval: Duration::from_millis(2),
         ..Default::default()
@@ -1355,7 +1361,7 @@ for line in sys.stdin:
     for i in 0..5 {
         ep.next().unwrap_or_else(|e| panic!("quiet epoch {i}: {e}"));
     }
-    assert_eq!(step("raise"), "k 0");
+    assert_eq!(py.step("raise"), "k 0");
     match ep.next() {
         Err(e @ EpochError::Capture(CaptureError::PendingSignals(_))) => {
             assert_eq!(e.chain(), ChainState::Intact);
@@ -1364,12 +1370,11 @@ for line in sys.stdin:
         Err(e) => panic!("refused, but not for the pending signal: {e}"),
         Ok((ck, _)) => panic!("epoch {} captured with SIGUSR1 pending", ck.epoch),
     }
-    assert_eq!(step("unblock"), "k 1", "the handler ran once unblocked");
+    assert_eq!(py.step("unblock"), "k 1", "the handler ran once unblocked");
     for i in 0..5 {
         ep.next()
             .unwrap_or_else(|e| panic!("epoch {i} after the delivery: {e}"));
     }
     ep.stop();
-    drop(input);
-    let _ = child.wait();
+    drop(py);
 }

@@ -9,7 +9,7 @@
 mod common;
 
 use common::programs;
-use common::tardi::{Running, Scratch};
+use common::tardi::{Running, Scratch, write_chain};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -173,10 +173,8 @@ fn private_directory_follows_memory_through_epochs_and_restore() {
     std::fs::write(host.join("state"), "0").unwrap();
     std::fs::write(host.join("junk"), "not in the checkpoint").unwrap();
     let _ = std::fs::remove_file(host.join("latest"));
-    let mut full = image.to_full();
-    full.image.sandbox = sandbox;
     let file = scratch.0.join("chain.tardi");
-    std::fs::write(&file, full.to_bytes()).unwrap();
+    write_chain(&image, sandbox, &file);
     let restored = Running::restore(&file).expect("restore the chain");
     let t0 = Instant::now();
     while disk_counter(&host) < saved + 50 {

@@ -513,6 +513,49 @@ fn sandbox_links(c: &Cluster, n: &str) -> Vec<String> {
         .collect()
 }
 
+/// From the client node, 300 redis writes (`key:i` for i from `from`) to `to` through
+/// failovers; every one must be acknowledged (`what`: when, for the message). The indices.
+fn write_300(c: &Cluster, to: SocketAddr, from: u64, what: &str) -> Vec<u64> {
+    let acked = c
+        .lab
+        .in_node("client", || {
+            common::resp::write_through_failovers(to, from, 300)
+        })
+        .unwrap();
+    assert_eq!(acked.len(), 300, "{what}");
+    acked
+}
+
+/// From the client node, every write in `acked` reads back from redis at `to` (`what`: when,
+/// for the message).
+fn assert_no_write_lost(c: &Cluster, to: SocketAddr, acked: &[u64], what: &str) {
+    let lost = c
+        .lab
+        .in_node("client", || missing_writes(to, acked.iter().copied()))
+        .unwrap();
+    assert_eq!(lost, 0, "acknowledged writes lost{what}");
+}
+
+/// The end of a failover test: `old` (whose primary failed earlier) is a backup again and left
+/// no sandbox link behind; when `serving`'s machine loses power, `old` takes redis over with
+/// every write in `acked`.
+fn old_primary_takes_over_again(
+    c: &mut Cluster,
+    to: SocketAddr,
+    acked: &[u64],
+    serving: &str,
+    old: &str,
+) {
+    assert_eq!(
+        sandbox_links(c, old),
+        Vec::<String>::new(),
+        "sandbox links left on {old}"
+    );
+    c.lab.kill(serving).unwrap();
+    c.wait_active("redis", Duration::from_secs(30), |s| s["primary"] == old);
+    assert_no_write_lost(c, to, acked, " at the second failover");
+}
+
 /// The first backup's takeover fails: its restore is made to fail once the sandbox is set up,
 /// before the restored process runs (`tardi instance --fault-restore FILE`, given to every
 /// instance: whichever backup takes over first removes the file and fails). The orchestrator
@@ -533,23 +576,11 @@ fn a_failed_takeover_moves_the_service_to_the_second_backup() {
     });
     let primary = svc["primary"].as_str().unwrap().to_string();
     let to = addr(&svc, 6379);
-    let first = c
-        .lab
-        .in_node("client", || {
-            common::resp::write_through_failovers(to, 0, 300)
-        })
-        .unwrap();
-    assert_eq!(first.len(), 300);
+    let first = write_300(&c, to, 0, "before the failure");
     std::fs::write(&token, b"the next takeover fails\n").unwrap();
     c.lab.kill(&primary).unwrap();
     let t0 = Instant::now();
-    let second = c
-        .lab
-        .in_node("client", || {
-            common::resp::write_through_failovers(to, 300, 300)
-        })
-        .unwrap();
-    assert_eq!(second.len(), 300, "writes resume after the failed takeover");
+    let second = write_300(&c, to, 300, "writes resume after the failed takeover");
     let writes = t0.elapsed();
     assert!(!token.exists(), "no takeover took the injected fault");
     // The failure is recorded with the instance's own error; the other backup serves.
@@ -608,11 +639,7 @@ fn a_failed_takeover_moves_the_service_to_the_second_backup() {
     }
     eprintln!("300 writes through the failed takeover took {writes:?}");
     let acked: Vec<u64> = first.into_iter().chain(second).collect();
-    let lost = c
-        .lab
-        .in_node("client", || missing_writes(to, acked.clone()))
-        .unwrap();
-    assert_eq!(lost, 0, "acknowledged writes lost");
+    assert_no_write_lost(&c, to, &acked, "");
     // Re-protected by the machine whose takeover failed.
     c.wait_active("redis", Duration::from_secs(30), |s| {
         s["primary"] == serving.as_str()
@@ -625,20 +652,7 @@ fn a_failed_takeover_moves_the_service_to_the_second_backup() {
         !node.run_dir().join("redis").join("init.pid").exists(),
         "a sandbox of the failed takeover is left on {failed}"
     );
-    assert_eq!(
-        sandbox_links(&c, &failed),
-        Vec::<String>::new(),
-        "sandbox links left on {failed}"
-    );
-    c.lab.kill(&serving).unwrap();
-    c.wait_active("redis", Duration::from_secs(30), |s| {
-        s["primary"] == failed.as_str()
-    });
-    let lost = c
-        .lab
-        .in_node("client", || missing_writes(to, acked))
-        .unwrap();
-    assert_eq!(lost, 0, "acknowledged writes lost at the second failover");
+    old_primary_takes_over_again(&mut c, to, &acked, &serving, &failed);
 }
 
 /// A service that crashes right after every restore (`selfconn` holds a TCP connection to
@@ -737,13 +751,7 @@ fn a_primary_whose_service_crashes_is_replaced_by_its_backup() {
     let primary = svc["primary"].as_str().unwrap().to_string();
     let backup = svc["backups"][0].as_str().unwrap().to_string();
     let to = addr(&svc, 6379);
-    let first = c
-        .lab
-        .in_node("client", || {
-            common::resp::write_through_failovers(to, 0, 300)
-        })
-        .unwrap();
-    assert_eq!(first.len(), 300);
+    let first = write_300(&c, to, 0, "before the crash");
     let redis = c
         .lab
         .cgroup_pids(&primary)
@@ -756,13 +764,7 @@ fn a_primary_whose_service_crashes_is_replaced_by_its_backup() {
         .expect("redis-server in the primary's node");
     // SAFETY: kill(2) of the service process the test found in the lab's node.
     assert_eq!(unsafe { libc::kill(redis as i32, libc::SIGKILL) }, 0);
-    let second = c
-        .lab
-        .in_node("client", || {
-            common::resp::write_through_failovers(to, 300, 300)
-        })
-        .unwrap();
-    assert_eq!(second.len(), 300, "writes resume after the primary's crash");
+    let second = write_300(&c, to, 300, "writes resume after the primary's crash");
     let svc = c.wait_active("redis", Duration::from_secs(30), |s| {
         s["primary"] == backup.as_str() && s["failures"].as_array().is_some_and(|f| f.len() == 1)
     });
@@ -770,27 +772,10 @@ fn a_primary_whose_service_crashes_is_replaced_by_its_backup() {
     let why = svc["failures"][0]["why"].as_str().unwrap();
     assert!(why.contains("the service ended"), "{why}");
     let acked: Vec<u64> = first.into_iter().chain(second).collect();
-    let lost = c
-        .lab
-        .in_node("client", || missing_writes(to, acked.clone()))
-        .unwrap();
-    assert_eq!(lost, 0, "acknowledged writes lost");
+    assert_no_write_lost(&c, to, &acked, "");
     // The old primary, alive, is re-protection's spare: it dropped the failed sandbox.
     c.wait_active("redis", Duration::from_secs(30), |s| {
         s["primary"] == backup.as_str() && s["backups"][0] == primary.as_str()
     });
-    assert_eq!(
-        sandbox_links(&c, &primary),
-        Vec::<String>::new(),
-        "sandbox links left on {primary}"
-    );
-    c.lab.kill(&backup).unwrap();
-    c.wait_active("redis", Duration::from_secs(30), |s| {
-        s["primary"] == primary.as_str()
-    });
-    let lost = c
-        .lab
-        .in_node("client", || missing_writes(to, acked))
-        .unwrap();
-    assert_eq!(lost, 0, "acknowledged writes lost at the second failover");
+    old_primary_takes_over_again(&mut c, to, &acked, &backup, &primary);
 }

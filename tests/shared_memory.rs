@@ -11,11 +11,8 @@
 mod common;
 
 use common::programs;
-use common::tardi::{Running, Scratch};
+use common::tardi::{Running, Scratch, run_with_tmp, write_chain};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
 use tardi_checkpointer::epoch::{EpochConfig, Epochs};
 use tardi_checkpointer::image::{Checkpoint, ShmId};
 use tardi_checkpointer::store::Image;
@@ -23,61 +20,13 @@ use tardi_checkpointer::track::TrackerKind;
 
 const PORT: u16 = 7000;
 
-/// A manifest with the host's root read-only and a tmpfs at /tmp.
-fn manifest(dir: &Path, name: &str, bin: &Path) -> PathBuf {
-    let text = format!(
-        "libos.entrypoint = {:?}\nloader.argv = [\"shmem\"]\n\
-         fs.mounts = [\n  {{ path = \"/\", uri = \"file:/\" }},\n  {{ type = \"tmpfs\", path = \"/tmp\" }},\n]\n\n\
-         [tardi]\nname = {name:?}\n",
-        bin.to_str().unwrap()
-    );
-    let p = dir.join(format!("{name}.manifest"));
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
-fn ask(r: &Running, cmd: &str) -> String {
-    programs::request(
-        SocketAddr::new(r.address.into(), PORT),
-        cmd,
-        Duration::from_secs(10),
-    )
-    .unwrap_or_else(|e| panic!("{cmd} to {}: {e}", r.name))
-}
-
-fn fields(line: &str) -> BTreeMap<String, String> {
-    line.split_whitespace()
-        .filter_map(|f| f.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
 fn start(tag: &str) -> (Scratch, Running) {
-    let bin = programs::build("shmem");
-    let scratch = Scratch::new(tag);
-    let name = format!("shm-{tag}-{}", std::process::id() % 10000);
-    let m = manifest(&scratch.0, &name, &bin);
-    let run = Running::run(&m).expect("tardi run");
-    programs::wait_ready(
-        SocketAddr::new(run.address.into(), PORT),
-        Duration::from_secs(10),
-    )
-    .expect("ready");
-    (scratch, run)
-}
-
-fn restore_or_log(file: &Path, log: &Path) -> Running {
-    Running::restore(file).unwrap_or_else(|e| {
-        panic!(
-            "restore: {e}\n--- log ---\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        )
-    })
+    run_with_tmp("shmem", "shm", tag, PORT)
 }
 
 /// The state line as it must be, before any restore: every byte right, the segments as made.
 fn check_source(state: &str) {
-    let f = fields(state);
+    let f = programs::fields(state);
     assert_eq!(f["ok"], "1", "{state}");
     assert_eq!(f["s1_key"], "7a7d0001", "{state}");
     assert_eq!(f["s1_owner"], "1234:5678", "{state}");
@@ -91,9 +40,9 @@ fn check_source(state: &str) {
 
 /// What a restored process must show: the state it had, sharing intact, and writes that go on.
 fn check_restored(r: &Running, before: &str) {
-    let after = ask(r, "state");
+    let after = r.ask(PORT, "state");
     assert_eq!(after, before, "state after restore");
-    let share = fields(&ask(r, "share"));
+    let share = programs::fields(&r.ask(PORT, "share"));
     let want: BTreeMap<String, String> = [
         ("anon_twin", "shared"),
         ("anon_fork", "shared"),
@@ -105,9 +54,9 @@ fn check_restored(r: &Running, before: &str) {
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
     assert_eq!(share, want, "sharing after restore");
-    let generation: u64 = fields(before)["gen"].parse().unwrap();
-    assert_eq!(ask(r, "tick"), format!("gen={}", generation + 1));
-    let next = fields(&ask(r, "state"));
+    let generation: u64 = programs::fields(before)["gen"].parse().unwrap();
+    assert_eq!(r.ask(PORT, "tick"), format!("gen={}", generation + 1));
+    let next = programs::fields(&r.ask(PORT, "state"));
     assert_eq!(
         next["ok"], "1",
         "a generation written after the restore: {next:?}"
@@ -117,8 +66,8 @@ fn check_restored(r: &Running, before: &str) {
 #[test]
 fn shared_memory_survives_a_restore() {
     let (scratch, cur) = start("snap");
-    ask(&cur, "tick");
-    let before = ask(&cur, "state");
+    cur.ask(PORT, "tick");
+    let before = cur.ask(PORT, "state");
     check_source(&before);
     let file = scratch.0.join("s.tardi");
     cur.snapshot(&file).expect("snapshot");
@@ -136,9 +85,7 @@ fn shared_memory_survives_a_restore() {
         1,
         "one anonymous object, captured once for its two mappings: {kinds:?}"
     );
-    let log = cur.log.clone();
-    cur.stop();
-    let restored = restore_or_log(&file, &log);
+    let restored = cur.restore_in_place(&file);
     check_restored(&restored, &before);
     restored.stop();
 }
@@ -147,12 +94,7 @@ fn shared_memory_survives_a_restore() {
 /// applied to an image and restored.
 fn chain(tracker: TrackerKind, tag: &str) {
     let (scratch, run) = start(tag);
-    let first = scratch.0.join("first.tardi");
-    run.snapshot(&first).unwrap();
-    let sandbox = Checkpoint::from_bytes(std::fs::read(&first).unwrap())
-        .unwrap()
-        .image
-        .sandbox;
+    let sandbox = run.snapshot_sandbox(&scratch.0.join("first.tardi"));
     let cfg = EpochConfig {
         private_dirs: vec!["/tmp".into(), "/dev/shm".into()],
         tracker,
@@ -162,7 +104,7 @@ fn chain(tracker: TrackerKind, tag: &str) {
     let mut image = Image::from_full(&full).unwrap();
     let mut shm_bytes = 0;
     for round in 0..6 {
-        assert_eq!(ask(&run, "tick"), format!("gen={}", round + 1));
+        assert_eq!(run.ask(PORT, "tick"), format!("gen={}", round + 1));
         for _ in 0..3 {
             let (ck, _) = ep.next().expect("an epoch");
             let ck = Checkpoint::from_bytes(ck.to_bytes()).unwrap();
@@ -177,7 +119,7 @@ fn chain(tracker: TrackerKind, tag: &str) {
         }
     }
     assert!(shm_bytes > 0, "the chain carried the objects' changes");
-    let before = ask(&run, "state");
+    let before = run.ask(PORT, "state");
     check_source(&before);
     let (ck, _) = ep.next().expect("the last epoch");
     image
@@ -185,13 +127,9 @@ fn chain(tracker: TrackerKind, tag: &str) {
         .unwrap();
     drop(ep);
 
-    let mut full = image.to_full();
-    full.image.sandbox = sandbox;
     let file = scratch.0.join("chain.tardi");
-    std::fs::write(&file, full.to_bytes()).unwrap();
-    let log = run.log.clone();
-    run.stop();
-    let restored = restore_or_log(&file, &log);
+    write_chain(&image, sandbox, &file);
+    let restored = run.restore_in_place(&file);
     check_restored(&restored, &before);
     restored.stop();
 }

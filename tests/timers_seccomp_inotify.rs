@@ -8,10 +8,8 @@
 mod common;
 
 use common::programs;
-use common::tardi::{Running, Scratch};
+use common::tardi::{Running, Scratch, run_with_tmp, write_chain};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tardi_checkpointer::epoch::{EpochConfig, Epochs};
 use tardi_checkpointer::image::{Checkpoint, FdKind, ProcessImage};
@@ -19,41 +17,13 @@ use tardi_checkpointer::store::Image;
 
 const PORT: u16 = 7000;
 
-/// A manifest with the host's root read-only and a tmpfs at /tmp.
-fn manifest(dir: &Path, name: &str, bin: &Path) -> PathBuf {
-    let text = format!(
-        "libos.entrypoint = {:?}\nloader.argv = [\"timers\"]\n\
-         fs.mounts = [\n  {{ path = \"/\", uri = \"file:/\" }},\n  {{ type = \"tmpfs\", path = \"/tmp\" }},\n]\n\n\
-         [tardi]\nname = {name:?}\n",
-        bin.to_str().unwrap()
-    );
-    let p = dir.join(format!("{name}.manifest"));
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
-fn addr(r: &Running) -> SocketAddr {
-    SocketAddr::new(r.address.into(), PORT)
-}
-
-fn ask(r: &Running, cmd: &str) -> String {
-    programs::request(addr(r), cmd, Duration::from_secs(10))
-        .unwrap_or_else(|e| panic!("{cmd} to {}: {e}", r.name))
-}
-
 /// The program's `state` reply, `key=value` fields.
 #[derive(Debug, Clone)]
 struct State(BTreeMap<String, String>);
 
 impl State {
     fn of(r: &Running) -> State {
-        let line = ask(r, "state");
-        State(
-            line.split_whitespace()
-                .filter_map(|f| f.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        )
+        State(programs::fields(&r.ask(PORT, "state")))
     }
     fn get(&self, k: &str) -> &str {
         self.0
@@ -97,25 +67,11 @@ fn append(pid: i32, name: &str) {
 /// The program running in a sandbox with a tmpfs /tmp, its timers ticking and a write to
 /// `/tmp/watched` seen.
 fn start(tag: &str) -> (Scratch, Running) {
-    let bin = programs::build("timers");
-    let scratch = Scratch::new(tag);
-    let name = format!("tm-{tag}-{}", std::process::id() % 10000);
-    let m = manifest(&scratch.0, &name, &bin);
-    let run = Running::run(&m).expect("tardi run");
-    programs::wait_ready(addr(&run), Duration::from_secs(10)).expect("ready");
+    let (scratch, run) = run_with_tmp("timers", "tm", tag, PORT);
     wait_for(&run, "ticks_a", 5);
     append(run.pid, "watched");
     wait_for(&run, "ev_watched", 1);
     (scratch, run)
-}
-
-fn restore_or_log(file: &Path, log: &Path) -> Running {
-    Running::restore(file).unwrap_or_else(|e| {
-        panic!(
-            "restore: {e}\n--- log ---\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        )
-    })
 }
 
 /// What a restored process must show, against `before` (its state at, or just before, the
@@ -210,7 +166,7 @@ fn timers_seccomp_and_inotify_survive_a_restore() {
     assert_eq!(t.posix.len(), 3, "{t:?}");
     assert_eq!(t.itimers.len(), 2, "{t:?}");
     assert_eq!(image.seccomp.filters.len(), 2, "{:?}", image.seccomp);
-    let restored = restore_or_log(&file, &log);
+    let restored = Running::restore_or_log(&file, &log);
     check_restored(&restored, &before, false);
     restored.stop();
 }
@@ -250,12 +206,7 @@ fn counts(img: &ProcessImage) -> (usize, usize, usize) {
 fn a_timer_filter_and_watch_made_between_epochs_survive_a_chain_restore() {
     let (scratch, run) = start("chain");
     // The sandbox description comes from an ordinary snapshot.
-    let first = scratch.0.join("first.tardi");
-    run.snapshot(&first).unwrap();
-    let sandbox = Checkpoint::from_bytes(std::fs::read(&first).unwrap())
-        .unwrap()
-        .image
-        .sandbox;
+    let sandbox = run.snapshot_sandbox(&scratch.0.join("first.tardi"));
     let cfg = EpochConfig {
         private_dirs: vec!["/tmp".into()],
         ..Default::default()
@@ -265,7 +216,7 @@ fn a_timer_filter_and_watch_made_between_epochs_survive_a_chain_restore() {
     let mut image = Image::from_full(&full).unwrap();
     epochs(&mut ep, &mut image, 20);
     assert_eq!(counts(&image.meta), (3, 2, 2));
-    assert_eq!(ask(&run, "more"), "more");
+    assert_eq!(run.ask(PORT, "more"), "more");
     wait_for(&run, "ticks_c", 3);
     epochs(&mut ep, &mut image, 20);
     assert_eq!(
@@ -278,13 +229,9 @@ fn a_timer_filter_and_watch_made_between_epochs_survive_a_chain_restore() {
     epochs(&mut ep, &mut image, 1);
     drop(ep);
 
-    let mut full = image.to_full();
-    full.image.sandbox = sandbox;
     let file = scratch.0.join("chain.tardi");
-    std::fs::write(&file, full.to_bytes()).unwrap();
-    let log = run.log.clone();
-    run.stop();
-    let restored = restore_or_log(&file, &log);
+    write_chain(&image, sandbox, &file);
+    let restored = run.restore_in_place(&file);
     check_restored(&restored, &before, true);
     restored.stop();
 }

@@ -5,36 +5,9 @@
 
 mod common;
 
-use common::programs;
-use common::tardi::{Running, Scratch};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use common::tardi::run_with_tmp;
 
 const PORT: u16 = 7000;
-
-fn addr(r: &Running) -> SocketAddr {
-    SocketAddr::new(r.address.into(), PORT)
-}
-
-fn ask(r: &Running, cmd: &str) -> String {
-    programs::request(addr(r), cmd, Duration::from_secs(10))
-        .unwrap_or_else(|e| panic!("{cmd} to {}: {e}", r.name))
-}
-
-/// A manifest with the host's root read-only and a tmpfs at /tmp.
-fn manifest(dir: &Path, name: &str, bin: &Path, user: Option<&str>) -> PathBuf {
-    let user = user.map(|u| format!("user = {u:?}\n")).unwrap_or_default();
-    let text = format!(
-        "libos.entrypoint = {:?}\nloader.argv = [\"unixsock\"]\n\
-         fs.mounts = [\n  {{ path = \"/\", uri = \"file:/\" }},\n  {{ type = \"tmpfs\", path = \"/tmp\" }},\n]\n\n\
-         [tardi]\nname = {name:?}\n{user}",
-        bin.to_str().unwrap()
-    );
-    let p = dir.join(format!("{name}.manifest"));
-    std::fs::write(&p, text).unwrap();
-    p
-}
 
 /// What `drain` must read: the queues in order, then every pair talking.
 const DRAINED: &str = "stream_a[S-b2a-1|] stream_b[S-a2b-1S-a2b-2S-a2b-3|] \
@@ -48,34 +21,22 @@ const DRAINED: &str = "stream_a[S-b2a-1|] stream_b[S-a2b-1S-a2b-2S-a2b-3|] \
 
 #[test]
 fn unix_sockets_and_tmp_survive_a_restore() {
-    let bin = programs::build("unixsock");
-    let scratch = Scratch::new("unix");
-    let name = format!("ux-{}", std::process::id() % 10000);
-    let m = manifest(&scratch.0, &name, &bin, None);
-    let cur = Running::run(&m).expect("tardi run");
-    programs::wait_ready(addr(&cur), Duration::from_secs(10)).expect("ready");
-    ask(&cur, "tick");
-    let before = ask(&cur, "state");
+    let (scratch, cur) = run_with_tmp("unixsock", "ux", "unix", PORT);
+    cur.ask(PORT, "tick");
+    let before = cur.ask(PORT, "state");
     assert!(before.contains("sockfile=sock"), "{before}");
     assert!(before.contains("counter=2"), "{before}");
     let file = scratch.0.join("u.tardi");
     cur.snapshot(&file).expect("snapshot");
-    let log = cur.log.clone();
-    cur.stop();
-    let cur = Running::restore(&file).unwrap_or_else(|e| {
-        panic!(
-            "restore: {e}\n--- log ---\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        )
-    });
-    let after = ask(&cur, "state");
+    let cur = cur.restore_in_place(&file);
+    let after = cur.ask(PORT, "state");
     assert_eq!(after, before, "state after restore");
     assert_eq!(
-        ask(&cur, "tick"),
+        cur.ask(PORT, "tick"),
         "ticked 3",
         "the shared mapping still maps the file"
     );
-    let drained = ask(&cur, "drain");
+    let drained = cur.ask(PORT, "drain");
     let want: Vec<&str> = DRAINED.split_whitespace().collect();
     assert_eq!(drained, want.join(" "));
     cur.stop();

@@ -1327,8 +1327,67 @@ impl ProcessImage {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A process image with one thread (TID 1) and `vmas`, nothing else (for tests of this
+    /// crate).
+    pub(crate) fn meta(vmas: Vec<Vma>) -> ProcessImage {
+        ProcessImage {
+            pid: 1,
+            comm: String::new(),
+            exe: FileRef {
+                path: String::new(),
+                size: 0,
+                hash: [0; 32],
+            },
+            cwd: "/".into(),
+            umask: 0,
+            rlimits: vec![],
+            mm: MmInfo::default(),
+            auxv: vec![],
+            vmas,
+            runs: vec![],
+            files: vec![],
+            threads: vec![ThreadImage {
+                comm: String::new(),
+                xstate: vec![],
+                ..thread(1, 0)
+            }],
+            sigactions: vec![],
+            fds: vec![],
+            max_tid: 1,
+            sandbox: vec![],
+            base_epoch: None,
+            reset: vec![],
+            pages: vec![],
+            cow: vec![],
+            private_files: Default::default(),
+            creds: Default::default(),
+            carried: Default::default(),
+            timers: Default::default(),
+            seccomp: Default::default(),
+            shm: Vec::new(),
+        }
+    }
+
+    /// Thread `tid` at instruction pointer `rip` (for tests of this crate).
+    pub(crate) fn thread(tid: i32, rip: u64) -> ThreadImage {
+        let mut regs = vec![0; 27];
+        regs[16] = rip;
+        ThreadImage {
+            tid,
+            comm: format!("t{tid}"),
+            regs,
+            xstate: vec![tid as u8; 64],
+            sigmask: 0,
+            robust_list: 0,
+            robust_len: 0,
+            clear_child_tid: 0,
+            rseq: None,
+            altstack: AltStack::default(),
+        }
+    }
 
     fn sample(kind: Kind) -> Checkpoint {
         let image = ProcessImage {
@@ -1339,11 +1398,7 @@ mod tests {
                 size: 1,
                 hash: [1; 32],
             },
-            cwd: "/".into(),
             umask: 0o22,
-            rlimits: vec![],
-            mm: MmInfo::default(),
-            auxv: vec![],
             vmas: vec![Vma {
                 start: 0x1000,
                 end: 0x3000,
@@ -1358,42 +1413,39 @@ mod tests {
                 len: 4096,
                 data_off: 0,
             }],
-            files: vec![],
             threads: vec![ThreadImage {
-                tid: 2,
                 comm: "x".into(),
-                regs: vec![0; 27],
                 xstate: vec![0; 832],
-                sigmask: 0,
-                robust_list: 0,
-                robust_len: 0,
-                clear_child_tid: 0,
-                rseq: None,
-                altstack: AltStack::default(),
+                ..thread(2, 0)
             }],
-            sigactions: vec![],
-            fds: vec![],
             max_tid: 2,
-            sandbox: vec![],
             base_epoch: match kind {
                 Kind::Full => None,
                 Kind::Incremental { base } => Some(base),
             },
-            reset: vec![],
-            pages: vec![],
-            cow: vec![],
-            private_files: Default::default(),
-            creds: Default::default(),
-            carried: Default::default(),
-            timers: Default::default(),
-            seccomp: Default::default(),
-            shm: Vec::new(),
+            ..meta(vec![])
         };
         Checkpoint {
             epoch: 7,
             kind,
             image,
             data: vec![5; 4096],
+        }
+    }
+
+    /// Inotify descriptor 4 with one watch, `wd` on `path`.
+    fn inotify_fd(wd: i32, path: &str) -> FdImage {
+        FdImage {
+            fd: 4,
+            cloexec: false,
+            flags: 0,
+            kind: FdKind::Inotify {
+                watches: vec![InotifyWatch {
+                    wd,
+                    mask: 2,
+                    path: path.into(),
+                }],
+            },
         }
     }
 
@@ -1709,33 +1761,9 @@ mod tests {
                 })
             }),
             ("inotify descriptor 4 has watch 0", |c| {
-                c.image.fds.push(FdImage {
-                    fd: 4,
-                    cloexec: false,
-                    flags: 0,
-                    kind: FdKind::Inotify {
-                        watches: vec![InotifyWatch {
-                            wd: 0,
-                            mask: 2,
-                            path: "/x".into(),
-                        }],
-                    },
-                })
+                c.image.fds.push(inotify_fd(0, "/x"))
             }),
-            ("has path \"\"", |c| {
-                c.image.fds.push(FdImage {
-                    fd: 4,
-                    cloexec: false,
-                    flags: 0,
-                    kind: FdKind::Inotify {
-                        watches: vec![InotifyWatch {
-                            wd: 1,
-                            mask: 2,
-                            path: String::new(),
-                        }],
-                    },
-                })
-            }),
+            ("has path \"\"", |c| c.image.fds.push(inotify_fd(1, ""))),
         ];
         let good = sample(Kind::Full);
         good.validate().unwrap();

@@ -561,52 +561,7 @@ impl Ranges {
 mod tests {
     use super::*;
     use crate::delta::PageEncoding;
-
-    fn meta(vmas: Vec<Vma>) -> ProcessImage {
-        ProcessImage {
-            pid: 1,
-            comm: String::new(),
-            exe: FileRef {
-                path: String::new(),
-                size: 0,
-                hash: [0; 32],
-            },
-            cwd: "/".into(),
-            umask: 0,
-            rlimits: vec![],
-            mm: MmInfo::default(),
-            auxv: vec![],
-            vmas,
-            runs: vec![],
-            files: vec![],
-            threads: vec![ThreadImage {
-                tid: 1,
-                comm: String::new(),
-                regs: vec![0; 27],
-                xstate: vec![],
-                sigmask: 0,
-                robust_list: 0,
-                robust_len: 0,
-                clear_child_tid: 0,
-                rseq: None,
-                altstack: AltStack::default(),
-            }],
-            sigactions: vec![],
-            fds: vec![],
-            max_tid: 1,
-            sandbox: vec![],
-            base_epoch: None,
-            reset: vec![],
-            pages: vec![],
-            cow: vec![],
-            private_files: Default::default(),
-            creds: Default::default(),
-            carried: Default::default(),
-            timers: Default::default(),
-            seccomp: Default::default(),
-            shm: Vec::new(),
-        }
-    }
+    use crate::image::tests::{meta, thread};
 
     fn anon(start: u64, end: u64) -> Vma {
         Vma {
@@ -790,23 +745,6 @@ mod tests {
             .unwrap()
             .to_full();
         assert_eq!(back.image.runs.len(), 2);
-    }
-
-    fn thread(tid: i32, rip: u64) -> ThreadImage {
-        let mut regs = vec![0; 27];
-        regs[16] = rip;
-        ThreadImage {
-            tid,
-            comm: format!("t{tid}"),
-            regs,
-            xstate: vec![tid as u8; 64],
-            sigmask: 0,
-            robust_list: 0,
-            robust_len: 0,
-            clear_child_tid: 0,
-            rseq: None,
-            altstack: AltStack::default(),
-        }
     }
 
     /// An incremental checkpoint of epoch `epoch` on `base` with metadata `m` and no pages.

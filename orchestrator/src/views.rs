@@ -133,6 +133,20 @@ impl Service {
         self.proposed.as_ref().or(self.active.as_ref())
     }
 
+    /// A command about view `view` of this service (named `name`) is stale unless that is its
+    /// latest view.
+    fn check_latest(&self, name: &str, view: u64) -> Result<(), ViewError> {
+        let latest = self.latest().map_or(0, |v| v.number);
+        if view != latest {
+            return Err(ViewError::Stale {
+                service: name.to_string(),
+                view,
+                latest,
+            });
+        }
+        Ok(())
+    }
+
     fn next_number(&self) -> u64 {
         self.latest().map_or(1, |v| v.number + 1)
     }
@@ -420,14 +434,7 @@ impl Views {
                 now_ms,
             } => {
                 let s = self.service_mut(service)?;
-                let latest = s.latest().map_or(0, |v| v.number);
-                if *view != latest {
-                    return Err(ViewError::Stale {
-                        service: service.clone(),
-                        view: *view,
-                        latest,
-                    });
-                }
+                s.check_latest(service, *view)?;
                 if s.latest().is_none_or(|v| v.primary != *machine) {
                     return Err(ViewError::NotPrimary {
                         service: service.clone(),
@@ -463,14 +470,7 @@ impl Views {
                 reason,
             } => {
                 let s = self.service_mut(service)?;
-                let latest = s.latest().map_or(0, |v| v.number);
-                if *view != latest {
-                    return Err(ViewError::Stale {
-                        service: service.clone(),
-                        view: *view,
-                        latest,
-                    });
-                }
+                s.check_latest(service, *view)?;
                 if s.failed.is_none() {
                     s.failed = Some(reason.clone());
                 }
@@ -818,6 +818,16 @@ mod tests {
     }
 
     fn deploy(v: &mut Views, alive: &BTreeSet<String>, backups: u32) {
+        deploy_with(v, alive, backups, FailurePolicy::default(), 1);
+    }
+
+    fn deploy_with(
+        v: &mut Views,
+        alive: &BTreeSet<String>,
+        backups: u32,
+        policy: FailurePolicy,
+        now_ms: u64,
+    ) {
         let (primary, backup_machines) = v.placement(alive, backups).unwrap();
         v.apply(&Command::Deploy {
             name: "redis".into(),
@@ -826,10 +836,26 @@ mod tests {
             backups,
             primary,
             backup_machines,
-            policy: FailurePolicy::default(),
-            now_ms: 1,
+            policy,
+            now_ms,
         })
         .unwrap();
+    }
+
+    /// A proposal of a (not yet active, not fresh) view of "redis".
+    fn propose(number: u64, primary: &str, backups: &[&str], now_ms: u64) -> Command {
+        Command::Propose {
+            service: "redis".into(),
+            view: View {
+                number,
+                primary: primary.into(),
+                backups: backups.iter().map(|b| b.to_string()).collect(),
+                active: false,
+                fresh: false,
+            },
+            reason: String::new(),
+            now_ms,
+        }
     }
 
     type Reports = BTreeMap<(String, String), Report>;
@@ -882,6 +908,29 @@ mod tests {
             now_ms: 2,
         })
         .unwrap();
+    }
+
+    /// Three machines, "redis" active on m1 with backups m2 and m3, then m1 lost: the cluster,
+    /// the machines alive (m2, m3) and the backups' reports of view 1 (m2 at `m2_epoch`, m3 at
+    /// `m3_epoch`). Nothing is planned yet.
+    fn primary_lost(m2_epoch: u64, m3_epoch: u64) -> (Views, BTreeSet<String>, Reports) {
+        let (mut v, mut alive) = cluster(3);
+        deploy(&mut v, &alive, 2);
+        activate_latest(&mut v);
+        alive.remove("m1");
+        let reports = Reports::from([backup("m2", 1, m2_epoch), backup("m3", 1, m3_epoch)]);
+        (v, alive, reports)
+    }
+
+    /// [`primary_lost`] with m2 the most advanced backup; m2 is made primary (view 2), reports
+    /// that it failed there (`image`: it kept its image), and m3 is made primary (view 3).
+    fn takeover_by_m2_failed(image: bool) -> (Views, BTreeSet<String>, Reports) {
+        let (mut v, alive, mut reports) = primary_lost(41, 40);
+        step(&mut v, &alive, &reports, 10);
+        reports.extend([failed("m2", 2, image)]);
+        step(&mut v, &alive, &reports, 20);
+        step(&mut v, &alive, &reports, 30);
+        (v, alive, reports)
     }
 
     #[test]
@@ -949,11 +998,7 @@ mod tests {
 
     #[test]
     fn the_most_advanced_backup_becomes_primary() {
-        let (mut v, mut alive) = cluster(3);
-        deploy(&mut v, &alive, 2);
-        activate_latest(&mut v);
-        alive.remove("m1");
-        let epochs = BTreeMap::from([backup("m2", 1, 40), backup("m3", 1, 41)]);
+        let (mut v, alive, epochs) = primary_lost(40, 41);
         let cmds = v.plan(&alive, &epochs, 3);
         v.apply(&cmds[0]).unwrap();
         let p = v.services["redis"].proposed.clone().unwrap();
@@ -1003,30 +1048,8 @@ mod tests {
                 primary: "m1".into(),
                 now_ms: 0,
             },
-            Command::Propose {
-                service: "redis".into(),
-                view: View {
-                    number: 1,
-                    primary: "m2".into(),
-                    backups: vec![],
-                    active: false,
-                    fresh: false,
-                },
-                reason: String::new(),
-                now_ms: 0,
-            },
-            Command::Propose {
-                service: "redis".into(),
-                view: View {
-                    number: 5,
-                    primary: "m2".into(),
-                    backups: vec!["m2".into()],
-                    active: false,
-                    fresh: false,
-                },
-                reason: String::new(),
-                now_ms: 0,
-            },
+            propose(1, "m2", &[], 0),
+            propose(5, "m2", &["m2"], 0),
         ];
         for c in &bad {
             assert!(v.apply(c).is_err(), "{c:?} must be refused");
@@ -1062,11 +1085,7 @@ mod tests {
     /// backup in a later view.
     #[test]
     fn a_failed_takeover_moves_the_service_to_the_next_backup() {
-        let (mut v, mut alive) = cluster(3);
-        deploy(&mut v, &alive, 2);
-        activate_latest(&mut v);
-        alive.remove("m1");
-        let mut reports = Reports::from([backup("m2", 1, 41), backup("m3", 1, 40)]);
+        let (mut v, alive, mut reports) = primary_lost(41, 40);
         step(&mut v, &alive, &reports, 10);
         let p = latest(&v);
         assert_eq!((p.number, p.primary.as_str()), (2, "m2"));
@@ -1115,15 +1134,7 @@ mod tests {
     /// other backup becoming primary.
     #[test]
     fn a_failed_takeover_that_kept_its_image_stays_a_backup() {
-        let (mut v, mut alive) = cluster(3);
-        deploy(&mut v, &alive, 2);
-        activate_latest(&mut v);
-        alive.remove("m1");
-        let mut reports = Reports::from([backup("m2", 1, 41), backup("m3", 1, 40)]);
-        step(&mut v, &alive, &reports, 10);
-        reports.extend([failed("m2", 2, true)]);
-        step(&mut v, &alive, &reports, 20);
-        step(&mut v, &alive, &reports, 30);
+        let (v, _, _) = takeover_by_m2_failed(true);
         let p = latest(&v);
         assert_eq!(
             (p.number, p.primary.as_str(), p.backups.clone()),
@@ -1196,18 +1207,7 @@ mod tests {
         );
         assert_eq!(v, before);
         assert!(matches!(
-            v.apply(&Command::Propose {
-                service: "redis".into(),
-                view: View {
-                    number: 99,
-                    primary: "m2".into(),
-                    backups: vec![],
-                    active: false,
-                    fresh: false,
-                },
-                reason: String::new(),
-                now_ms: now,
-            }),
+            v.apply(&propose(99, "m2", &[], now)),
             Err(ViewError::GivenUp { .. })
         ));
     }
@@ -1252,9 +1252,7 @@ mod tests {
     /// less advanced one; once its failure is older than the window it counts as clean again.
     #[test]
     fn a_recent_failure_passes_a_backup_over_until_the_window_ends() {
-        let (mut v, mut alive) = cluster(3);
-        deploy(&mut v, &alive, 2);
-        activate_latest(&mut v);
+        let (mut v, alive, reports) = primary_lost(41, 40);
         let s = v.services.get_mut("redis").unwrap();
         s.policy.window_ms = 60_000;
         s.failures.push(Failure {
@@ -1263,8 +1261,6 @@ mod tests {
             why: "earlier".into(),
             at_ms: 1_000,
         });
-        alive.remove("m1");
-        let reports = Reports::from([backup("m2", 1, 41), backup("m3", 1, 40)]);
         let pick = |now: u64| match &v.plan(&alive, &reports, now)[..] {
             [Command::Propose { view, .. }] => view.primary.clone(),
             other => panic!("{other:?}"),
@@ -1277,21 +1273,11 @@ mod tests {
     #[test]
     fn failures_outside_the_window_are_forgotten() {
         let (mut v, alive) = cluster(3);
-        let (primary, backup_machines) = v.placement(&alive, 1).unwrap();
-        v.apply(&Command::Deploy {
-            name: "redis".into(),
-            manifest: String::new(),
-            manifest_path: String::new(),
-            backups: 1,
-            primary,
-            backup_machines,
-            policy: FailurePolicy {
-                max_failures: 2,
-                window_ms: 1_000,
-            },
-            now_ms: 0,
-        })
-        .unwrap();
+        let policy = FailurePolicy {
+            max_failures: 2,
+            window_ms: 1_000,
+        };
+        deploy_with(&mut v, &alive, 1, policy, 0);
         activate_latest(&mut v);
         let fail = |v: &mut Views, now: u64| {
             let l = latest(v);
@@ -1306,19 +1292,12 @@ mod tests {
             if v.services["redis"].failed.is_some() {
                 return;
             }
-            let next = View {
-                number: l.number + 1,
-                primary: l.backups[0].clone(),
-                backups: vec![l.primary.clone()],
-                active: false,
-                fresh: false,
-            };
-            v.apply(&Command::Propose {
-                service: "redis".into(),
-                view: next,
-                reason: String::new(),
-                now_ms: now,
-            })
+            v.apply(&propose(
+                l.number + 1,
+                &l.backups[0],
+                &[l.primary.as_str()],
+                now,
+            ))
             .unwrap();
         };
         fail(&mut v, 100);
@@ -1333,15 +1312,7 @@ mod tests {
     /// limit to wait for); while a backup of the active view is only out of reach, it waits.
     #[test]
     fn no_holder_left_gives_up_unless_a_backup_may_come_back() {
-        let (mut v, mut alive) = cluster(3);
-        deploy(&mut v, &alive, 2);
-        activate_latest(&mut v);
-        alive.remove("m1");
-        let mut reports = Reports::from([backup("m2", 1, 9), backup("m3", 1, 8)]);
-        step(&mut v, &alive, &reports, 10);
-        reports.extend([failed("m2", 2, false)]);
-        step(&mut v, &alive, &reports, 20);
-        step(&mut v, &alive, &reports, 30);
+        let (mut v, mut alive, mut reports) = takeover_by_m2_failed(false);
         assert_eq!(latest(&v).primary, "m3");
         let waiting = v.clone();
         reports.extend([failed("m3", 3, false)]);

@@ -1,8 +1,9 @@
 //! Helpers for the C test programs in `tests/programs/` (std only).
 //!
 //! * [`build`] compiles `tests/programs/<name>.c` into
-//!   `<workspace>/target/tardi-test-programs/<name>` (cached by mtime;
-//!   builds are serialised, so a binary a test runs is never replaced).
+//!   `<workspace>/target/tardi-test-programs/<name>` (cached by mtime, the
+//!   headers in `tests/programs/` counting as part of every source; builds
+//!   are serialised, so a binary a test runs is never replaced).
 //! * [`query`] asks a running `statemachine` for its `digest` report over
 //!   UDP; [`expected_digest`] recomputes, from the step counts alone, the
 //!   digest that the program must report (the same pure functions as the C
@@ -33,7 +34,8 @@ pub fn programs_out_dir() -> PathBuf {
 
 /// Compile `tests/programs/<name>.c` (gcc `-O2 -g -pthread`) into
 /// `<workspace>/target/tardi-test-programs/<name>` unless that binary exists
-/// and is not older than the source. Panics with gcc's stderr on failure.
+/// and is not older than the source and the headers next to it (`reply.h`).
+/// Panics with gcc's stderr on failure.
 pub fn build(name: &str) -> PathBuf {
     build_variant(name, "", &[])
 }
@@ -53,6 +55,9 @@ pub fn build_variant(name: &str, suffix: &str, extra_flags: &[&str]) -> PathBuf 
     let src_mtime = std::fs::metadata(&src)
         .and_then(|m| m.modified())
         .unwrap_or_else(|e| panic!("test program source {}: {e}", src.display()));
+    // The headers next to the sources (`reply.h`) count as the source's: a binary older than
+    // any of them is built again.
+    let src_mtime = headers_mtime().map_or(src_mtime, |h| h.max(src_mtime));
     let up_to_date = || {
         std::fs::metadata(&out)
             .and_then(|m| m.modified())
@@ -111,6 +116,17 @@ pub fn build_variant(name: &str, suffix: &str, extra_flags: &[&str]) -> PathBuf 
         panic!("rename {} -> {}: {e}", tmp.display(), out.display())
     });
     out
+}
+
+/// The latest modification time of the headers (`*.h`) in `tests/programs/`, if any.
+fn headers_mtime() -> Option<std::time::SystemTime> {
+    let dir = workspace_root().join("tests").join("programs");
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "h"))
+        .filter_map(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .max()
 }
 
 /// Source path of a test program (useful for error messages).
@@ -379,6 +395,14 @@ pub fn ping(addr: SocketAddr, timeout: Duration) -> io::Result<String> {
             format!("bad ping reply: {line:?}"),
         ))
     }
+}
+
+/// The `key=value` fields of a reply line (other words left out).
+pub fn fields(line: &str) -> std::collections::BTreeMap<String, String> {
+    line.split_whitespace()
+        .filter_map(|f| f.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 /// Wait until the service at `addr` answers `ping` (e.g. after spawning it).

@@ -1,7 +1,9 @@
 //! Driving the real `tardi` binary from integration tests: a running sandbox as a value that
 //! stops its `tardi run`/`tardi restore` process when dropped.
 
+use super::programs;
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -78,6 +80,49 @@ impl Running {
         serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
     }
 
+    /// Snapshots the service into `file` ([`Running::snapshot`], which must succeed) and returns
+    /// the sandbox description the snapshot carries: what a chain of epochs taken outside
+    /// `tardi` needs to be restored into a sandbox.
+    pub fn snapshot_sandbox(&self, file: &Path) -> Vec<u8> {
+        self.snapshot(file)
+            .unwrap_or_else(|e| panic!("snapshot of {}: {e}", self.name));
+        tardi_checkpointer::image::Checkpoint::from_bytes(std::fs::read(file).unwrap())
+            .unwrap()
+            .image
+            .sandbox
+    }
+
+    /// `tardi restore FILE`; panics with the error and the service log `log` (the log of the
+    /// sandbox the snapshot came from) if it fails.
+    pub fn restore_or_log(file: &Path, log: &Path) -> Running {
+        Running::restore(file).unwrap_or_else(|e| {
+            panic!(
+                "restore: {e}\n--- log ---\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
+        })
+    }
+
+    /// Stops the service (its sandbox torn down) and restores `file` in its place; panics
+    /// with the error and this service's log if the restore fails.
+    pub fn restore_in_place(self, file: &Path) -> Running {
+        let log = self.log.clone();
+        self.stop();
+        Running::restore_or_log(file, &log)
+    }
+
+    /// The service's address at `port`.
+    pub fn addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(self.address.into(), port)
+    }
+
+    /// A test program's answer to `cmd` on UDP `port` ([`programs::request`], 10 s at most);
+    /// panics naming the sandbox if there is none.
+    pub fn ask(&self, port: u16, cmd: &str) -> String {
+        programs::request(self.addr(port), cmd, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{cmd} to {}: {e}", self.name))
+    }
+
     /// Waits for the foreground tardi to end by itself (the service exited); returns the rest of
     /// its output. Stops it if it is still running after `timeout`.
     pub fn wait_exit(mut self, timeout: Duration) -> String {
@@ -143,6 +188,43 @@ pub fn manifest_for(dir: &Path, name: &str, binary: &Path, args: &[&str]) -> Pat
     let p = dir.join(format!("{name}.manifest"));
     std::fs::write(&p, text).unwrap();
     p
+}
+
+/// Writes the image of a chain of epochs as a snapshot file `file` (a full checkpoint) that
+/// `tardi restore` takes, with the sandbox description `sandbox` (from
+/// [`Running::snapshot_sandbox`]).
+pub fn write_chain(image: &tardi_checkpointer::store::Image, sandbox: Vec<u8>, file: &Path) {
+    let mut full = image.to_full();
+    full.image.sandbox = sandbox;
+    std::fs::write(file, full.to_bytes()).unwrap();
+}
+
+/// Writes a manifest for a test program (its argv: the binary's file name) with the host's
+/// root read-only and a tmpfs at /tmp, under sandbox name `name`.
+pub fn manifest_with_tmp(dir: &Path, name: &str, binary: &Path) -> PathBuf {
+    let text = format!(
+        "libos.entrypoint = {:?}\nloader.argv = [{:?}]\n\
+         fs.mounts = [\n  {{ path = \"/\", uri = \"file:/\" }},\n  {{ type = \"tmpfs\", path = \"/tmp\" }},\n]\n\n\
+         [tardi]\nname = {name:?}\n",
+        binary.to_str().unwrap(),
+        binary.file_name().unwrap().to_str().unwrap()
+    );
+    let p = dir.join(format!("{name}.manifest"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Test program `program` (built) running in a sandbox with a tmpfs /tmp
+/// ([`manifest_with_tmp`]) named `PREFIX-TAG-<pid>`, its manifest in a fresh scratch directory
+/// tagged `tag`; returned once it answers `ping` on UDP `port`.
+pub fn run_with_tmp(program: &str, prefix: &str, tag: &str, port: u16) -> (Scratch, Running) {
+    let bin = programs::build(program);
+    let scratch = Scratch::new(tag);
+    let name = format!("{prefix}-{tag}-{}", std::process::id() % 10000);
+    let m = manifest_with_tmp(&scratch.0, &name, &bin);
+    let run = Running::run(&m).expect("tardi run");
+    programs::wait_ready(run.addr(port), Duration::from_secs(10)).expect("ready");
+    (scratch, run)
 }
 
 /// A scratch directory under the target dir, removed when dropped.

@@ -37,18 +37,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#define REPLY_SIZE 8192
+#include "reply.h"
+
 #define PG 4096
-static char out[8192];
-static size_t olen;
-static void put(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void put(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(out + olen, sizeof out - olen, fmt, ap);
-    va_end(ap);
-    if (n > 0) olen += (size_t)n < sizeof out - olen ? (size_t)n : sizeof out - olen - 1;
-}
-static void die(const char *w) { perror(w); exit(1); }
 
 enum { ANON, S1, S2, S3, POSIX, FILEM, NOBJ };
 static const char *names[NOBJ] = {"anon", "s1", "s2", "s3", "posix", "file"};

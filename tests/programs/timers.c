@@ -51,7 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static void die(const char *w) { perror(w); exit(1); }
+#include "reply.h"
 
 static volatile sig_atomic_t ticks_a, ticks_b, ticks_c, alarms, wrong_thread, bad_value;
 static volatile pid_t worker_tid;
@@ -139,17 +139,6 @@ static void *worker(void *arg) {
         pause();
     }
     return NULL;
-}
-
-static char out[4096];
-static size_t olen;
-static void put(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void put(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(out + olen, sizeof out - olen, fmt, ap);
-    va_end(ap);
-    if (n > 0) olen += (size_t)n < sizeof out - olen ? (size_t)n : sizeof out - olen - 1;
 }
 
 static void call(const char *name, long nr) {

@@ -28,18 +28,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-static char out[65536];
-static size_t olen;
-static void put(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void put(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(out + olen, sizeof out - olen, fmt, ap);
-    va_end(ap);
-    if (n > 0) olen += (size_t)n < sizeof out - olen ? (size_t)n : sizeof out - olen - 1;
-}
-
-static void die(const char *w) { perror(w); exit(1); }
+#define REPLY_SIZE 65536
+#include "reply.h"
 
 enum { STREAM_A, STREAM_B, DGRAM_A, DGRAM_B, SEQ_A, SEQ_B, LISTENER, CLIENT, ACCEPTED,
        PENDING, ABSTRACT, UNBOUND, NSOCK };

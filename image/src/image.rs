@@ -24,7 +24,7 @@ mod libc_types {
 /// timers, the service's own seccomp filters, inotify descriptors; incremental checkpoints leave
 /// out the metadata that equals their base's, `Carried`; 4: shared memory objects, `shm`, and
 /// mappings of them, `Backing::Shm`).
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
 /// checkpointer checks equals this).
@@ -137,6 +137,56 @@ pub struct ProcessImage {
     /// contents, whether mapped or not; mappings name them (`Backing::Shm`). Always listed in
     /// full, incremental checkpoints included (their pages there are those that changed).
     pub shm: Vec<ShmObject>,
+    /// The process group and session, in the sandbox's PID namespace (0: not recorded; the
+    /// restored process then keeps what its creator gave it).
+    pub pgid: i32,
+    pub sid: i32,
+    /// Full checkpoints of a process tree only, in the main process's image: the other
+    /// processes, parents before their children (see `docs/PROCESS-TREES.md`). A member's
+    /// own image holds no tree (refused while decoding, so nesting cannot recurse).
+    #[serde(deserialize_with = "de_tree")]
+    pub tree: Vec<Member>,
+}
+
+/// A process of a tree other than the main one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Member {
+    /// Its parent's PID (the main process's or an earlier member's).
+    pub ppid: i32,
+    /// Its slice of the checkpoint's page data: its runs' `data_off` are relative to it.
+    pub data_off: u64,
+    pub data_len: u64,
+    pub image: ProcessImage,
+}
+
+/// Decodes [`ProcessImage::tree`]: a list of members at the top level, an empty list inside a
+/// member's image (anything else is an error before any member is decoded, so a crafted image
+/// cannot nest trees deep enough to exhaust the stack).
+fn de_tree<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Member>, D::Error> {
+    use std::cell::Cell;
+    thread_local!(static IN_MEMBER: Cell<bool> = const { Cell::new(false) });
+    /// Puts the flag back however decoding ends.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_MEMBER.with(|f| f.set(self.0));
+        }
+    }
+    /// What a member's tree may not hold.
+    struct Nested;
+    impl<'de> Deserialize<'de> for Nested {
+        fn deserialize<D2: serde::Deserializer<'de>>(_: D2) -> Result<Self, D2::Error> {
+            Err(serde::de::Error::custom(
+                "a member process holds processes of its own",
+            ))
+        }
+    }
+    let _restore = Restore(IN_MEMBER.with(|f| f.replace(true)));
+    if _restore.0 {
+        Vec::<Nested>::deserialize(d).map(|_| Vec::new())
+    } else {
+        Vec::<Member>::deserialize(d)
+    }
 }
 
 /// The identity of a shared memory object within a chain.
@@ -1145,7 +1195,77 @@ impl ProcessImage {
             .le(&65536)
             .then_some(())
             .ok_or_else(|| FormatError::Meta("more than 65,536 supplementary groups".into()))?;
-        self.private_files.validate(None).map_err(FormatError::Meta)
+        self.private_files.validate(None).map_err(FormatError::Meta)?;
+        self.validate_tree(data_len)
+    }
+
+    /// The members of a tree (none in an incremental checkpoint or inside a member): each one's
+    /// data slice after the main process's data and the previous member's, inside the data;
+    /// its image valid against its slice; every PID and TID of the tree distinct; each parent
+    /// the main process or an earlier member; groups and sessions not negative.
+    fn validate_tree(&self, data_len: u64) -> Result<(), FormatError> {
+        fn bad<T>(m: String) -> Result<T, FormatError> {
+            Err(FormatError::Meta(m))
+        }
+        if self.pgid < 0 || self.sid < 0 {
+            return bad(format!(
+                "process {} has group {} and session {}",
+                self.pid, self.pgid, self.sid
+            ));
+        }
+        if self.tree.is_empty() {
+            return Ok(());
+        }
+        if self.base_epoch.is_some() {
+            return bad("an incremental checkpoint holds a process tree".into());
+        }
+        // Where the main process's data ends (runs and shared memory runs lie inside the
+        // data: checked above).
+        let mut end = self
+            .runs
+            .iter()
+            .chain(self.shm.iter().flat_map(|o| &o.runs))
+            .map(|r| r.data_off.saturating_add(r.len))
+            .max()
+            .unwrap_or(0);
+        let mut ids: Vec<i32> = std::iter::once(self.pid)
+            .chain(self.threads.iter().map(|t| t.tid))
+            .collect();
+        let mut pids = vec![self.pid];
+        for m in &self.tree {
+            let img = &m.image;
+            if !img.tree.is_empty() {
+                return bad(format!("process {} holds processes of its own", img.pid));
+            }
+            if img.base_epoch.is_some() {
+                return bad(format!("process {} is incremental", img.pid));
+            }
+            let m_end = m.data_off.checked_add(m.data_len);
+            if m.data_off < end || m_end.is_none_or(|e| e > data_len) {
+                return bad(format!(
+                    "the page data of process {} overlaps another's or lies outside the data",
+                    img.pid
+                ));
+            }
+            img.validate(m.data_len)
+                .map_err(|e| FormatError::Meta(format!("process {}: {e}", img.pid)))?;
+            if !pids.contains(&m.ppid) {
+                return bad(format!(
+                    "process {} names parent {}, which is not listed before it",
+                    img.pid, m.ppid
+                ));
+            }
+            let tids = img.threads.iter().map(|t| t.tid).filter(|&t| t != img.pid);
+            for id in std::iter::once(img.pid).chain(tids) {
+                if ids.contains(&id) {
+                    return bad(format!("process or thread {id} appears twice in the tree"));
+                }
+                ids.push(id);
+            }
+            pids.push(img.pid);
+            end = m_end.unwrap_or(data_len);
+        }
+        Ok(())
     }
 }
 
@@ -1388,6 +1508,9 @@ mod tests {
             timers: Default::default(),
             seccomp: Default::default(),
             shm: Vec::new(),
+            pgid: 0,
+            sid: 0,
+            tree: Vec::new(),
         };
         Checkpoint {
             epoch: 7,

@@ -184,12 +184,15 @@ fn check_shared(procs: &[&Proc]) -> Result<()> {
             let flags = crate::procfs::status_value(&info, "flags")
                 .and_then(|f| i32::from_str_radix(f, 8).ok())
                 .unwrap_or(0);
-            by_file.entry((st.st_dev, st.st_ino)).or_default().push(Held {
-                proc: i,
-                fd,
-                flags,
-                mode: st.st_mode,
-            });
+            by_file
+                .entry((st.st_dev, st.st_ino))
+                .or_default()
+                .push(Held {
+                    proc: i,
+                    fd,
+                    flags,
+                    mode: st.st_mode,
+                });
         }
     }
     let kind = |mode: u32| mode & libc::S_IFMT;

@@ -1195,7 +1195,9 @@ impl ProcessImage {
             .le(&65536)
             .then_some(())
             .ok_or_else(|| FormatError::Meta("more than 65,536 supplementary groups".into()))?;
-        self.private_files.validate(None).map_err(FormatError::Meta)?;
+        self.private_files
+            .validate(None)
+            .map_err(FormatError::Meta)?;
         self.validate_tree(data_len)
     }
 
@@ -1247,8 +1249,10 @@ impl ProcessImage {
                     img.pid
                 ));
             }
-            img.validate(m.data_len)
-                .map_err(|e| FormatError::Meta(format!("process {}: {e}", img.pid)))?;
+            img.validate(m.data_len).map_err(|e| match e {
+                FormatError::Meta(m) => FormatError::Meta(format!("process {}: {m}", img.pid)),
+                e => e,
+            })?;
             if !pids.contains(&m.ppid) {
                 return bad(format!(
                     "process {} names parent {}, which is not listed before it",
@@ -1876,6 +1880,86 @@ mod tests {
                 "from_bytes: expected {want:?}, got {err:?}"
             );
         }
+    }
+
+    /// A full checkpoint of `sample` with one member, pid 5, whose data follows the root's.
+    fn with_member() -> Checkpoint {
+        let mut ck = sample(Kind::Full);
+        let mut m = ck.image.clone();
+        m.pid = 5;
+        m.threads.truncate(1);
+        m.threads[0].tid = 5;
+        m.max_tid = 5;
+        m.sandbox.clear();
+        m.private_files = Default::default();
+        let end = ck
+            .image
+            .runs
+            .iter()
+            .map(|r| r.data_off + r.len)
+            .max()
+            .unwrap_or(0);
+        let len = m.runs.iter().map(|r| r.data_off + r.len).max().unwrap_or(0);
+        let off = ck.data.len() as u64;
+        ck.data.extend(std::iter::repeat_n(7u8, len as usize));
+        assert!(off >= end);
+        ck.image.tree.push(Member {
+            ppid: ck.image.pid,
+            data_off: off,
+            data_len: len,
+            image: m,
+        });
+        ck
+    }
+
+    #[test]
+    fn trees_roundtrip_and_inconsistent_ones_are_refused() {
+        let ck = with_member();
+        ck.validate().unwrap();
+        let back = Checkpoint::from_bytes(ck.to_bytes()).unwrap();
+        assert_eq!(back.image.tree.len(), 1);
+        assert_eq!(back.image.tree[0].image.pid, 5);
+
+        type Break = fn(&mut Checkpoint);
+        let cases: Vec<(&str, Break)> = vec![
+            ("not listed before it", |c| c.image.tree[0].ppid = 9),
+            ("overlaps another's", |c| c.image.tree[0].data_off = 0),
+            ("overlaps another's", |c| c.image.tree[0].data_len += 1),
+            ("appears twice in the tree", |c| {
+                c.image.tree[0].image.pid = c.image.pid;
+                c.image.tree[0].image.threads[0].tid = c.image.pid;
+            }),
+            ("group", |c| c.image.tree[0].image.sid = -1),
+            ("process 5: no threads", |c| {
+                c.image.tree[0].image.threads.clear()
+            }),
+            ("incremental checkpoint holds a process tree", |c| {
+                c.kind = Kind::Incremental { base: 6 };
+                c.image.base_epoch = Some(6);
+            }),
+            ("holds processes of its own", |c| {
+                let m = c.image.tree[0].clone();
+                c.image.tree[0].image.tree.push(Member { data_len: 0, ..m });
+            }),
+        ];
+        for (want, brk) in cases {
+            let mut c = with_member();
+            brk(&mut c);
+            let err = c.validate().unwrap_err().to_string();
+            assert!(
+                err.contains(want),
+                "validate: expected {want:?}, got {err:?}"
+            );
+        }
+
+        // A nested tree is refused while decoding, before its members are decoded (so no
+        // depth of nesting can recurse further).
+        let mut c = with_member();
+        let m = c.image.tree[0].clone();
+        c.image.tree[0].image.tree.push(m);
+        // (postcard keeps no custom message: the error is a malformed-metadata one.)
+        let err = Checkpoint::from_bytes(c.to_bytes()).unwrap_err();
+        assert!(matches!(err, FormatError::Meta(_)), "{err}");
     }
 
     #[test]

@@ -63,8 +63,8 @@ fn check_shape(states: &[String]) {
     }
     assert_eq!(f[0]["sid"], pid(0), "the main process leads its session");
     assert_eq!(f[0]["pgid"], pid(0));
-    for r in 1..4 {
-        assert_eq!(f[r]["ppid"], pid(0), "role {r}'s parent");
+    for (r, s) in f.iter().enumerate().take(4).skip(1) {
+        assert_eq!(s["ppid"], pid(0), "role {r}'s parent");
     }
     assert_eq!(f[1]["pgid"], pid(1), "role 1 leads its group");
     assert_eq!(f[1]["sid"], pid(0));

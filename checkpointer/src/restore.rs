@@ -306,6 +306,12 @@ fn prepare_tree(
     let mut plans = Vec::with_capacity(img.tree.len());
     for m in &img.tree {
         let me = &m.image;
+        if !me.shm.is_empty() {
+            return Err(RestoreError::Invalid(format!(
+                "process {}: shared memory outside the main process is not supported yet",
+                me.pid
+            )));
+        }
         let &(_, ppgid, psid) = ids
             .iter()
             .find(|(pid, _, _)| *pid == m.ppid)

@@ -1242,6 +1242,12 @@ impl ProcessImage {
             if img.base_epoch.is_some() {
                 return bad(format!("process {} is incremental", img.pid));
             }
+            if !img.private_files.dirs.is_empty() || !img.private_files.upsert.is_empty() {
+                return bad(format!(
+                    "process {} carries private files (the main process carries them)",
+                    img.pid
+                ));
+            }
             let m_end = m.data_off.checked_add(m.data_len);
             if m.data_off < end || m_end.is_none_or(|e| e > data_len) {
                 return bad(format!(
@@ -1930,6 +1936,9 @@ mod tests {
                 c.image.tree[0].image.threads[0].tid = c.image.pid;
             }),
             ("group", |c| c.image.tree[0].image.sid = -1),
+            ("carries private files", |c| {
+                c.image.tree[0].image.private_files.dirs = vec!["/data".into()]
+            }),
             ("process 5: no threads", |c| {
                 c.image.tree[0].image.threads.clear()
             }),

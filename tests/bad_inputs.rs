@@ -645,6 +645,25 @@ fn snapshot_refuses_a_pipe_shared_with_a_child_and_the_service_keeps_running() {
     });
 }
 
+/// A child that exited and was not reaped (a zombie) is refused by name: a restore would lose
+/// its exit status.
+#[test]
+fn snapshot_refuses_a_zombie_child_and_the_service_keeps_running() {
+    snapshot_refused("zombie", |svc, _| {
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", svc.run.pid)).unwrap();
+        let child = children
+            .split_whitespace()
+            .next()
+            .expect("the service has a zombie child")
+            .to_string();
+        vec![format!(
+            "process {child} (host PID) exited and was not reaped yet: zombies are not \
+             supported in a process tree yet"
+        )]
+    });
+}
+
 /// Shared memory is captured (tests/shared_memory.rs), but a POSIX object unlinked while
 /// mapped is a deleted file: no name to restore it under.
 #[test]

@@ -1,10 +1,12 @@
 //! Process trees, phase 1 (`docs/PROCESS-TREES.md`, `tests/programs/forktree.c`): a service
 //! whose main process forked three children (one leading its own process group, one its own
-//! session, one in its parent's group with a grandchild that leads its own group).
+//! session, one in its parent's group, with a second thread and a grandchild that leads its
+//! own group).
 //! `tardi snapshot`, kill, `tardi restore`: every process comes back with its PID, parent,
 //! group and session, and memory that is byte for byte what it held (the same digest, every
-//! byte checked against its generation), and goes on (a later generation gives the same
-//! digest as in the original tree).
+//! byte checked against its generation) and threads with their TIDs, and goes on (a later
+//! generation gives the same digest as in the original tree; a child forked and reaped after
+//! the restore gets a PID no process or thread of the tree had, and its exit status).
 
 mod common;
 
@@ -75,6 +77,12 @@ fn check_shape(states: &[String]) {
     assert_eq!(f[4]["ppid"], pid(3), "role 4 is role 3's child");
     assert_eq!(f[4]["pgid"], pid(4), "role 4 leads its group");
     assert_eq!(f[4]["sid"], pid(0));
+    assert_eq!(
+        f[3]["tids"].split(',').count(),
+        2,
+        "role 3 has two threads: {}",
+        states[3]
+    );
 }
 
 #[test]
@@ -124,6 +132,23 @@ fn a_process_tree_survives_snapshot_and_restore() {
         states(&restored),
         later,
         "the restored tree goes on as the original did"
+    );
+    // A process forked now gets a PID none of the tree's processes and threads had and is
+    // reaped by its restored parent with its status.
+    let spawned = fields(&ask(&restored, 0, "spawn"));
+    assert_eq!(spawned["status"], "5", "{spawned:?}");
+    let used: Vec<String> = after
+        .iter()
+        .flat_map(|s| {
+            fields(s)["tids"]
+                .split(',')
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        !used.contains(&spawned["spawned"]),
+        "spawned {spawned:?}, tree's ids {used:?}"
     );
     restored.stop();
 }

@@ -613,9 +613,11 @@ fn snapshot_refuses_a_descriptor_in_flight_and_the_service_keeps_running() {
     });
 }
 
+/// A forked child is captured with its parent (tests/process_tree.rs), but not yet one that
+/// shares an open file description (here a pipe) with it.
 #[test]
-fn snapshot_refuses_a_forked_child_and_the_service_keeps_running() {
-    snapshot_refused("fork", |svc, _| {
+fn snapshot_refuses_a_pipe_shared_with_a_child_and_the_service_keeps_running() {
+    snapshot_refused("fork", |svc, pong| {
         // The child's host PID, as the message names it.
         let children =
             std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", svc.run.pid)).unwrap();
@@ -624,10 +626,41 @@ fn snapshot_refuses_a_forked_child_and_the_service_keeps_running() {
             .next()
             .expect("the service has a child")
             .to_string();
+        // pong N fork child=C pipe=R,W
+        let read_end = pong
+            .split("pipe=")
+            .nth(1)
+            .and_then(|p| p.split(',').next())
+            .unwrap()
+            .to_string();
         vec![
-            format!("the service has child processes (host PIDs {child})"),
-            "process trees (fork) are not supported yet".to_string(),
+            format!(
+                "descriptor {read_end} of process {} and descriptor {read_end} of process {child} \
+                 (host PIDs) are one open file description",
+                svc.run.pid
+            ),
+            "descriptors shared between processes are not supported in a process tree yet"
+                .to_string(),
         ]
+    });
+}
+
+/// A child that exited and was not reaped (a zombie) is refused by name: a restore would lose
+/// its exit status.
+#[test]
+fn snapshot_refuses_a_zombie_child_and_the_service_keeps_running() {
+    snapshot_refused("zombie", |svc, _| {
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", svc.run.pid)).unwrap();
+        let child = children
+            .split_whitespace()
+            .next()
+            .expect("the service has a zombie child")
+            .to_string();
+        vec![format!(
+            "process {child} (host PID) exited and was not reaped yet: zombies are not \
+             supported in a process tree yet"
+        )]
     });
 }
 

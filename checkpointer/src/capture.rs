@@ -94,9 +94,23 @@ pub fn checkpoint_in_view(
 ) -> Result<(Checkpoint, CaptureStats)> {
     let mut attempt = 0;
     loop {
-        match checkpoint_once(proc, epoch, private_dirs) {
+        // A service without children takes the single-process path; one that forks between
+        // this look and the stop is refused there by name and tried again as a tree.
+        let forked = !children_of(proc, &proc.tids().unwrap_or_default()).is_empty();
+        let r = if forked {
+            crate::tree::checkpoint_tree(proc, epoch, private_dirs)
+        } else {
+            checkpoint_once(proc, epoch, private_dirs)
+        };
+        match r {
             Err(CaptureError::PendingSignals(_) | CaptureError::QueuedEvents(_))
                 if attempt < 20 =>
+            {
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(attempt));
+            }
+            Err(CaptureError::Unsupported(m))
+                if !forked && attempt < 20 && m.contains(CHILDREN_REFUSED) =>
             {
                 attempt += 1;
                 std::thread::sleep(Duration::from_millis(attempt));
@@ -119,7 +133,7 @@ fn checkpoint_once(
     let mut st = Stopped::stop(proc)?;
     stats.quiesce = t0.elapsed();
     stats.threads = st.tids.len();
-    let captured = capture_stopped(proc, &mut st, &mut stats, buf).and_then(|mut c| {
+    let captured = capture_stopped(proc, &mut st, &mut stats, buf, false).and_then(|mut c| {
         // Inside the pause: the files consistent with the memory.
         c.0.private_files = crate::files::DirTracker::new(private_dirs.to_vec())
             .changes()
@@ -267,7 +281,7 @@ pub(crate) fn hash_file(mut f: std::fs::File) -> io::Result<[u8; 32]> {
     Ok(*h.finalize().as_bytes())
 }
 
-type Captured = (ProcessImage, Vec<u8>, Vec<PendingFile>);
+pub(crate) type Captured = (ProcessImage, Vec<u8>, Vec<PendingFile>);
 
 /// Anonymous (including copied-on-write) and swapped memory of `pid`, plus slack.
 pub(crate) fn estimate_private_bytes(proc: &Proc) -> usize {
@@ -316,6 +330,9 @@ pub struct MetaCache {
     /// `execve` (layout calls), the working directory through `chdir`, `fchdir` and `chroot`
     /// (counted with the descriptor calls).
     process_vals: Option<((u64, u64), MmInfo, String, String)>,
+    /// Children are captured as members of a process tree (a full checkpoint's, see
+    /// [`checkpoint`]): the child check does not refuse them.
+    tree: bool,
     threads: HashMap<Pid, (u64, AltStack)>,
     sig_masks: Option<(u64, u64)>,
     sigactions: Vec<SigAction>,
@@ -361,15 +378,20 @@ pub(crate) struct MetaTimes {
     pub fds_reused: bool,
 }
 
-fn capture_stopped(
+pub(crate) fn capture_stopped(
     proc: &Proc,
     st: &mut Stopped,
     stats: &mut CaptureStats,
     buf: Vec<u8>,
+    tree: bool,
 ) -> Result<Captured> {
     let maps = proc.smaps().map_err(proc_err(proc.pid, "smaps"))?;
-    let mut cache = MetaCache::default();
+    let mut cache = MetaCache {
+        tree,
+        ..MetaCache::default()
+    };
     let mut image = capture_meta(proc, st, &maps, &mut cache, true)?;
+    (image.pgid, image.sid) = group_and_session(proc)?;
     let tm = Instant::now();
     let (vmas, runs, mut data, files) = capture_memory(proc, &maps, buf)?;
     image.shm = crate::shm::ShmTracker::default().capture(proc, &maps, true, true, &mut data)?;
@@ -411,7 +433,7 @@ pub(crate) fn capture_meta(
         .calls
         .as_ref()
         .map(|c| c.count(crate::syscount::LAYOUT));
-    if refresh || layout_calls.is_none() || layout_calls != cache.childless_at {
+    if !cache.tree && (refresh || layout_calls.is_none() || layout_calls != cache.childless_at) {
         cache.childless_at = None;
         check_supported(proc, &st.tids)?;
         cache.childless_at = layout_calls;
@@ -647,6 +669,9 @@ pub(crate) fn capture_meta(
         timers,
         seccomp,
         shm: Vec::new(),
+        pgid: 0,
+        sid: 0,
+        tree: Vec::new(),
     })
 }
 
@@ -935,19 +960,46 @@ fn signal_name(s: u32) -> String {
     }
 }
 
-/// Process-level state this checkpointer cannot restore yet: refuse it by name rather than
-/// produce a checkpoint that restores into something different.
-fn check_supported(proc: &Proc, tids: &[Pid]) -> Result<()> {
+/// Why a process with children is refused where trees are not captured (the epoch loop).
+const CHILDREN_REFUSED: &str = "process trees (fork) are not supported yet";
+
+/// The host PIDs of the children of `proc`'s threads `tids`, in the order the kernel lists them.
+pub(crate) fn children_of(proc: &Proc, tids: &[Pid]) -> Vec<Pid> {
     let mut children = Vec::new();
     for t in tids {
         let c = proc
             .read_string(&format!("task/{t}/children"))
             .unwrap_or_default();
-        children.extend(c.split_whitespace().map(str::to_string));
+        children.extend(c.split_whitespace().filter_map(|p| p.parse::<Pid>().ok()));
     }
+    children
+}
+
+/// The process group and session of `proc` in the sandbox's PID namespace (the last number of
+/// `NSpgid` and `NSsid`; 0 when the group or session lies outside it).
+pub(crate) fn group_and_session(proc: &Proc) -> Result<(i32, i32)> {
+    let status = proc
+        .read_string("status")
+        .map_err(proc_err(proc.pid, "status"))?;
+    let last = |key: &str| -> i32 {
+        procfs::status_value(&status, key)
+            .and_then(|v| v.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    Ok((last("NSpgid"), last("NSsid")))
+}
+
+/// Process-level state this checkpointer cannot restore yet: refuse it by name rather than
+/// produce a checkpoint that restores into something different.
+fn check_supported(proc: &Proc, tids: &[Pid]) -> Result<()> {
+    let children: Vec<String> = children_of(proc, tids)
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
     if !children.is_empty() {
         return Err(CaptureError::Unsupported(format!(
-            "the service has child processes (host PIDs {}); process trees (fork) are not supported yet",
+            "the service has child processes (host PIDs {}); {CHILDREN_REFUSED}",
             children.join(", ")
         )));
     }

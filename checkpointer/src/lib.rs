@@ -6,7 +6,7 @@
 //! userfaultfd, or mprotect through the freestanding agent `agent/` that [`agent`] loads into
 //! the process), the epoch loop ([`epoch`]) and its eBPF count of the process's descriptor
 //! calls ([`syscount`]); timers ([`timers`]), the service's seccomp filters ([`seccomp`]) and
-//! inotify watches ([`inotify`]), shared memory objects ([`shm`]).
+//! inotify watches ([`inotify`]), shared memory objects ([`shm`]), process trees ([`tree`]).
 //! Must not touch: namespaces, mounts, networking, manifests (that is `tardi-sandbox`), or
 //! anything about replication: a checkpoint is bytes with an epoch number, and restore takes
 //! bytes.
@@ -36,6 +36,7 @@ pub mod sys;
 pub mod syscount;
 pub mod timers;
 pub mod track;
+pub mod tree;
 pub mod unix;
 pub mod verify;
 

@@ -94,6 +94,16 @@ impl Proc {
         Ok(Proc { pid, dir })
     }
 
+    /// `/proc/PID` of another process `pid` (a host PID), through this one's `/proc`: works
+    /// inside [`in_view`], where `/proc` is the sandbox's.
+    pub fn open_other(&self, pid: Pid) -> io::Result<Proc> {
+        let dir = self.open_file(&format!("../{pid}"), libc::O_PATH | libc::O_DIRECTORY)?;
+        Ok(Proc {
+            pid,
+            dir: OwnedFd::from(dir),
+        })
+    }
+
     /// A duplicate of the `/proc/PID` directory descriptor.
     pub fn dir_fd(&self) -> io::Result<OwnedFd> {
         self.dir.try_clone()

@@ -64,8 +64,19 @@ type Result<T> = std::result::Result<T, RestoreError>;
 
 /// What the restore child needs, passed through the sandbox as opaque bytes. A transient
 /// hand-off between two processes of the same build, not a stored format.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ChildPlan {
+    /// The process's PID in the sandbox and its parent's (0 for the main process).
+    pub pid: i32,
+    pub ppid: i32,
+    /// Lead a new session (`setsid`), or else a new process group (`setpgid(0, 0)`), before
+    /// creating any child; otherwise keep the creator's.
+    pub setsid: bool,
+    pub setpgid: bool,
+    /// The main process's plan only: the other processes of the tree, parents before their
+    /// children. Each process creates its own children (`clone3` with `set_tid`) before it
+    /// sets itself up.
+    pub members: Vec<ChildPlan>,
     /// Inherited descriptors in the order [plan, pages, notify, restorer binary].
     pub inherited: Vec<RawFd>,
     /// First number of the block the child moves its own descriptors to.
@@ -89,7 +100,7 @@ pub struct ChildPlan {
 /// IPC namespace with their id, anonymous ones as a descriptor of a fresh shmem file (placed
 /// after the executable's, in the order of the image's anonymous objects) that the restorer
 /// maps shared.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ShmPlan {
     pub id: ShmId,
     pub size: u64,
@@ -107,6 +118,9 @@ pub struct Prepared {
     pub inherit: Vec<RawFd>,
     notify_r: OwnedFd,
     _keep: Vec<OwnedFd>,
+    /// The other processes of a tree (their payload is in the main process's): PID in the
+    /// sandbox and what [`finish`] needs of each.
+    members: Vec<Prepared>,
 }
 
 const INHERITED: usize = 4;
@@ -130,7 +144,7 @@ pub fn prepare_with(
         .map_err(|e| RestoreError::Invalid(e.to_string()))?;
     let pages = sys::memfd("tardi-pages")?;
     std::fs::File::from(pages.try_clone()?).write_all(&ckpt.data)?;
-    prepare_pages(&ckpt.image, pages, 0, host_path, hold)
+    prepare_tree(&ckpt.image, pages, 0, host_path, hold)
 }
 
 /// The memfd the restorer will read an image's pages from, still empty: fill it with
@@ -156,7 +170,7 @@ pub fn prepare_image_layout(
 ) -> Result<(Prepared, PagesToWrite)> {
     let pages = sys::memfd("tardi-pages")?;
     let ck = img.full_meta();
-    let prep = prepare_pages(&ck.image, pages.try_clone()?, 0, host_path, hold)?;
+    let prep = prepare_tree(&ck.image, pages.try_clone()?, 0, host_path, hold)?;
     Ok((prep, PagesToWrite(pages)))
 }
 
@@ -167,7 +181,7 @@ pub fn prepare_file(
     host_path: &dyn Fn(&str) -> Option<PathBuf>,
 ) -> Result<Prepared> {
     let offset = ck.data_offset;
-    prepare_pages(&ck.image, OwnedFd::from(ck.file), offset, host_path, false)
+    prepare_tree(&ck.image, OwnedFd::from(ck.file), offset, host_path, false)
 }
 
 /// Lays out a restore whose page data is at `pages_offset` in `pages`.
@@ -207,6 +221,11 @@ fn prepare_pages(
     std::fs::File::from(plan_fd.try_clone()?).write_all(&plan)?;
 
     let child = ChildPlan {
+        pid: img.pid,
+        ppid: 0,
+        setsid: img.sid == img.pid,
+        setpgid: img.pgid == img.pid && img.sid != img.pid,
+        members: Vec::new(),
         inherited: inherit.clone(),
         base,
         files: img.files.iter().map(|f| f.path.clone()).collect(),
@@ -251,7 +270,85 @@ fn prepare_pages(
         inherit,
         notify_r,
         _keep: vec![pages, plan_fd, restorer, notify_w],
+        members: Vec::new(),
     })
+}
+
+/// Lays out the restore of a tree (`docs/PROCESS-TREES.md`): each member like a single process,
+/// reading its pages at its slice of the data, its plan carried in the main process's payload
+/// and its descriptors passed through the sandbox with the main process's.
+fn prepare_tree(
+    img: &ProcessImage,
+    pages: OwnedFd,
+    pages_offset: u64,
+    host_path: &dyn Fn(&str) -> Option<PathBuf>,
+    hold: bool,
+) -> Result<Prepared> {
+    if img.tree.is_empty() {
+        return prepare_pages(img, pages, pages_offset, host_path, hold);
+    }
+    if hold {
+        return Err(RestoreError::Invalid(
+            "held restores of process trees are not supported yet".into(),
+        ));
+    }
+    let decode = |p: &Prepared| -> Result<ChildPlan> {
+        postcard::from_bytes(&p.payload).map_err(|e| io::Error::other(e).into())
+    };
+    // The PID cursor goes past the highest TID of the whole tree, whoever sets it last.
+    let max_tid = img
+        .tree
+        .iter()
+        .map(|m| m.image.max_tid)
+        .fold(img.max_tid, i32::max);
+    let mut ids = vec![(img.pid, img.pgid, img.sid)];
+    let mut members = Vec::with_capacity(img.tree.len());
+    let mut plans = Vec::with_capacity(img.tree.len());
+    for m in &img.tree {
+        let me = &m.image;
+        if !me.shm.is_empty() {
+            return Err(RestoreError::Invalid(format!(
+                "process {}: shared memory outside the main process is not supported yet",
+                me.pid
+            )));
+        }
+        let &(_, ppgid, psid) = ids
+            .iter()
+            .find(|(pid, _, _)| *pid == m.ppid)
+            .ok_or_else(|| {
+                RestoreError::Invalid(format!("process {} has no parent {}", me.pid, m.ppid))
+            })?;
+        let leads = me.sid == me.pid;
+        if (leads && me.pgid != me.pid)
+            || (!leads && me.sid != psid)
+            || (me.pgid != me.pid && me.pgid != ppgid)
+        {
+            return Err(RestoreError::Invalid(format!(
+                "process {} (group {}, session {}) cannot be recreated under its parent (group                  {ppgid}, session {psid})",
+                me.pid, me.pgid, me.sid
+            )));
+        }
+        ids.push((me.pid, me.pgid, me.sid));
+        let off = pages_offset.checked_add(m.data_off).ok_or_else(|| {
+            RestoreError::Invalid(format!("process {}: page data out of range", me.pid))
+        })?;
+        let prep = prepare_pages(me, pages.try_clone()?, off, host_path, false)?;
+        let mut plan = decode(&prep)?;
+        plan.ppid = m.ppid;
+        plan.max_tid = max_tid;
+        plans.push(plan);
+        members.push(prep);
+    }
+    let mut root = prepare_pages(img, pages, pages_offset, host_path, false)?;
+    let mut plan = decode(&root)?;
+    plan.max_tid = max_tid;
+    plan.members = plans;
+    root.payload = postcard::to_stdvec(&plan).map_err(io::Error::other)?;
+    for m in &members {
+        root.inherit.extend_from_slice(&m.inherit);
+    }
+    root.members = members;
+    Ok(root)
 }
 
 fn verify_files(img: &ProcessImage, host_path: &dyn Fn(&str) -> Option<PathBuf>) -> Result<()> {
@@ -665,8 +762,11 @@ pub fn child_main(payload: &[u8]) -> ! {
             unsafe { libc::_exit(120) }
         }
     };
+    // Session, group and children first (a tree's processes are created top-down, each by
+    // its parent); from here on `plan` is the plan of the process this one became.
+    let (plan, failed) = make_tree(plan);
     let notify = plan.base + 2;
-    let msg = child_setup(&plan);
+    let msg = failed.unwrap_or_else(|| child_setup(&plan));
     let notify_fd = if plan.inherited.len() == INHERITED {
         // Before or after the move: try the final number first.
         // SAFETY: F_GETFD only queries.
@@ -685,6 +785,80 @@ pub fn child_main(payload: &[u8]) -> ! {
         libc::write(notify_fd, msg.as_ptr().cast(), msg.len());
         libc::_exit(121)
     }
+}
+
+/// Gives the calling process (the main process, as the sandbox created it) its session and
+/// group, then creates its children with their PIDs (`clone3` with `set_tid`), each of which
+/// does the same for itself. Returns the plan of the process the caller ended up as, with the
+/// reason it failed, if it did (to be reported through that process's notify pipe).
+fn make_tree(mut me: ChildPlan) -> (ChildPlan, Option<String>) {
+    let members = std::mem::take(&mut me.members);
+    'process: loop {
+        // SAFETY: setsid and setpgid take no pointers.
+        let r = unsafe {
+            if me.setsid {
+                libc::setsid()
+            } else if me.setpgid {
+                libc::setpgid(0, 0)
+            } else {
+                0
+            }
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return (me, Some(format!("setting the session or group: {e}")));
+        }
+        for m in members
+            .iter()
+            .filter(|m| m.ppid == me.pid && m.pid != me.pid)
+        {
+            let tid = [m.pid as libc::pid_t];
+            let args = CloneArgs {
+                exit_signal: libc::SIGCHLD as u64,
+                set_tid: tid.as_ptr() as u64,
+                set_tid_size: 1,
+                ..CloneArgs::default()
+            };
+            // SAFETY: a fork-like clone3 (no CLONE_VM: the child has its own copy of this
+            // single-threaded process and returns here with 0); `args` and the one-element
+            // `set_tid` array are alive for the call.
+            let child = unsafe {
+                libc::syscall(
+                    libc::SYS_clone3,
+                    &args as *const CloneArgs,
+                    std::mem::size_of::<CloneArgs>(),
+                )
+            };
+            if child == 0 {
+                me = m.clone();
+                continue 'process;
+            }
+            if child < 0 {
+                let e = io::Error::last_os_error();
+                return (
+                    me,
+                    Some(format!("creating process {} with its PID: {e}", m.pid)),
+                );
+            }
+        }
+        return (me, None);
+    }
+}
+
+/// `struct clone_args` of `clone3(2)` (the fields up to `set_tid_size`).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
 }
 
 /// Sets everything up and execs the restorer; returns only on failure.
@@ -814,7 +988,54 @@ pub struct FinishStats {
 
 /// Waits for the restorer of the process whose host PID is `pid` to report, then unmaps its
 /// blob.
-pub fn finish(prep: Prepared, pid: Pid, timeout: Duration) -> Result<FinishStats> {
+pub fn finish(mut prep: Prepared, pid: Pid, timeout: Duration) -> Result<FinishStats> {
+    let members = std::mem::take(&mut prep.members);
+    let mut stats = finish_one(prep, pid, timeout)?;
+    for m in members {
+        let t0 = Instant::now();
+        let host = host_pid(pid, m.pid, timeout)?;
+        let s = finish_one(m, host, timeout.saturating_sub(t0.elapsed()))?;
+        stats.restorer += s.restorer;
+        stats.cleanup += s.cleanup;
+    }
+    Ok(stats)
+}
+
+/// The host PID of the process whose PID in the sandbox is `ns_pid`, among the descendants of
+/// `root` (a host PID), waiting for it to exist (its parent creates it).
+fn host_pid(root: Pid, ns_pid: i32, timeout: Duration) -> Result<Pid> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut todo = vec![root];
+        while let Some(p) = todo.pop() {
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+            let ns = crate::procfs::status_value(&status, "NSpid")
+                .and_then(|v| v.split_whitespace().last())
+                .and_then(|n| n.parse::<i32>().ok());
+            if ns == Some(ns_pid) {
+                return Ok(p);
+            }
+            for t in std::fs::read_dir(format!("/proc/{p}/task"))
+                .into_iter()
+                .flatten()
+            {
+                let Ok(t) = t else { continue };
+                let c = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                todo.extend(c.split_whitespace().filter_map(|c| c.parse::<Pid>().ok()));
+            }
+        }
+        if !std::path::Path::new(&format!("/proc/{root}")).exists() {
+            return Err(RestoreError::Died);
+        }
+        if Instant::now() > deadline {
+            return Err(RestoreError::Timeout);
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+}
+
+/// [`finish`] for one process.
+fn finish_one(prep: Prepared, pid: Pid, timeout: Duration) -> Result<FinishStats> {
     let t0 = Instant::now();
     let (base, total) = wait_report(prep, pid, timeout)?;
     let stats_restorer = t0.elapsed();

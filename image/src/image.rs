@@ -24,7 +24,7 @@ mod libc_types {
 /// timers, the service's own seccomp filters, inotify descriptors; incremental checkpoints leave
 /// out the metadata that equals their base's, `Carried`; 4: shared memory objects, `shm`, and
 /// mappings of them, `Backing::Shm`).
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
 /// checkpointer checks equals this).
@@ -137,6 +137,56 @@ pub struct ProcessImage {
     /// contents, whether mapped or not; mappings name them (`Backing::Shm`). Always listed in
     /// full, incremental checkpoints included (their pages there are those that changed).
     pub shm: Vec<ShmObject>,
+    /// The process group and session, in the sandbox's PID namespace (0: not recorded; the
+    /// restored process then keeps what its creator gave it).
+    pub pgid: i32,
+    pub sid: i32,
+    /// Full checkpoints of a process tree only, in the main process's image: the other
+    /// processes, parents before their children (see `docs/PROCESS-TREES.md`). A member's
+    /// own image holds no tree (refused while decoding, so nesting cannot recurse).
+    #[serde(deserialize_with = "de_tree")]
+    pub tree: Vec<Member>,
+}
+
+/// A process of a tree other than the main one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Member {
+    /// Its parent's PID (the main process's or an earlier member's).
+    pub ppid: i32,
+    /// Its slice of the checkpoint's page data: its runs' `data_off` are relative to it.
+    pub data_off: u64,
+    pub data_len: u64,
+    pub image: ProcessImage,
+}
+
+/// Decodes [`ProcessImage::tree`]: a list of members at the top level, an empty list inside a
+/// member's image (anything else is an error before any member is decoded, so a crafted image
+/// cannot nest trees deep enough to exhaust the stack).
+fn de_tree<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Member>, D::Error> {
+    use std::cell::Cell;
+    thread_local!(static IN_MEMBER: Cell<bool> = const { Cell::new(false) });
+    /// Puts the flag back however decoding ends.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_MEMBER.with(|f| f.set(self.0));
+        }
+    }
+    /// What a member's tree may not hold.
+    struct Nested;
+    impl<'de> Deserialize<'de> for Nested {
+        fn deserialize<D2: serde::Deserializer<'de>>(_: D2) -> Result<Self, D2::Error> {
+            Err(serde::de::Error::custom(
+                "a member process holds processes of its own",
+            ))
+        }
+    }
+    let _restore = Restore(IN_MEMBER.with(|f| f.replace(true)));
+    if _restore.0 {
+        Vec::<Nested>::deserialize(d).map(|_| Vec::new())
+    } else {
+        Vec::<Member>::deserialize(d)
+    }
 }
 
 /// The identity of a shared memory object within a chain.
@@ -1145,7 +1195,87 @@ impl ProcessImage {
             .le(&65536)
             .then_some(())
             .ok_or_else(|| FormatError::Meta("more than 65,536 supplementary groups".into()))?;
-        self.private_files.validate(None).map_err(FormatError::Meta)
+        self.private_files
+            .validate(None)
+            .map_err(FormatError::Meta)?;
+        self.validate_tree(data_len)
+    }
+
+    /// The members of a tree (none in an incremental checkpoint or inside a member): each one's
+    /// data slice after the main process's data and the previous member's, inside the data;
+    /// its image valid against its slice; every PID and TID of the tree distinct; each parent
+    /// the main process or an earlier member; groups and sessions not negative.
+    fn validate_tree(&self, data_len: u64) -> Result<(), FormatError> {
+        fn bad<T>(m: String) -> Result<T, FormatError> {
+            Err(FormatError::Meta(m))
+        }
+        if self.pgid < 0 || self.sid < 0 {
+            return bad(format!(
+                "process {} has group {} and session {}",
+                self.pid, self.pgid, self.sid
+            ));
+        }
+        if self.tree.is_empty() {
+            return Ok(());
+        }
+        if self.base_epoch.is_some() {
+            return bad("an incremental checkpoint holds a process tree".into());
+        }
+        // Where the main process's data ends (runs and shared memory runs lie inside the
+        // data: checked above).
+        let mut end = self
+            .runs
+            .iter()
+            .chain(self.shm.iter().flat_map(|o| &o.runs))
+            .map(|r| r.data_off.saturating_add(r.len))
+            .max()
+            .unwrap_or(0);
+        let mut ids: Vec<i32> = std::iter::once(self.pid)
+            .chain(self.threads.iter().map(|t| t.tid))
+            .collect();
+        let mut pids = vec![self.pid];
+        for m in &self.tree {
+            let img = &m.image;
+            if !img.tree.is_empty() {
+                return bad(format!("process {} holds processes of its own", img.pid));
+            }
+            if img.base_epoch.is_some() {
+                return bad(format!("process {} is incremental", img.pid));
+            }
+            if !img.private_files.dirs.is_empty() || !img.private_files.upsert.is_empty() {
+                return bad(format!(
+                    "process {} carries private files (the main process carries them)",
+                    img.pid
+                ));
+            }
+            let m_end = m.data_off.checked_add(m.data_len);
+            if m.data_off < end || m_end.is_none_or(|e| e > data_len) {
+                return bad(format!(
+                    "the page data of process {} overlaps another's or lies outside the data",
+                    img.pid
+                ));
+            }
+            img.validate(m.data_len).map_err(|e| match e {
+                FormatError::Meta(m) => FormatError::Meta(format!("process {}: {m}", img.pid)),
+                e => e,
+            })?;
+            if !pids.contains(&m.ppid) {
+                return bad(format!(
+                    "process {} names parent {}, which is not listed before it",
+                    img.pid, m.ppid
+                ));
+            }
+            let tids = img.threads.iter().map(|t| t.tid).filter(|&t| t != img.pid);
+            for id in std::iter::once(img.pid).chain(tids) {
+                if ids.contains(&id) {
+                    return bad(format!("process or thread {id} appears twice in the tree"));
+                }
+                ids.push(id);
+            }
+            pids.push(img.pid);
+            end = m_end.unwrap_or(data_len);
+        }
+        Ok(())
     }
 }
 
@@ -1368,6 +1498,9 @@ pub(crate) mod tests {
             timers: Default::default(),
             seccomp: Default::default(),
             shm: Vec::new(),
+            pgid: 0,
+            sid: 0,
+            tree: Vec::new(),
         }
     }
 
@@ -1781,6 +1914,89 @@ pub(crate) mod tests {
                 "from_bytes: expected {want:?}, got {err:?}"
             );
         }
+    }
+
+    /// A full checkpoint of `sample` with one member, pid 5, whose data follows the root's.
+    fn with_member() -> Checkpoint {
+        let mut ck = sample(Kind::Full);
+        let mut m = ck.image.clone();
+        m.pid = 5;
+        m.threads.truncate(1);
+        m.threads[0].tid = 5;
+        m.max_tid = 5;
+        m.sandbox.clear();
+        m.private_files = Default::default();
+        let end = ck
+            .image
+            .runs
+            .iter()
+            .map(|r| r.data_off + r.len)
+            .max()
+            .unwrap_or(0);
+        let len = m.runs.iter().map(|r| r.data_off + r.len).max().unwrap_or(0);
+        let off = ck.data.len() as u64;
+        ck.data.extend(std::iter::repeat_n(7u8, len as usize));
+        assert!(off >= end);
+        ck.image.tree.push(Member {
+            ppid: ck.image.pid,
+            data_off: off,
+            data_len: len,
+            image: m,
+        });
+        ck
+    }
+
+    #[test]
+    fn trees_roundtrip_and_inconsistent_ones_are_refused() {
+        let ck = with_member();
+        ck.validate().unwrap();
+        let back = Checkpoint::from_bytes(ck.to_bytes()).unwrap();
+        assert_eq!(back.image.tree.len(), 1);
+        assert_eq!(back.image.tree[0].image.pid, 5);
+
+        type Break = fn(&mut Checkpoint);
+        let cases: Vec<(&str, Break)> = vec![
+            ("not listed before it", |c| c.image.tree[0].ppid = 9),
+            ("overlaps another's", |c| c.image.tree[0].data_off = 0),
+            ("overlaps another's", |c| c.image.tree[0].data_len += 1),
+            ("appears twice in the tree", |c| {
+                c.image.tree[0].image.pid = c.image.pid;
+                c.image.tree[0].image.threads[0].tid = c.image.pid;
+            }),
+            ("group", |c| c.image.tree[0].image.sid = -1),
+            ("carries private files", |c| {
+                c.image.tree[0].image.private_files.dirs = vec!["/data".into()]
+            }),
+            ("process 5: no threads", |c| {
+                c.image.tree[0].image.threads.clear()
+            }),
+            ("incremental checkpoint holds a process tree", |c| {
+                c.kind = Kind::Incremental { base: 6 };
+                c.image.base_epoch = Some(6);
+            }),
+            ("holds processes of its own", |c| {
+                let m = c.image.tree[0].clone();
+                c.image.tree[0].image.tree.push(Member { data_len: 0, ..m });
+            }),
+        ];
+        for (want, brk) in cases {
+            let mut c = with_member();
+            brk(&mut c);
+            let err = c.validate().unwrap_err().to_string();
+            assert!(
+                err.contains(want),
+                "validate: expected {want:?}, got {err:?}"
+            );
+        }
+
+        // A nested tree is refused while decoding, before its members are decoded (so no
+        // depth of nesting can recurse further).
+        let mut c = with_member();
+        let m = c.image.tree[0].clone();
+        c.image.tree[0].image.tree.push(m);
+        // (postcard keeps no custom message: the error is a malformed-metadata one.)
+        let err = Checkpoint::from_bytes(c.to_bytes()).unwrap_err();
+        assert!(matches!(err, FormatError::Meta(_)), "{err}");
     }
 
     #[test]

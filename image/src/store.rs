@@ -94,6 +94,11 @@ impl Image {
             source,
         };
         ck.validate().map_err(invalid)?;
+        if !ck.image.tree.is_empty() {
+            return Err(invalid(FormatError::Meta(
+                "process trees are not supported by a backup's image yet".into(),
+            )));
+        }
         // A full checkpoint names its private directories if it has entries in them.
         ck.image
             .private_files
@@ -278,6 +283,10 @@ impl Image {
                 None => self.pages.remove(&addr),
             };
         }
+        // The epoch loop does not record the group and session: keep the full checkpoint's.
+        if meta.pgid == 0 && meta.sid == 0 {
+            (meta.pgid, meta.sid) = (self.meta.pgid, self.meta.sid);
+        }
         if meta.sandbox.is_empty() {
             meta.sandbox = std::mem::take(&mut self.meta.sandbox);
         }
@@ -426,6 +435,10 @@ fn stored_meta(img: &ProcessImage) -> ProcessImage {
                 ..o.clone()
             })
             .collect(),
+        pgid: img.pgid,
+        sid: img.sid,
+        // `Image::from_full` refuses trees.
+        tree: Vec::new(),
     }
 }
 

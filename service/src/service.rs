@@ -174,7 +174,7 @@ impl ServiceHandle {
     pub fn other_processes(&self) -> Vec<i32> {
         // The init's children other than the service: processes it started before the service,
         // and orphans reparented to it (a double-forked daemon). The service's own children are
-        // refused by the capture itself, which names them.
+        // the capture's: a process tree, or refused by name where trees are not supported.
         std::fs::read_dir(format!("/proc/{}/task", self.init_pid))
             .into_iter()
             .flatten()

@@ -9,7 +9,9 @@
  *   none            nothing unusual (a control case: snapshots work)
  *   unixsock        a connected AF_UNIX socketpair with a descriptor in flight in it (SCM_RIGHTS,
  *                   sent, not received yet)
- *   fork            a forked child process (pauses forever)
+ *   fork            a forked child process (pauses forever) that shares a pipe with us (both
+ *                   ends open in both: one open file description held by two processes)
+ *   zombie          a child that exited (status 3) and is never reaped
  *   orphan          a grandchild process (pauses forever) whose parent, our child, exited: it
  *                   is reparented to the sandbox's init, so it is no child of the service
  *   shm-unlinked    a POSIX shared memory object mapped and then unlinked (shm_unlink)
@@ -53,7 +55,7 @@ int main(int argc, char **argv) {
             mode = argv[i];
     }
     if (!mode) {
-        fprintf(stderr, "usage: %s [--port N] none|unixsock|fork|orphan|shm-unlinked|sysv-tail|memfd|pending-signal|inotify-queued\n", argv[0]);
+        fprintf(stderr, "usage: %s [--port N] none|unixsock|fork|zombie|orphan|shm-unlinked|sysv-tail|memfd|pending-signal|inotify-queued\n", argv[0]);
         return 2;
     }
 
@@ -77,12 +79,22 @@ int main(int argc, char **argv) {
         if (sendmsg(sv[0], &msg, 0) != 1) die("sendmsg");
         snprintf(detail, sizeof detail, "fds=%d,%d", sv[0], sv[1]);
     } else if (strcmp(mode, "fork") == 0) {
+        int p[2];
+        if (pipe(p) < 0) die("pipe");
         pid_t child = fork();
         if (child < 0) die("fork");
         if (child == 0) {
             for (;;) pause();
         }
-        snprintf(detail, sizeof detail, "child=%d", (int)child);
+        snprintf(detail, sizeof detail, "child=%d pipe=%d,%d", (int)child, p[0], p[1]);
+    } else if (strcmp(mode, "zombie") == 0) {
+        pid_t child = fork();
+        if (child < 0) die("fork");
+        if (child == 0) _exit(3);
+        /* Wait until it has exited, leaving it a zombie. */
+        siginfo_t si;
+        if (waitid(P_PID, child, &si, WEXITED | WNOWAIT) < 0) die("waitid");
+        snprintf(detail, sizeof detail, "zombie=%d", (int)child);
     } else if (strcmp(mode, "orphan") == 0) {
         int p[2];
         if (pipe(p) < 0) die("pipe");

@@ -382,6 +382,9 @@ impl Proc {
                 }],
             },
             shm: self.shm.values().map(|(o, _)| o.clone()).collect(),
+            pgid: 0,
+            sid: 0,
+            tree: Vec::new(),
         }
     }
 

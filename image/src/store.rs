@@ -62,6 +62,10 @@ fn shm_pages(
             Some(p) if !o.fresh => p,
             _ => BTreeMap::new(),
         };
+        // An object that shrank (a POSIX object truncated, an object replaced by a smaller
+        // one under the same id) keeps no page past its end: a restore could not lay it out.
+        let end = o.size.div_ceil(PAGE) * PAGE;
+        pages.retain(|&off, _| off < end);
         for r in &o.runs {
             for p in 0..r.len / PAGE {
                 let Some(page) = usize::try_from(r.data_off + p * PAGE)
@@ -884,5 +888,43 @@ mod tests {
         let e = Checkpoint::from_bytes(full(m, vec![]).to_bytes()).unwrap_err();
         assert!(e.to_string().contains("full checkpoint leaves out"), "{e}");
         assert_eq!(img.epoch, 0);
+    }
+
+    /// An object that shrank between two checkpoints keeps no page past its new end (found by
+    /// the fuzzer: the image then made a full checkpoint that did not validate).
+    #[test]
+    fn a_shared_memory_object_that_shrank_keeps_no_page_past_its_end() {
+        let object = |size: u64, runs: Vec<PageRun>| ShmObject {
+            id: ShmId::Anon(7),
+            size,
+            sysv: None,
+            runs,
+            fresh: false,
+        };
+        let mut m = meta(vec![anon(0x1000, 0x2000)]);
+        m.shm = vec![object(
+            0x2000,
+            vec![PageRun {
+                addr: 0,
+                len: 0x2000,
+                data_off: 0,
+            }],
+        )];
+        let mut img = Image::from_full(&full(m, vec![5u8; 0x2000])).unwrap();
+        assert_eq!(img.shm_pages(ShmId::Anon(7)).unwrap().len(), 2);
+        let mut m = meta(vec![anon(0x1000, 0x2000)]);
+        m.base_epoch = Some(0);
+        m.shm = vec![object(0x1000, vec![])];
+        img.apply(&Checkpoint {
+            epoch: 1,
+            kind: Kind::Incremental { base: 0 },
+            image: m,
+            data: vec![],
+        })
+        .unwrap();
+        let pages = img.shm_pages(ShmId::Anon(7)).unwrap();
+        assert_eq!(pages.keys().copied().collect::<Vec<_>>(), vec![0]);
+        let back = img.to_full();
+        Checkpoint::from_bytes(back.to_bytes()).expect("the image's full checkpoint is valid");
     }
 }

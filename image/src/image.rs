@@ -23,7 +23,8 @@ mod libc_types {
 /// Version of the encoding; bumped on every incompatible change (3: POSIX timers and interval
 /// timers, the service's own seccomp filters, inotify descriptors; incremental checkpoints leave
 /// out the metadata that equals their base's, `Carried`; 4: shared memory objects, `shm`, and
-/// mappings of them, `Backing::Shm`).
+/// mappings of them, `Backing::Shm`; 5: process trees, `tree`, and each process's group and
+/// session, `pgid` and `sid`).
 pub const FORMAT_VERSION: u32 = 5;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the

@@ -427,12 +427,17 @@ pub(crate) fn capture_meta(
                 .and_then(|t| t.parse::<Pid>().ok())
                 .is_some_and(|t| st.tids.contains(&t))
     });
+    // The calls counted since the process started ((layout, descriptors)), read once: the
+    // process is stopped, so they cannot move during this capture.
+    let counts = cache.calls.as_ref().map(|c| {
+        (
+            c.count(crate::syscount::LAYOUT),
+            c.count(crate::syscount::DESCRIPTORS),
+        )
+    });
     // A child process appears only through a counted call (`clone`, `fork`, ...): while none
     // was made since the last check found none, there is none.
-    let layout_calls = cache
-        .calls
-        .as_ref()
-        .map(|c| c.count(crate::syscount::LAYOUT));
+    let layout_calls = counts.map(|c| c.0);
     if !cache.tree && (refresh || layout_calls.is_none() || layout_calls != cache.childless_at) {
         cache.childless_at = None;
         check_supported(proc, &st.tids)?;
@@ -513,13 +518,6 @@ pub(crate) fn capture_meta(
             u as u32
         }
     };
-    // The process is stopped: the counts cannot move while it is.
-    let counts = cache.calls.as_ref().map(|c| {
-        (
-            c.count(crate::syscount::LAYOUT),
-            c.count(crate::syscount::DESCRIPTORS),
-        )
-    });
     let kept = match (&cache.process_vals, counts) {
         (Some((at, mm, cwd, exe)), Some(now)) if !refresh && *at == now => {
             Some((mm.clone(), cwd.clone(), exe.clone()))
@@ -582,11 +580,7 @@ pub(crate) fn capture_meta(
         }
     };
     let t3 = Instant::now();
-    // The process is stopped: no call can be entered between this reading and the capture.
-    let calls = cache
-        .calls
-        .as_ref()
-        .map(|c| c.count(crate::syscount::DESCRIPTORS));
+    let calls = counts.map(|c| c.1);
     let unchanged = !refresh && calls.is_some() && calls == cache.fd_calls_seen;
     let fds = fds::capture(proc, Some(&mut cache.fds), unchanged)?;
     cache.fd_calls_seen = calls;

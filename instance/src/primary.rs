@@ -646,7 +646,10 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
                         publish(&sh2, full.epoch, full.to_bytes().into(), true, pause);
                     });
                 }
-                if let Some(resumed) = out.stats.resumed_at {
+                // Timed for the epoch log only: nothing else reads it.
+                if log.is_some()
+                    && let Some(resumed) = out.stats.resumed_at
+                {
                     let mut st = sh.lock();
                     st.in_flight.push_back((inc.epoch, resumed, Instant::now()));
                     if st.in_flight.len() > 1000 {

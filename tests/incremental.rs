@@ -903,6 +903,77 @@ fn output_ends_the_epoch_early() {
     run.stop();
 }
 
+/// `follow_releases`: once the output before the open epoch is released and the epoch has
+/// queued as many packets as that release sent, waiting output ends it at `follow_min`, not at
+/// the (here very long) minimum interval; fewer packets, a release of an older epoch, or the
+/// rule turned off keep the minimum; a release that arrives while the loop waits wakes it.
+#[test]
+fn answered_output_ends_the_epoch_at_the_follow_minimum() {
+    use tardi_checkpointer::epoch::{EndedBy, EpochHooks};
+    let (_scratch, run, _addr) = statemachine_run("follow");
+    let min = Duration::from_millis(1500);
+    let cfg = |follow| EpochConfig {
+        interval: Duration::from_secs(4),
+        min_interval: min,
+        follow_releases: follow,
+        follow_min: Duration::ZERO,
+        cap_pages: 0,
+        ..Default::default()
+    };
+    let (mut ep, first, _) =
+        Epochs::start_with(run.pid, cfg(true), EpochHooks::default()).expect("start epochs");
+    assert_eq!(first.epoch, 0);
+    let trigger = ep.trigger();
+    let ended = |ep: &mut Epochs| {
+        let (ck, st) = ep.next().unwrap();
+        assert_eq!(st.ended_by, EndedBy::Output, "epoch {}", ck.epoch);
+        (ck.epoch, Duration::from_micros(st.interval_us))
+    };
+    // Released up to the base (0) with 2 packets; 1 answered: the minimum.
+    trigger.released(0, 2);
+    trigger.output(1);
+    let (n, d) = ended(&mut ep);
+    assert!(
+        d >= min,
+        "epoch {n}: one answer of two ended it after {d:?}"
+    );
+    // Base 1 released with 2 packets, 2 answered: at once.
+    trigger.released(1, 2);
+    trigger.output(2);
+    let (n, d) = ended(&mut ep);
+    assert!(d < min, "epoch {n}: all answered, still {d:?}");
+    // The base (2) is not released yet, only 1: the minimum.
+    trigger.output(5);
+    let (n, d) = ended(&mut ep);
+    assert!(d >= min, "epoch {n}: base not released, ended after {d:?}");
+    // The release comes while the loop waits, output already counted: it wakes the loop.
+    trigger.output(3);
+    let t = trigger.clone();
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        t.released(3, 3);
+    });
+    let (n, d) = ended(&mut ep);
+    releaser.join().unwrap();
+    assert!(d < min, "epoch {n}: released while waiting, still {d:?}");
+    ep.stop();
+    // The rule off: answered or not, the minimum.
+    let (mut ep, first, _) =
+        Epochs::start_with(run.pid, cfg(false), EpochHooks::default()).expect("start epochs");
+    let trigger = ep.trigger();
+    trigger.released(first.epoch, 0);
+    trigger.output(1);
+    let (ck, st) = ep.next().unwrap();
+    let d = Duration::from_micros(st.interval_us);
+    assert!(
+        d >= min,
+        "epoch {}: the rule is off, ended after {d:?}",
+        ck.epoch
+    );
+    ep.stop();
+    run.stop();
+}
+
 /// The service killed between epochs, or inside a pause (by the hook): the loop says the
 /// service is gone, promptly and again on every later call, and stops cleanly. A pause that
 /// completed before the kill still delivers its checkpoint.

@@ -23,6 +23,15 @@
 //! adaptive-checkpoint-scheduling idea: Tardigrade ran epochs back to back, so a reply waited
 //! ~1.5 epochs for its checkpoint; here a reply's epoch ends as soon as it is queued.
 //!
+//! The minimum interval batches replies: with many clients, the replies one release sends are
+//! answered over a few hundred microseconds, and an epoch that ended at the first answer would
+//! split them over two epochs (each a pause and a round trip). With
+//! [`EpochConfig::follow_releases`] the loop is told of releases ([`Trigger::released`], with
+//! the packets sent) and counts output packets ([`Trigger::output`]): once the epoch has queued
+//! as many packets as the last release sent, the clients it answered have answered again and
+//! the epoch ends at [`EpochConfig::follow_min`] instead. A lone client (a ping, one request at
+//! a time) no longer waits for the minimum interval; fifty clients still end up in one epoch.
+//!
 //! **Output commit** ([`EpochHooks::on_pause`]): inside every pause that produces a checkpoint,
 //! with all threads stopped, after the capture succeeded and before the resume, the hook gets
 //! the number N of the checkpoint this pause produces. Whatever the service sent before this
@@ -105,6 +114,14 @@ pub struct EpochConfig {
     /// against ~0.3 µs a page copied inside the pause): it pays only when the pause would copy
     /// many pages. See docs/BENCHMARKS.md ("Checkpoint path").
     pub precopy_min_pages: u64,
+    /// End on output sooner when the clients of the last release have answered: once the
+    /// output of the epochs before the open one is released ([`Trigger::released`]) and this
+    /// epoch has queued at least as many output packets as that release sent
+    /// ([`Trigger::output`]), the epoch ends at [`EpochConfig::follow_min`] after the resume
+    /// instead of [`EpochConfig::min_interval`]. See the module doc.
+    pub follow_releases: bool,
+    /// See [`EpochConfig::follow_releases`].
+    pub follow_min: Duration,
 }
 
 impl Default for EpochConfig {
@@ -123,6 +140,8 @@ impl Default for EpochConfig {
             tracker: TrackerKind::Uffd,
             precopy: true,
             precopy_min_pages: 256,
+            follow_releases: false,
+            follow_min: Duration::from_micros(100),
         }
     }
 }
@@ -292,7 +311,18 @@ type Result<T> = std::result::Result<T, EpochError>;
 /// that follows `on_pause(N)` ends epoch N+1 early. Setting it for every packet is fine (a lock
 /// and a notify); once per epoch, for the first packet queued after the mark, is enough.
 #[derive(Clone, Default)]
-pub struct Trigger(Arc<(Mutex<bool>, Condvar)>);
+pub struct Trigger(Arc<(Mutex<TriggerState>, Condvar)>);
+
+#[derive(Default)]
+struct TriggerState {
+    /// Output is waiting since the last pause.
+    output: bool,
+    /// Output packets queued since the last pause ([`Trigger::output`]).
+    packets: u64,
+    /// The last epoch whose output was released, and how many packets that release sent
+    /// ([`Trigger::released`]).
+    released: Option<(u64, u64)>,
+}
 
 impl std::fmt::Debug for Trigger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -303,27 +333,66 @@ impl std::fmt::Debug for Trigger {
 impl Trigger {
     /// Output is waiting: end the current epoch early.
     pub fn set(&self) {
-        *self.flag() = true;
+        self.output(0);
+    }
+
+    /// `packets` more output packets were queued: output is waiting ([`Trigger::set`]), and
+    /// they count towards [`EpochConfig::follow_releases`].
+    pub fn output(&self, packets: u64) {
+        let mut st = self.state();
+        st.output = true;
+        st.packets += packets;
+        drop(st);
         self.0.1.notify_all();
+    }
+
+    /// The output of every epoch up to `epoch` has been released, `packets` packets with this
+    /// release (see [`EpochConfig::follow_releases`]). A lower number than before changes
+    /// nothing.
+    pub fn released(&self, epoch: u64, packets: u64) {
+        let mut st = self.state();
+        if st.released.is_none_or(|(e, _)| epoch > e) {
+            st.released = Some((epoch, packets));
+            drop(st);
+            self.0.1.notify_all();
+        }
     }
 
     /// Whether output is waiting since the last pause.
     pub fn is_set(&self) -> bool {
-        *self.flag()
+        self.state().output
+    }
+
+    /// Whether the output up to `epoch` is released and this epoch has queued at least as many
+    /// packets as that release sent: the clients it answered have answered again.
+    fn answered(&self, epoch: u64) -> bool {
+        let st = self.state();
+        st.output
+            && st
+                .released
+                .is_some_and(|(e, n)| e >= epoch && st.packets >= n)
     }
 
     fn clear(&self) {
-        *self.flag() = false;
+        let mut st = self.state();
+        st.output = false;
+        st.packets = 0;
     }
 
     /// Waits until set, at most `timeout`.
     fn wait(&self, timeout: Duration) {
-        let g = self.flag();
-        // (A poisoned lock only means a setter panicked; the flag is still a bool.)
-        let _ = self.0.1.wait_timeout_while(g, timeout, |set| !*set);
+        let g = self.state();
+        // (A poisoned lock only means a setter panicked; the state is still plain data.)
+        let _ = self.0.1.wait_timeout_while(g, timeout, |st| !st.output);
     }
 
-    fn flag(&self) -> std::sync::MutexGuard<'_, bool> {
+    /// Waits for any news (output, a release), at most `timeout`.
+    fn wait_news(&self, timeout: Duration) {
+        let g = self.state();
+        let _ = self.0.1.wait_timeout(g, timeout);
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, TriggerState> {
         self.0.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -901,12 +970,15 @@ impl<'p> EpochLoop<'p> {
         let cap = self.cfg.cap_pages;
         let min = self.cfg.min_interval;
         loop {
-            let elapsed = self.last_resume.elapsed();
+            let now = Instant::now();
+            let elapsed = now.duration_since(self.last_resume);
             if elapsed >= self.cfg.interval {
                 return EndedBy::Interval;
             }
+            let left = self.cfg.interval - elapsed;
             let output = self.trigger.is_set();
-            if output && elapsed >= min {
+            let end = output.then(|| self.output_deadline());
+            if end.is_some_and(|end| now >= end) {
                 return EndedBy::Output;
             }
             if exited(&self.pidfd) {
@@ -915,9 +987,14 @@ impl<'p> EpochLoop<'p> {
             if cap > 0 && elapsed >= min && self.tracker.count_written(&self.armed, cap) >= cap {
                 return EndedBy::Cap;
             }
-            let left = self.cfg.interval - elapsed;
-            if output {
-                std::thread::sleep((min - elapsed).min(left));
+            if let Some(end) = end {
+                let step = end.duration_since(now).min(left);
+                if self.cfg.follow_releases {
+                    // A release or more output can move the end earlier: wake up for them.
+                    self.trigger.wait_news(step);
+                } else {
+                    std::thread::sleep(step);
+                }
                 continue;
             }
             // Each cap check scans every armed range: poll a few times per epoch, not more
@@ -930,6 +1007,18 @@ impl<'p> EpochLoop<'p> {
             };
             self.trigger.wait(step.min(left));
         }
+    }
+
+    /// When waiting output ends the open epoch: [`EpochConfig::min_interval`] after the resume,
+    /// or [`EpochConfig::follow_min`] once the clients of the last release have answered
+    /// ([`EpochConfig::follow_releases`]).
+    fn output_deadline(&self) -> Instant {
+        let min = if self.cfg.follow_releases && self.trigger.answered(self.epoch) {
+            self.cfg.follow_min.min(self.cfg.min_interval)
+        } else {
+            self.cfg.min_interval
+        };
+        self.last_resume + min
     }
 
     /// Dirty-page pre-copy (see [`EpochConfig::precopy`]): takes the written pages of every

@@ -565,6 +565,8 @@ fn epoch_config(m: &tardi_manifest::Manifest, svc: &Service) -> EpochConfig {
         tracker: e.tracker.parse().unwrap_or_default(),
         precopy_min_pages: e.precopy_min_pages,
         private_dirs: svc.private_dirs(),
+        follow_releases: e.follow_releases,
+        follow_min: Duration::from_secs_f64(e.follow_min_ms / 1e3),
         ..EpochConfig::default()
     }
 }
@@ -604,10 +606,16 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
         "epoch loop started"
     );
     // Adaptive epochs: the gate's reader ends the epoch (after its minimum length) as soon as
-    // its first output packet is queued, without waking another thread first.
+    // output is queued, without waking another thread first; the releases tell the loop how many
+    // packets answer a release (`EpochConfig::follow_releases`).
     let trigger = epochs.trigger();
-    if !sh.gate.on_output(Box::new(move || trigger.set())) {
-        tracing::warn!(service = %sh.name, "the gate already has an output callback; epochs are not adaptive");
+    let each = sh.gate.on_each_output(Box::new(move |n| trigger.output(n)));
+    let trigger = epochs.trigger();
+    let released = sh
+        .gate
+        .on_release(Box::new(move |e, n| trigger.released(e, n)));
+    if !(each && released) {
+        tracing::warn!(service = %sh.name, "the gate already has output callbacks; epochs are not adaptive");
     }
     if let Some(first) = first {
         publish(

@@ -104,6 +104,8 @@ impl Default for Epoch {
         Epoch {
             interval_ms: 10.0,
             min_ms: 1.0,
+            follow_releases: true,
+            follow_min_ms: 0.1,
             cap_pages: 1000,
             hot_epochs: 3,
             tracker: "uffd".to_string(),
@@ -224,8 +226,15 @@ pub struct Port {
 pub struct Epoch {
     /// `interval_ms`, default 10.
     pub interval_ms: f64,
-    /// `min_ms`: minimum epoch length, default 1.
+    /// `min_ms`: minimum epoch length, default 1 (but see `follow_releases`).
     pub min_ms: f64,
+    /// `follow_releases`: once the clients the last release answered have answered again (this
+    /// epoch queued as many output packets as that release sent), end the epoch after
+    /// `follow_min_ms` instead of `min_ms`. Default true; only a replicated primary (which
+    /// holds output) knows of releases.
+    pub follow_releases: bool,
+    /// `follow_min_ms`: minimum epoch length under `follow_releases`, default 0.1.
+    pub follow_min_ms: f64,
     /// `cap_pages`: end the epoch early once this many pages are dirty, default 1000.
     pub cap_pages: u64,
     /// `hot_epochs`: a page written in this many consecutive epochs is hot, default 3.

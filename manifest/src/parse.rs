@@ -58,6 +58,8 @@ const KNOWN_KEYS: &[&str] = &[
     "tardi.epoch",
     "tardi.epoch.interval_ms",
     "tardi.epoch.min_ms",
+    "tardi.epoch.follow_releases",
+    "tardi.epoch.follow_min_ms",
     "tardi.epoch.cap_pages",
     "tardi.epoch.hot_epochs",
     "tardi.epoch.tracker",
@@ -136,6 +138,7 @@ struct State {
     epoch: Epoch,
     interval_at: Option<usize>,
     min_at: Option<usize>,
+    follow_at: Option<usize>,
     network: Network,
     failover: Failover,
 }
@@ -173,6 +176,7 @@ pub(crate) fn parse_manifest(text: &str, source: &Path) -> R<(Manifest, Vec<Stri
         epoch: Epoch::default(),
         interval_at: None,
         min_at: None,
+        follow_at: None,
         network: Network::default(),
         failover: Failover::default(),
     };
@@ -789,6 +793,11 @@ impl<'t> Ctx<'t> {
                         (st.epoch.min_ms, st.min_at) = (v, Some(e.at));
                     }
                 }
+                "follow_releases" => st.epoch.follow_releases = self.boolean(&e)?,
+                "follow_min_ms" => match self.number(&e)? {
+                    v if v >= 0.0 => (st.epoch.follow_min_ms, st.follow_at) = (v, Some(e.at)),
+                    v => return Err(self.invalid(&e, format!("must not be negative, got {v}"))),
+                },
                 "cap_pages" => match self.integer(&e)? {
                     n if n > 0 => st.epoch.cap_pages = n as u64,
                     n => return Err(self.invalid(&e, format!("must be positive, got {n}"))),
@@ -835,7 +844,10 @@ impl<'t> Ctx<'t> {
                 hint: " (every Tardi service needs a [tardi] table with name = \"...\")",
             });
         };
-        let epoch = st.epoch;
+        let mut epoch = st.epoch;
+        if st.follow_at.is_none() {
+            epoch.follow_min_ms = epoch.follow_min_ms.min(epoch.min_ms);
+        }
         if epoch.min_ms > epoch.interval_ms {
             let (key, at) = if st.min_at.is_some() {
                 ("min_ms", st.min_at)
@@ -848,6 +860,17 @@ impl<'t> Ctx<'t> {
                 reason: format!(
                     "min_ms ({}) must not exceed interval_ms ({})",
                     epoch.min_ms, epoch.interval_ms
+                ),
+            });
+        }
+
+        if epoch.follow_min_ms > epoch.min_ms {
+            return Err(ManifestError::InvalidValue {
+                loc: self.loc_opt(st.follow_at),
+                key: "tardi.epoch.follow_min_ms".into(),
+                reason: format!(
+                    "follow_min_ms ({}) must not exceed min_ms ({})",
+                    epoch.follow_min_ms, epoch.min_ms
                 ),
             });
         }

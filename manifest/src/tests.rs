@@ -51,6 +51,8 @@ fn defaults() {
     assert!(m.tardi.private_dirs.is_empty());
     assert_eq!(m.tardi.epoch.interval_ms, 10.0);
     assert_eq!(m.tardi.epoch.min_ms, 1.0);
+    assert!(m.tardi.epoch.follow_releases);
+    assert_eq!(m.tardi.epoch.follow_min_ms, 0.1);
     assert_eq!(m.tardi.epoch.cap_pages, 1000);
     assert_eq!(m.tardi.epoch.hot_epochs, 3);
     assert_eq!(m.tardi.epoch.precopy_min_pages, 256);
@@ -91,6 +93,8 @@ private_dirs = ["/var/lib/svc"]
 [tardi.epoch]
 interval_ms = 20
 min_ms = 0.5
+follow_releases = false
+follow_min_ms = 0.25
 cap_pages = 64
 hot_epochs = 5
 tracker = "mprotect"
@@ -133,6 +137,8 @@ window_s = 60
     assert_eq!(m.tardi.private_dirs, [PathBuf::from("/var/lib/svc")]);
     assert_eq!(m.tardi.epoch.interval_ms, 20.0);
     assert_eq!(m.tardi.epoch.min_ms, 0.5);
+    assert!(!m.tardi.epoch.follow_releases);
+    assert_eq!(m.tardi.epoch.follow_min_ms, 0.25);
     assert_eq!(m.tardi.epoch.cap_pages, 64);
     assert_eq!(m.tardi.epoch.hot_epochs, 5);
     assert_eq!(m.tardi.epoch.tracker, "mprotect");
@@ -533,6 +539,16 @@ fn error_invalid_values() {
             "[tardi.epoch]\ninterval_ms = 2\nmin_ms = 3\n",
             "tardi.epoch.min_ms",
             5,
+        ),
+        (
+            "[tardi.epoch]\nmin_ms = 0.5\nfollow_min_ms = 0.6\n",
+            "tardi.epoch.follow_min_ms",
+            5,
+        ),
+        (
+            "[tardi.epoch]\nfollow_min_ms = -1\n",
+            "tardi.epoch.follow_min_ms",
+            4,
         ),
         (
             "[tardi.epoch]\ninterval_ms = 0.5\n",

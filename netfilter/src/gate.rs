@@ -133,6 +133,11 @@ struct Shared {
     /// Called by the reader on the first output packet of each epoch (see
     /// [`Gate::on_output`]).
     on_output: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Called by [`Gate::release`] with the epoch released, once its packets are sent (see
+    /// [`Gate::on_release`]).
+    on_release: std::sync::OnceLock<Box<dyn Fn(u64, u64) + Send + Sync>>,
+    /// Called by the reader on every read that queued output (see [`Gate::on_each_output`]).
+    on_each_output: std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
     wait_lock: Mutex<()>,
     wait_cv: Condvar,
     released_packets: AtomicU64,
@@ -253,6 +258,8 @@ impl Gate {
             sender: Mutex::new(()),
             waiters: AtomicUsize::new(0),
             on_output: std::sync::OnceLock::new(),
+            on_release: std::sync::OnceLock::new(),
+            on_each_output: std::sync::OnceLock::new(),
             wait_lock: Mutex::new(()),
             wait_cv: Condvar::new(),
             released_packets: AtomicU64::new(0),
@@ -365,6 +372,7 @@ impl Gate {
             );
         }
         let upto = decided.min(marked);
+        let mut released = 0;
         let _sending = lock(&s.sender);
         // Entries only leave the list here (under `sender`), and the reader only appends, so
         // the first `n` entries stay put while the verdict is sent without the list's lock.
@@ -382,10 +390,14 @@ impl Gate {
                 })?;
             let bytes = lock(&s.held).out.cut(n);
             s.released_packets.fetch_add(n as u64, SeqCst);
+            released = n;
             s.released_bytes.fetch_add(bytes, SeqCst);
             tracing::trace!(upto, packets = n, bytes, "released");
         }
         s.released.fetch_max(upto, SeqCst);
+        if let Some(f) = s.on_release.get() {
+            f(upto, released as u64);
+        }
         Ok(())
     }
 
@@ -400,6 +412,19 @@ impl Gate {
     /// Once per gate; a second call returns `false` and changes nothing.
     pub fn on_output(&self, f: Box<dyn Fn() + Send + Sync>) -> bool {
         self.shared.on_output.set(f).is_ok()
+    }
+
+    /// Has [`release`](Gate::release) call `f` with the last epoch it released, right after the
+    /// verdict that sent its packets (also when it held none). Same rules as
+    /// [`on_output`](Gate::on_output): quick, non-blocking, once per gate.
+    pub fn on_release(&self, f: Box<dyn Fn(u64, u64) + Send + Sync>) -> bool {
+        self.shared.on_release.set(f).is_ok()
+    }
+
+    /// Has the reader thread call `f` after every read that queued output packets (before
+    /// [`on_output`](Gate::on_output)'s callback when it is an epoch's first). Same rules.
+    pub fn on_each_output(&self, f: Box<dyn Fn(u64) + Send + Sync>) -> bool {
+        self.shared.on_each_output.set(f).is_ok()
     }
 
     /// Blocks until [`output_waiting`](Gate::output_waiting) or `timeout`; returns the former.
@@ -637,6 +662,7 @@ impl Shared {
         let epoch = self.open.load(SeqCst);
         let now = Instant::now();
         let mut new_out = false;
+        let mut queued = 0u64;
         let open = self.input_open.load(SeqCst);
         let mut pass_in: Option<u32> = None;
         {
@@ -644,7 +670,9 @@ impl Shared {
             for ev in events {
                 match *ev {
                     Event::Packet { queue, id, len } if queue == self.out_queue => {
-                        new_out |= held.out.push(id, epoch, len, now);
+                        let pushed = held.out.push(id, epoch, len, now);
+                        new_out |= pushed;
+                        queued += u64::from(pushed);
                     }
                     Event::Packet { queue, id, .. } if queue == self.in_queue && open => {
                         pass_in = Some(id);
@@ -679,6 +707,9 @@ impl Shared {
             }
         }
         if new_out {
+            if let Some(f) = self.on_each_output.get() {
+                f(queued);
+            }
             let before = self.newest_out.fetch_max(epoch + 1, SeqCst);
             if before < epoch + 1
                 && let Some(f) = self.on_output.get()

@@ -164,6 +164,49 @@ fn on_output_is_called_once_per_epoch_with_output() {
     );
 }
 
+/// `on_each_output` counts every queued output packet (the epoch loop compares that count with
+/// what the last release sent); `on_release` gets the epoch released and its packets, also when
+/// it sent none.
+#[test]
+fn output_and_release_callbacks_count_packets() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    let t = Topo::new("counts");
+    let g = gate(&t, Mode::Hold);
+    let (tx, rx) = (t.sandbox_udp(), t.client_udp(9000));
+    let queued = Arc::new(AtomicU64::new(0));
+    let releases = Arc::new(Mutex::new(Vec::new()));
+    let q = queued.clone();
+    assert!(g.on_each_output(Box::new(move |n| {
+        q.fetch_add(n, Ordering::SeqCst);
+    })));
+    let r = releases.clone();
+    assert!(g.on_release(Box::new(move |e, n| r.lock().unwrap().push((e, n)))));
+    assert!(
+        !g.on_each_output(Box::new(|_| {})),
+        "a second callback is refused"
+    );
+    assert!(
+        !g.on_release(Box::new(|_, _| {})),
+        "a second callback is refused"
+    );
+    send_seq(&tx, (CLIENT_ADDR, 9000), 0..7);
+    wait_held(&g, 7);
+    assert_eq!(queued.load(Ordering::SeqCst), 7);
+    g.mark(0);
+    send_seq(&tx, (CLIENT_ADDR, 9000), 7..10);
+    wait_held(&g, 10);
+    assert_eq!(queued.load(Ordering::SeqCst), 10);
+    g.release(0).unwrap();
+    assert_eq!(recv_seq(&rx, QUIET), (0..7).collect::<Vec<_>>());
+    g.mark(1);
+    g.release(1).unwrap();
+    g.mark(2);
+    g.release(2).unwrap();
+    assert_eq!(recv_seq(&rx, QUIET), (7..10).collect::<Vec<_>>());
+    assert_eq!(*releases.lock().unwrap(), [(0, 7), (1, 3), (2, 0)]);
+}
+
 #[test]
 fn drop_mode_drops_and_pass_mode_passes() {
     let t = Topo::new("modes");

@@ -311,14 +311,7 @@ mod tests {
                 ports: vec![],
                 private_dirs: vec![],
                 user: None,
-                epoch: Epoch {
-                    interval_ms: 10.0,
-                    min_ms: 1.0,
-                    cap_pages: 1000,
-                    hot_epochs: 3,
-                    tracker: "uffd".into(),
-                    precopy_min_pages: 256,
-                },
+                epoch: Epoch::default(),
                 network: Network {
                     subnet: Ipv4Addr::new(10, 99, 0, 0),
                 },

@@ -410,6 +410,43 @@ pub(crate) fn capture_meta(
     cache: &mut MetaCache,
     refresh: bool,
 ) -> Result<ProcessImage> {
+    // The injected calls of a capture run with signals held (`Stopped::calls_hold_signals`):
+    // one that arrives meanwhile is pending at the final check. Delivered (as the next round
+    // begins) and the state read again, it costs a round, not the whole pause: only after a
+    // few rounds (signals keep coming) does the caller get `PendingSignals` (it resumes the
+    // process and tries again).
+    //
+    // A round after the first re-reads everything: what the failed one cached may describe the
+    // moment before the signal's delivery (an interval timer that expired is re-armed only
+    // when its signal is taken: read in between, it looks disarmed).
+    let mut round = 0;
+    loop {
+        match capture_meta_once(proc, st, maps, cache, refresh || round > 0) {
+            // More rounds for a full reading (a first checkpoint: long, and no caller retry
+            // as cheap as a round), a few for the epoch loop's (it resumes and stops again).
+            Err(CaptureError::PendingSignals(_)) if round < if refresh { 10 } else { 3 } => {
+                round += 1
+            }
+            Err(e) => {
+                // What a failed capture read may describe a moment that does not last (the
+                // timers before a signal re-arms one, a thread's alternate-stack state before
+                // a handler runs on it): the next capture reads those again.
+                cache.timers = None;
+                cache.threads.clear();
+                return Err(e);
+            }
+            r => return r,
+        }
+    }
+}
+
+fn capture_meta_once(
+    proc: &Proc,
+    st: &mut Stopped,
+    maps: &[MapEntry],
+    cache: &mut MetaCache,
+    refresh: bool,
+) -> Result<ProcessImage> {
     let pid = st.pid;
     if st.tids.is_empty() {
         return Err(PtraceError::ProcessDied { pid }.into());
@@ -447,7 +484,10 @@ pub(crate) fn capture_meta(
     // trapped system call) are delivered first, so that the state captured below is the one
     // after their delivery (see `deliver_pending`).
     let ran = st.ran;
+    st.calls_hold_signals = false;
     let blocked_pending = deliver_pending_signals(st, maps)?;
+    // The threads' state is read from here on: no injected call may deliver a signal now.
+    st.calls_hold_signals = true;
     let t1 = Instant::now();
 
     let mut threads = Vec::with_capacity(st.tids.len());

@@ -231,6 +231,13 @@ pub struct Stopped {
     /// How many times a thread was let run while stopped (an injected call, an agent
     /// operation, a signal delivered): a signal can arrive only then, or from outside.
     pub(crate) ran: u64,
+    /// Set once the threads' state is being read (see `capture::deliver_pending_signals`): from
+    /// then on an injected call ([`Stopped::inject`], [`Stopped::call`]) runs with every signal
+    /// blocked in its thread. A signal delivered then would change registers, mask and stack
+    /// that were already read (the image would hold a thread outside its handler with the
+    /// handler's mask: the signal blocked for good); blocked, one that arrives stays pending,
+    /// for the capture's final check.
+    pub(crate) calls_hold_signals: bool,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -245,6 +252,7 @@ impl Stopped {
             syscall_insn: None,
             proc_dir: proc.dir_fd().map_err(op("dup /proc dir", pid))?,
             ran: 0,
+            calls_hold_signals: false,
             _not_send: PhantomData,
         };
         // Threads found gone (exited, or zombies: a leader that called pthread_exit stays one
@@ -433,6 +441,40 @@ impl Stopped {
     /// `orig_rax` is set to -1 while the code runs, so a system call the thread was stopped in
     /// is not restarted into our code; the saved registers bring the restart back afterwards.
     pub fn call(
+        &mut self,
+        tid: Pid,
+        entry: u64,
+        args: [u64; 2],
+        stack_bytes: usize,
+    ) -> Result<i64> {
+        let held = self.hold_signals(tid)?;
+        let r = self.call_once(tid, entry, args, stack_bytes);
+        self.unhold_signals(tid, held, r)
+    }
+
+    /// With [`Stopped::calls_hold_signals`]: blocks every signal in `tid`; the mask it had.
+    fn hold_signals(&self, tid: Pid) -> Result<Option<u64>> {
+        if !self.calls_hold_signals {
+            return Ok(None);
+        }
+        let mask = self.sigmask(tid)?;
+        self.set_sigmask(tid, !0)?; // the kernel leaves SIGKILL and SIGSTOP out
+        Ok(Some(mask))
+    }
+
+    /// Puts back the mask [`Stopped::hold_signals`] saved (not after the process died).
+    fn unhold_signals<T>(&self, tid: Pid, held: Option<u64>, r: Result<T>) -> Result<T> {
+        match (held, &r) {
+            (_, Err(PtraceError::ProcessDied { .. })) | (None, _) => r,
+            (Some(mask), _) => {
+                let put = self.set_sigmask(tid, mask);
+                let v = r?;
+                put.map(|_| v)
+            }
+        }
+    }
+
+    fn call_once(
         &mut self,
         tid: Pid,
         entry: u64,
@@ -696,6 +738,19 @@ impl Stopped {
         scratch_len: usize,
     ) -> Result<(i64, u64, Vec<u8>)> {
         let insn = self.syscall_insn(maps)?;
+        let held = self.hold_signals(tid)?;
+        let r = self.inject_once(insn, tid, nr, args, scratch_len);
+        self.unhold_signals(tid, held, r)
+    }
+
+    fn inject_once(
+        &mut self,
+        insn: u64,
+        tid: Pid,
+        nr: i64,
+        args: [u64; 6],
+        scratch_len: usize,
+    ) -> Result<(i64, u64, Vec<u8>)> {
         for _ in 0..16 {
             let saved = self.regs(tid)?;
             let scratch = (saved.rsp - 128 - scratch_len as u64 - 64) & !63;

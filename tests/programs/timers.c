@@ -167,6 +167,18 @@ static void state(void) {
         (long)ticks_a, (long)ticks_b, (long)ticks_c, (long)alarms, (long)wrong_thread,
         (long)bad_value);
     put(" none_left_ms=%ld virt_left_s=%ld", none_left, virt);
+    /* Timer A's setting (diagnostics: disarmed, or armed with its signal never arriving?),
+     * and SIGRTMIN pending or blocked in this thread. */
+    long a_left_us = -1, a_iv_us = -1;
+    if (timer_gettime(ta, &its) == 0) {
+        a_left_us = its.it_value.tv_sec * 1000000 + its.it_value.tv_nsec / 1000;
+        a_iv_us = its.it_interval.tv_sec * 1000000 + its.it_interval.tv_nsec / 1000;
+    }
+    sigset_t pend, cur;
+    sigpending(&pend);
+    pthread_sigmask(SIG_BLOCK, NULL, &cur);
+    put(" a_left_us=%ld a_iv_us=%ld rtmin_pending=%d rtmin_blocked=%d", a_left_us, a_iv_us,
+        sigismember(&pend, SIGRTMIN), sigismember(&cur, SIGRTMIN));
     call("ppid", SYS_getppid);
     call("mpgid", SYS_getpgid);
     put(" wpgid=%d/%d", wpgid_ret, wpgid_errno);

@@ -666,6 +666,7 @@ pub(crate) fn capture_meta(
         pgid: 0,
         sid: 0,
         tree: Vec::new(),
+        shared_files: Vec::new(),
     })
 }
 

@@ -618,6 +618,11 @@ pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), Recrea
     for f in fds {
         match &f.kind {
             FdKind::Unix(_) => {}
+            FdKind::Shared(_) => {
+                return Err(rerr(f.fd, "shared description")(
+                    io::Error::from_raw_os_error(libc::EOPNOTSUPP),
+                ));
+            }
             FdKind::Path { path, pos, is_dir } => {
                 let mut flags = f.flags & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL);
                 if *is_dir {

@@ -94,6 +94,17 @@ pub struct ChildPlan {
     pub private_files: crate::files::FileChanges,
     /// Shared memory objects, made (and filled) before the files are opened.
     pub shm: Vec<ShmPlan>,
+    /// The open file descriptions the tree shares (the main image's `shared_files`): entry
+    /// `i` is descriptor `shared_base + i` of whichever process made it and of every process
+    /// forked after that, until each process has put the ones it holds at their numbers
+    /// ([`FdKind::Shared`]) and closed the block. `shared_base` lies above every number any
+    /// process of the tree uses before that.
+    pub shared_base: RawFd,
+    pub shared_count: u32,
+    /// The shared descriptions this process makes before it creates its children (those
+    /// whose holders all descend from it, and from none of its children alone), at their
+    /// numbers in the block.
+    pub make_shared: Vec<FdImage>,
 }
 
 /// A shared memory object for the restore child to make: System V segments in the sandbox's
@@ -256,6 +267,9 @@ fn prepare_pages(
                     .collect(),
             })
             .collect(),
+        shared_base: 0,
+        shared_count: 0,
+        make_shared: Vec::new(),
     };
     let payload = postcard::to_stdvec(&child).map_err(io::Error::other)?;
     // The pipe's write end must survive into the sandbox: clear close-on-exec on every
@@ -342,13 +356,138 @@ fn prepare_tree(
     let mut root = prepare_pages(img, pages, pages_offset, host_path, false)?;
     let mut plan = decode(&root)?;
     plan.max_tid = max_tid;
-    plan.members = plans;
-    root.payload = postcard::to_stdvec(&plan).map_err(io::Error::other)?;
     for m in &members {
         root.inherit.extend_from_slice(&m.inherit);
     }
+    if !img.shared_files.is_empty() {
+        plan_shared(img, &mut plan, &mut plans, &root.inherit)?;
+    }
+    plan.members = plans;
+    root.payload = postcard::to_stdvec(&plan).map_err(io::Error::other)?;
     root.members = members;
     Ok(root)
+}
+
+/// Decides who makes each shared description (`docs/PROCESS-TREES.md`, "Phase 2, shared
+/// descriptors") and where it waits until its holders take it: the descriptions that make one
+/// object (the ends of a pipe; unix sockets connected to one another, or a listener and the
+/// clients it has not accepted) are made together, by the lowest common ancestor of all their
+/// holders, which has them before it forks its children: every holder then inherits them,
+/// through every process in between. Each entry `i` waits at `shared_base + i`, above every
+/// number a process of the tree uses before it places its own descriptors (its inherited
+/// descriptors, where it moves them, its mapped files and shared memory objects).
+fn plan_shared(
+    img: &ProcessImage,
+    root: &mut ChildPlan,
+    members: &mut [ChildPlan],
+    inherited: &[RawFd],
+) -> Result<()> {
+    let shared = &img.shared_files;
+    let invalid = |m: String| RestoreError::Invalid(m);
+    let top = std::iter::once(&*root)
+        .chain(members.iter())
+        .map(|p| {
+            let used = INHERITED + p.files.len() + 1 + p.shm.len();
+            RawFd::try_from(used)
+                .ok()
+                .and_then(|n| p.base.checked_add(n))
+        })
+        .chain(inherited.iter().map(|&fd| fd.checked_add(1)))
+        .try_fold(0, |m: RawFd, x| x.map(|x| m.max(x)));
+    let base = top
+        .filter(|b| RawFd::try_from(shared.len()).is_ok_and(|n| b.checked_add(n).is_some()))
+        .ok_or_else(|| invalid("too many descriptors to restore".into()))?;
+    // Objects: entries made together (union-find over the entries).
+    let n = shared.len();
+    let mut up: Vec<usize> = (0..n).collect();
+    fn find(up: &mut [usize], mut x: usize) -> usize {
+        while up[x] != x {
+            up[x] = up[up[x]];
+            x = up[x];
+        }
+        x
+    }
+    let linked = |a: &FdKind, b: &FdKind| match (a, b) {
+        (FdKind::Pipe { id: x, .. }, FdKind::Pipe { id: y, .. }) => x == y,
+        (FdKind::Unix(x), FdKind::Unix(y)) => {
+            let pending = |u: &UnixSocketImage, c: u64| matches!(&u.state, UnixState::Listening { pending, .. } if pending.contains(&c));
+            x.peer_ino == y.ino || y.peer_ino == x.ino || pending(x, y.ino) || pending(y, x.ino)
+        }
+        _ => false,
+    };
+    for i in 0..n {
+        for j in i + 1..n {
+            if linked(&shared[i].file.kind, &shared[j].file.kind) {
+                let (a, b) = (find(&mut up, i), find(&mut up, j));
+                up[a] = b;
+            }
+        }
+    }
+    // Each process's parent (validated: parents come before their children).
+    let parent =
+        |pid: i32| -> Option<i32> { img.tree.iter().find(|m| m.image.pid == pid).map(|m| m.ppid) };
+    let ancestors = |pid: i32| -> Vec<i32> {
+        let mut chain = vec![pid];
+        while let Some(p) = parent(*chain.last().unwrap_or(&pid)) {
+            if chain.len() > img.tree.len() {
+                break;
+            }
+            chain.push(p);
+        }
+        chain
+    };
+    let mut creator: Vec<Option<i32>> = vec![None; n];
+    for i in 0..n {
+        let obj = find(&mut up, i);
+        if creator[obj].is_some() {
+            continue;
+        }
+        let mut common: Vec<i32> = Vec::new();
+        for j in (0..n).filter(|&j| find(&mut up, j) == obj) {
+            for &(pid, _) in &shared[j].holders {
+                let chain = ancestors(pid);
+                if common.is_empty() {
+                    common = chain;
+                } else {
+                    let at = common
+                        .iter()
+                        .position(|a| chain.contains(a))
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "process {pid} is not in the tree of process {}",
+                                img.pid
+                            ))
+                        })?;
+                    common.drain(..at);
+                }
+            }
+        }
+        creator[obj] = common.first().copied();
+    }
+    for (i, s) in shared.iter().enumerate() {
+        let Some(pid) = creator[find(&mut up, i)] else {
+            return Err(invalid(format!("shared description #{i} has no holder")));
+        };
+        let plan = if pid == root.pid {
+            &mut *root
+        } else {
+            members
+                .iter_mut()
+                .find(|m| m.pid == pid)
+                .ok_or_else(|| invalid(format!("process {pid} is not in the tree")))?
+        };
+        let fd = base + i as RawFd;
+        plan.make_shared.push(FdImage {
+            fd,
+            cloexec: false,
+            ..s.file.clone()
+        });
+    }
+    for p in std::iter::once(root).chain(members.iter_mut()) {
+        p.shared_base = base;
+        p.shared_count = n as u32;
+    }
+    Ok(())
 }
 
 fn verify_files(img: &ProcessImage, host_path: &dyn Fn(&str) -> Option<PathBuf>) -> Result<()> {
@@ -793,6 +932,14 @@ pub fn child_main(payload: &[u8]) -> ! {
 /// reason it failed, if it did (to be reported through that process's notify pipe).
 fn make_tree(mut me: ChildPlan) -> (ChildPlan, Option<String>) {
     let members = std::mem::take(&mut me.members);
+    // The private directories first (only the main process carries them), as the checkpoint
+    // saw them: a mapped file or a descriptor of any process, shared or not, may name a file
+    // in them.
+    if !me.private_files.dirs.is_empty()
+        && let Err(e) = crate::files::materialize(&me.private_files)
+    {
+        return (me, Some(format!("writing the private directories: {e}")));
+    }
     'process: loop {
         // SAFETY: setsid and setpgid take no pointers.
         let r = unsafe {
@@ -807,6 +954,13 @@ fn make_tree(mut me: ChildPlan) -> (ChildPlan, Option<String>) {
         if r < 0 {
             let e = io::Error::last_os_error();
             return (me, Some(format!("setting the session or group: {e}")));
+        }
+        // The shared descriptions this process makes, before any child is forked: the
+        // children inherit them.
+        if !me.make_shared.is_empty()
+            && let Err(e) = make_shared(&me)
+        {
+            return (me, Some(e));
         }
         for m in members
             .iter()
@@ -845,6 +999,23 @@ fn make_tree(mut me: ChildPlan) -> (ChildPlan, Option<String>) {
     }
 }
 
+/// Makes the shared descriptions `p.make_shared` at their numbers in the block (see
+/// [`ChildPlan::shared_base`]), in the process's working directory (a unix socket may be bound
+/// to a relative path).
+fn make_shared(p: &ChildPlan) -> std::result::Result<(), String> {
+    let Ok(cwd) = CString::new(p.cwd.as_str()) else {
+        return Err(format!("working directory {:?} contains a NUL byte", p.cwd));
+    };
+    // SAFETY: valid C string.
+    if unsafe { libc::chdir(cwd.as_ptr()) } < 0 {
+        let e = io::Error::last_os_error();
+        return Err(format!("chdir {}: {e}", p.cwd));
+    }
+    let end = p.shared_base + p.shared_count as RawFd;
+    fds::recreate(&p.make_shared, end, p.shared_base)
+        .map_err(|e| format!("making a shared description: {e}"))
+}
+
 /// `struct clone_args` of `clone3(2)` (the fields up to `set_tid_size`).
 #[repr(C)]
 #[derive(Default)]
@@ -871,24 +1042,30 @@ fn child_setup(p: &ChildPlan) -> String {
             return step("moving inherited descriptors", io::Error::last_os_error());
         }
     }
-    // SAFETY: closes every descriptor outside our block (whatever the sandbox init left open is
-    // not the target's and must not leak into it).
+    // The tree's shared descriptions wait in their block until step 5.
+    let shared_end = p.shared_base + p.shared_count as RawFd;
+    let close_to = if p.shared_count > 0 {
+        p.shared_base.saturating_sub(1) as u32
+    } else {
+        u32::MAX
+    };
+    // SAFETY: closes every descriptor outside our block and the shared one (whatever the
+    // sandbox init left open is not the target's and must not leak into it). A range whose
+    // end is below its start (no number between our block and the shared one) fails
+    // harmlessly.
     unsafe {
         libc::syscall(libc::SYS_close_range, 0u32, (p.base - 1) as u32, 0u32);
         libc::syscall(
             libc::SYS_close_range,
             (p.base + INHERITED as RawFd) as u32,
-            u32::MAX,
+            close_to,
             0u32,
         );
+        if p.shared_count > 0 {
+            libc::syscall(libc::SYS_close_range, shared_end as u32, u32::MAX, 0u32);
+        }
     }
-    // 2. The private directories, as the checkpoint saw them (a mapped file or an open
-    // descriptor may name a file in them).
-    if !p.private_files.dirs.is_empty()
-        && let Err(e) = crate::files::materialize(&p.private_files)
-    {
-        return step("writing the private directories", e);
-    }
+    // 2. (The private directories were written before the tree was made: `make_tree`.)
     // 2b. Shared memory objects (System V ones in the sandbox's IPC namespace, with their ids;
     // anonymous ones as descriptors after the executable's).
     if let Err(e) = crate::shm::make_all(
@@ -941,9 +1118,22 @@ fn child_setup(p: &ChildPlan) -> String {
         return step(&format!("chdir {}", p.cwd), io::Error::last_os_error());
     }
     // 5. The target's descriptors at their numbers; limits, PID cursor.
-    let floor = p.base + INHERITED as RawFd + n as RawFd + 1 + p.shm.len() as RawFd;
-    if let Err(e) = fds::recreate(&p.fds, floor) {
+    let floor =
+        (p.base + INHERITED as RawFd + n as RawFd + 1 + p.shm.len() as RawFd).max(shared_end);
+    if let Err(e) = fds::recreate(&p.fds, floor, p.shared_base) {
         return e.to_string();
+    }
+    if p.shared_count > 0 {
+        // SAFETY: the shared block: every description this process holds is at its number
+        // now, and its children (forked before this step) have their own references.
+        unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                p.shared_base as u32,
+                (shared_end - 1) as u32,
+                0u32,
+            )
+        };
     }
     for &(res, cur, max) in &p.rlimits {
         let lim = libc::rlimit64 {

@@ -1369,6 +1369,38 @@ impl ProcessImage {
                 w[0].2, w[0].0, w[0].1
             ));
         }
+        // The objects the restore makes whole from shared entries (a pipe, connected unix
+        // sockets) have no part left private: it would be made a second time, apart.
+        let mut pipes: Vec<u64> = Vec::new();
+        let mut sockets: Vec<u64> = Vec::new();
+        for s in &self.shared_files {
+            match &s.file.kind {
+                FdKind::Pipe { id, .. } => pipes.push(*id),
+                FdKind::Unix(u) => sockets.push(u.ino),
+                _ => {}
+            }
+        }
+        pipes.sort_unstable();
+        sockets.sort_unstable();
+        for p in procs {
+            for f in &p.fds {
+                let apart = match &f.kind {
+                    FdKind::Pipe { id, .. } => pipes.binary_search(id).is_ok(),
+                    FdKind::Unix(u) => {
+                        sockets.binary_search(&u.ino).is_ok()
+                            || sockets.binary_search(&u.peer_ino).is_ok()
+                    }
+                    _ => false,
+                };
+                if apart {
+                    return bad(format!(
+                        "descriptor {} of process {} is private but belongs with a shared \
+                         pipe or unix socket",
+                        f.fd, p.pid
+                    ));
+                }
+            }
+        }
         named.sort_unstable();
         // Every holder names its entry (checked above) and none is listed twice: the lists
         // agree when they have the same length; otherwise a descriptor names an entry that
@@ -2305,6 +2337,36 @@ pub(crate) mod tests {
             ("names shared description #0 of 0", |c| {
                 c.image.shared_files.clear();
             }),
+            ("is private but belongs with a shared pipe", |c| {
+                // The member's write end of the shared pipe, as a private descriptor.
+                let mut end = c.image.shared_files[2].file.clone();
+                end.fd = 6;
+                c.image.tree[0].image.fds.push(end);
+            }),
+            (
+                "is private but belongs with a shared pipe or unix socket",
+                |c| {
+                    let sock = |ino: u64, peer_ino: u64| UnixSocketImage {
+                        ino,
+                        ty: 1,
+                        local: UnixAddr::Unnamed,
+                        path_file: None,
+                        state: UnixState::Connected,
+                        peer_ino,
+                        peer: UnixAddr::Unnamed,
+                        queue: vec![],
+                        shutdown: 0,
+                        options: vec![],
+                    };
+                    c.image.shared_files[0].file.kind = FdKind::Unix(sock(10, 11));
+                    c.image.fds.push(FdImage {
+                        fd: 7,
+                        cloexec: false,
+                        flags: 2,
+                        kind: FdKind::Unix(sock(11, 10)),
+                    });
+                },
+            ),
         ];
         for (want, brk) in cases {
             let mut c = with_shared();

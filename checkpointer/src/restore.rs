@@ -360,7 +360,14 @@ fn prepare_tree(
         root.inherit.extend_from_slice(&m.inherit);
     }
     if !img.shared_files.is_empty() {
-        plan_shared(img, &mut plan, &mut plans, &root.inherit)?;
+        let parents: Vec<(i32, i32)> = img.tree.iter().map(|m| (m.image.pid, m.ppid)).collect();
+        plan_shared(
+            &img.shared_files,
+            &parents,
+            &mut plan,
+            &mut plans,
+            &root.inherit,
+        )?;
     }
     plan.members = plans;
     root.payload = postcard::to_stdvec(&plan).map_err(io::Error::other)?;
@@ -376,14 +383,16 @@ fn prepare_tree(
 /// through every process in between. Each entry `i` waits at `shared_base + i`, above every
 /// number a process of the tree uses before it places its own descriptors (its inherited
 /// descriptors, where it moves them, its mapped files and shared memory objects).
+/// `parents` are the members' (PID, parent's PID), parents first.
 fn plan_shared(
-    img: &ProcessImage,
+    shared: &[SharedFile],
+    parents: &[(i32, i32)],
     root: &mut ChildPlan,
     members: &mut [ChildPlan],
     inherited: &[RawFd],
 ) -> Result<()> {
-    let shared = &img.shared_files;
     let invalid = |m: String| RestoreError::Invalid(m);
+    let root_pid = root.pid;
     let top = std::iter::once(&*root)
         .chain(members.iter())
         .map(|p| {
@@ -424,12 +433,11 @@ fn plan_shared(
         }
     }
     // Each process's parent (validated: parents come before their children).
-    let parent =
-        |pid: i32| -> Option<i32> { img.tree.iter().find(|m| m.image.pid == pid).map(|m| m.ppid) };
+    let parent = |pid: i32| -> Option<i32> { parents.iter().find(|m| m.0 == pid).map(|m| m.1) };
     let ancestors = |pid: i32| -> Vec<i32> {
         let mut chain = vec![pid];
         while let Some(p) = parent(*chain.last().unwrap_or(&pid)) {
-            if chain.len() > img.tree.len() {
+            if chain.len() > parents.len() {
                 break;
             }
             chain.push(p);
@@ -455,7 +463,7 @@ fn plan_shared(
                         .ok_or_else(|| {
                             invalid(format!(
                                 "process {pid} is not in the tree of process {}",
-                                img.pid
+                                root_pid
                             ))
                         })?;
                     common.drain(..at);
@@ -1377,4 +1385,115 @@ fn unmap_blob(
         return Ok(());
     }
     Err("a thread stayed inside the restorer".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan of process `pid` whose own descriptors start at `base`.
+    fn plan(pid: i32, ppid: i32, base: RawFd) -> ChildPlan {
+        ChildPlan {
+            pid,
+            ppid,
+            setsid: false,
+            setpgid: false,
+            members: Vec::new(),
+            inherited: Vec::new(),
+            base,
+            files: vec!["/lib/x.so".into()],
+            shared: vec![false],
+            exe: "/bin/x".into(),
+            fds: Vec::new(),
+            cwd: "/".into(),
+            rlimits: Vec::new(),
+            max_tid: 0,
+            private_files: Default::default(),
+            shm: Vec::new(),
+            shared_base: 0,
+            shared_count: 0,
+            make_shared: Vec::new(),
+        }
+    }
+
+    fn entry(kind: FdKind, holders: &[(i32, i32)]) -> SharedFile {
+        SharedFile {
+            file: FdImage {
+                fd: holders[0].1,
+                cloexec: true,
+                flags: 0,
+                kind,
+            },
+            holders: holders.to_vec(),
+        }
+    }
+
+    fn pipe_end(write_end: bool) -> FdKind {
+        FdKind::Pipe {
+            id: 9,
+            write_end,
+            buffered: Vec::new(),
+            capacity: 65536,
+        }
+    }
+
+    /// Each object is made by the lowest common ancestor of its holders (not necessarily a
+    /// holder), a pipe's ends together, at numbers above everything any process uses first.
+    #[test]
+    fn shared_descriptions_are_made_by_the_lowest_common_ancestor() {
+        // 2 -> 5 -> (7, 8); 2 -> 6.
+        let parents = [(5, 2), (6, 2), (7, 5), (8, 5)];
+        let mut root = plan(2, 0, 10);
+        let mut members: Vec<ChildPlan> = parents
+            .iter()
+            .map(|&(pid, ppid)| plan(pid, ppid, if pid == 8 { 40 } else { 10 }))
+            .collect();
+        let path = |p: &str| FdKind::Path {
+            path: p.into(),
+            pos: 0,
+            is_dir: false,
+        };
+        let shared = vec![
+            // The ends of one pipe: 7 reads, 8 writes; their parent 5 makes it.
+            entry(pipe_end(false), &[(7, 3)]),
+            entry(pipe_end(true), &[(8, 4)]),
+            // Held by 6 and 7: only the root is common.
+            entry(path("/a"), &[(6, 3), (7, 5)]),
+            // Held by 5 and its child 8: 5 makes it.
+            entry(path("/b"), &[(5, 3), (8, 3)]),
+            // One holder: it makes it itself.
+            entry(path("/c"), &[(8, 6)]),
+        ];
+        plan_shared(&shared, &parents, &mut root, &mut members, &[60, 61]).unwrap();
+        let made = |p: &ChildPlan| -> Vec<RawFd> { p.make_shared.iter().map(|f| f.fd).collect() };
+        // Above the inherited descriptors (61) and every process's block (8's: 40 + 4 + 1 + 1).
+        let base = 62;
+        assert_eq!(made(&root), vec![base + 2]);
+        let by_pid = |pid: i32| members.iter().find(|m| m.pid == pid).unwrap();
+        assert_eq!(made(by_pid(5)), vec![base, base + 1, base + 3]);
+        assert_eq!(made(by_pid(8)), vec![base + 4]);
+        assert!(made(by_pid(6)).is_empty() && made(by_pid(7)).is_empty());
+        for p in std::iter::once(&root).chain(&members) {
+            assert_eq!(
+                (p.shared_base, p.shared_count),
+                (base, 5),
+                "process {}",
+                p.pid
+            );
+        }
+        // The entries are made as they were captured, without close-on-exec (it is each
+        // holder's).
+        assert!(by_pid(5).make_shared.iter().all(|f| !f.cloexec));
+        assert_eq!(by_pid(5).make_shared[0].kind, pipe_end(false));
+
+        // A process 8's block reaching above the inherited descriptors moves the base.
+        let mut members2 = members.clone();
+        members2[3].base = 100;
+        let mut root2 = plan(2, 0, 10);
+        for m in &mut members2 {
+            m.make_shared.clear();
+        }
+        plan_shared(&shared, &parents, &mut root2, &mut members2, &[60, 61]).unwrap();
+        assert_eq!(root2.shared_base, 100 + INHERITED as RawFd + 2);
+    }
 }

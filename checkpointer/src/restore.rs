@@ -416,10 +416,16 @@ fn plan_shared(
         }
         x
     }
+    // Whether listener `u` has a connection from client `c` it has not accepted yet.
+    fn pending(u: &UnixSocketImage, c: u64) -> bool {
+        match &u.state {
+            UnixState::Listening { pending, .. } => pending.contains(&c),
+            _ => false,
+        }
+    }
     let linked = |a: &FdKind, b: &FdKind| match (a, b) {
         (FdKind::Pipe { id: x, .. }, FdKind::Pipe { id: y, .. }) => x == y,
         (FdKind::Unix(x), FdKind::Unix(y)) => {
-            let pending = |u: &UnixSocketImage, c: u64| matches!(&u.state, UnixState::Listening { pending, .. } if pending.contains(&c));
             x.peer_ino == y.ino || y.peer_ino == x.ino || pending(x, y.ino) || pending(y, x.ino)
         }
         _ => false,

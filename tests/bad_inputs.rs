@@ -613,35 +613,24 @@ fn snapshot_refuses_a_descriptor_in_flight_and_the_service_keeps_running() {
     });
 }
 
-/// A forked child is captured with its parent (tests/process_tree.rs), but not yet one that
-/// shares an open file description (here a pipe) with it.
+/// A forked child is captured with its parent, descriptors they share included
+/// (tests/process_tree.rs), but not yet an epoll instance they share: its interest list names
+/// descriptor numbers of the process that added them.
 #[test]
-fn snapshot_refuses_a_pipe_shared_with_a_child_and_the_service_keeps_running() {
-    snapshot_refused("fork", |svc, pong| {
-        // The child's host PID, as the message names it.
-        let children =
-            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", svc.run.pid)).unwrap();
-        let child = children
-            .split_whitespace()
-            .next()
-            .expect("the service has a child")
-            .to_string();
-        // pong N fork child=C pipe=R,W
-        let read_end = pong
-            .split("pipe=")
+fn snapshot_refuses_an_epoll_instance_shared_with_a_child_and_the_service_keeps_running() {
+    snapshot_refused("shared-epoll", |svc, pong| {
+        // pong N shared-epoll child=C epoll=E
+        let epoll = pong
+            .split("epoll=")
             .nth(1)
-            .and_then(|p| p.split(',').next())
+            .and_then(|p| p.split_whitespace().next())
             .unwrap()
             .to_string();
-        vec![
-            format!(
-                "descriptor {read_end} of process {} and descriptor {read_end} of process {child} \
-                 (host PIDs) are one open file description",
-                svc.run.pid
-            ),
-            "descriptors shared between processes are not supported in a process tree yet"
-                .to_string(),
-        ]
+        vec![format!(
+            "descriptor {epoll} of process {} (host PID) is an epoll instance held by several \
+             processes: shared epoll instances are not supported in a process tree yet",
+            svc.run.pid
+        )]
     });
 }
 

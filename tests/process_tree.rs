@@ -7,6 +7,13 @@
 //! byte checked against its generation) and threads with their TIDs, and goes on (a later
 //! generation gives the same digest as in the original tree; a child forked and reaped after
 //! the restore gets a PID no process or thread of the tree had, and its exit status).
+//!
+//! Phase 2a (`tests/programs/sharedfds.c`): a parent and two children sharing a listening TCP
+//! socket, a pipe with bytes in it, a file, a unix socket pair with bytes queued and a unix
+//! listener, and the two children the two ends of a second pipe. After the restore each is
+//! one open file description again (`kcmp`), the listener is served by both children, the
+//! pipe's and the pair's bytes are read once in all, a write by one process moves the file
+//! offset the others see, and the second pipe still joins the children.
 
 mod common;
 
@@ -150,5 +157,260 @@ fn a_process_tree_survives_snapshot_and_restore() {
         !used.contains(&spawned["spawned"]),
         "spawned {spawned:?}, tree's ids {used:?}"
     );
+    restored.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Phase 2a: descriptors shared between processes (`tests/programs/sharedfds.c`).
+
+const SHARED_PORT: u16 = 7400;
+/// What sharedfds.c leaves in its pipe.
+const PIPE_DATA: &str = "0123456789abcdefghij";
+
+/// A command to role `role` of sharedfds.
+fn ctl(r: &Running, role: u16, cmd: &str) -> String {
+    programs::request(
+        SocketAddr::new(r.address.into(), SHARED_PORT + 1 + role),
+        cmd,
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{cmd} to role {role} of {}: {e}\n--- log ---\n{}",
+            r.name,
+            std::fs::read_to_string(&r.log).unwrap_or_default()
+        )
+    })
+}
+
+/// The host PID of every role (0, 1, 2), found among the main process's descendants by the
+/// PID each reports (the last `NSpid`).
+fn host_pids(r: &Running) -> Vec<i32> {
+    let mut by_ns = BTreeMap::new();
+    let mut todo = vec![r.pid];
+    while let Some(p) = todo.pop() {
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+        let ns = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|v| v.split_whitespace().last())
+            .unwrap_or("0")
+            .to_string();
+        by_ns.insert(ns, p);
+        let kids =
+            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
+        todo.extend(
+            kids.split_whitespace()
+                .filter_map(|k| k.parse::<i32>().ok()),
+        );
+    }
+    (0..3)
+        .map(|role| {
+            let f = fields(&ctl(r, role, "fds"));
+            *by_ns
+                .get(&f["pid"])
+                .unwrap_or_else(|| panic!("role {role} ({f:?}) among {by_ns:?}"))
+        })
+        .collect()
+}
+
+/// Whether descriptor `fa` of host process `pa` and `fb` of `pb` are one open file description.
+fn same_description(pa: i32, fa: i32, pb: i32, fb: i32) -> bool {
+    const KCMP_FILE: libc::c_long = 0;
+    // SAFETY: kcmp compares kernel objects; no memory is passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pa as libc::c_long,
+            pb as libc::c_long,
+            KCMP_FILE,
+            fa as libc::c_long,
+            fb as libc::c_long,
+        )
+    };
+    r == 0
+}
+
+/// Every process holds the listening socket, both pipe ends, the file, both ends of the unix
+/// socket pair and the unix listener, and each is one open file description in all three
+/// (`kcmp`), not copies; roles 1 and 2 hold the two ends of one second pipe.
+fn check_one_description(r: &Running, when: &str) {
+    let pids = host_pids(r);
+    let f: Vec<BTreeMap<String, String>> =
+        (0..3).map(|role| fields(&ctl(r, role, "fds"))).collect();
+    let fd = |role: usize, key: &str, k: usize| -> i32 {
+        f[role][key].split(',').nth(k).unwrap().parse().unwrap()
+    };
+    let shared = [
+        ("listen", 0),
+        ("pipe", 0),
+        ("pipe", 1),
+        ("file", 0),
+        ("pair", 0),
+        ("pair", 1),
+        ("ulisten", 0),
+    ];
+    for (key, k) in shared {
+        for role in 1..3 {
+            assert!(
+                same_description(pids[0], fd(0, key, k), pids[role], fd(role, key, k)),
+                "{when}: {key}[{k}] of role 0 (host PID {}) and of role {role} (host PID {}) \
+                 are different open file descriptions",
+                pids[0],
+                pids[role]
+            );
+        }
+    }
+    // The check tells descriptions apart: the pipe's two ends are two.
+    assert!(!same_description(
+        pids[0],
+        fd(0, "pipe", 0),
+        pids[1],
+        fd(1, "pipe", 1)
+    ));
+    // The second pipe: role 1 its read end only, role 2 its write end only, the parent none;
+    // one pipe (one inode).
+    assert_eq!(
+        (fd(0, "q", 0), fd(0, "q", 1)),
+        (-1, -1),
+        "{when}: {:?}",
+        f[0]
+    );
+    assert_eq!(fd(1, "q", 1), -1, "{when}: {:?}", f[1]);
+    assert_eq!(fd(2, "q", 0), -1, "{when}: {:?}", f[2]);
+    use std::os::unix::fs::MetadataExt;
+    let ino = |role: usize, k: usize| {
+        std::fs::metadata(format!("/proc/{}/fd/{}", pids[role], fd(role, "q", k)))
+            .unwrap()
+            .ino()
+    };
+    assert_eq!(
+        ino(1, 0),
+        ino(2, 1),
+        "{when}: the second pipe's ends are one pipe"
+    );
+}
+
+/// Connects to the shared listening socket until both children have served (at most 40
+/// times): the roles that answered, each with its PID.
+fn served(r: &Running) -> BTreeMap<String, String> {
+    use std::io::Read;
+    let mut seen = BTreeMap::new();
+    for i in 0..40 {
+        let mut c = std::net::TcpStream::connect_timeout(
+            &SocketAddr::new(r.address.into(), SHARED_PORT),
+            Duration::from_secs(10),
+        )
+        .unwrap_or_else(|e| panic!("connect {i} to {}: {e}", r.name));
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut line = String::new();
+        c.read_to_string(&mut line)
+            .unwrap_or_else(|e| panic!("reading connection {i}: {e}"));
+        let f = fields(&line);
+        seen.insert(f["role"].clone(), f["pid"].clone());
+        if seen.len() == 2 && i >= 5 {
+            break;
+        }
+    }
+    seen
+}
+
+#[test]
+fn descriptors_shared_by_a_tree_come_back_shared() {
+    let bin = programs::build("sharedfds");
+    let scratch = Scratch::new("sharedfds");
+    let name = format!("shfd-{}", std::process::id() % 10000);
+    let m = common::tardi::manifest_with_tmp(&scratch.0, &name, &bin);
+    let cur = Running::run(&m).expect("tardi run");
+    for role in 0..3 {
+        programs::wait_ready(
+            SocketAddr::new(cur.address.into(), SHARED_PORT + 1 + role),
+            Duration::from_secs(10),
+        )
+        .expect("ready");
+    }
+    check_one_description(&cur, "before the snapshot");
+    let before = served(&cur);
+    assert_eq!(before.len(), 2, "both children accept: {before:?}");
+    assert_eq!(ctl(&cur, 1, "write 1 abc"), "off=8");
+    assert_eq!(ctl(&cur, 2, "off"), "off=8");
+    assert_eq!(ctl(&cur, 2, "qwrite 1 pre"), "sent=3");
+
+    let file = scratch.0.join("shared.tardi");
+    cur.snapshot(&file)
+        .expect("snapshot of a tree sharing descriptors");
+    let image = Checkpoint::from_bytes(std::fs::read(&file).unwrap())
+        .unwrap()
+        .image;
+    use tardi_checkpointer::image::{FdKind, SocketState};
+    let listener = image
+        .shared_files
+        .iter()
+        .find(|s| {
+            matches!(&s.file.kind, FdKind::Socket(x) if matches!(x.state, SocketState::Listening { .. }))
+        })
+        .expect("the listening socket is shared");
+    assert_eq!(listener.holders.len(), 3, "{:?}", listener.holders);
+    let buffered: Vec<u8> = image
+        .shared_files
+        .iter()
+        .filter_map(|s| match &s.file.kind {
+            FdKind::Pipe { buffered, .. } => Some(buffered.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let mut buffered = String::from_utf8_lossy(&buffered).into_owned();
+    // (Two pipes: the first's bytes and the second's, in either order.)
+    buffered = buffered.replacen("pre", "", 1);
+    assert_eq!(buffered, PIPE_DATA, "the pipes' bytes, once each");
+    let log = cur.log.clone();
+    cur.stop();
+
+    let restored = Running::restore(&file).unwrap_or_else(|e| {
+        panic!(
+            "restore: {e}\n--- log ---\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )
+    });
+    check_one_description(&restored, "after the restore");
+    // The file's offset is the description's: what one process writes moves it for all.
+    assert_eq!(ctl(&restored, 0, "off"), "off=8");
+    assert_eq!(ctl(&restored, 2, "write 2 xyz"), "off=11");
+    assert_eq!(ctl(&restored, 1, "off"), "off=11");
+    assert_eq!(ctl(&restored, 0, "off"), "off=11");
+    // The pipe's bytes are read once in all, whoever reads them.
+    let mut got = String::new();
+    let mut empty = 0;
+    for i in 0..30u16 {
+        let role = i % 3;
+        let r = ctl(&restored, role, &format!("readpipe {i}"));
+        let bytes = r.strip_prefix("pipe=").unwrap_or_else(|| panic!("{r}"));
+        if bytes.is_empty() {
+            empty += 1;
+            if empty == 3 {
+                break;
+            }
+        } else {
+            empty = 0;
+            got.push_str(bytes);
+        }
+    }
+    assert_eq!(
+        got, PIPE_DATA,
+        "the pipe's bytes, read once in all by the three processes"
+    );
+    // The unix pair's queued bytes, once, and then what one process sends another receives.
+    assert_eq!(ctl(&restored, 2, "urecv 1"), "unix=UNIXQ");
+    assert_eq!(ctl(&restored, 0, "urecv 2"), "unix=");
+    assert_eq!(ctl(&restored, 1, "usend 1 hello"), "sent=5");
+    assert_eq!(ctl(&restored, 0, "urecv 3"), "unix=hello");
+    // The second pipe still joins role 2 (writer) to role 1 (reader), its bytes kept.
+    assert_eq!(ctl(&restored, 1, "qread 1"), "q=pre");
+    assert_eq!(ctl(&restored, 2, "qwrite 2 post"), "sent=4");
+    assert_eq!(ctl(&restored, 1, "qread 2"), "q=post");
+    // Connections are accepted by both restored children, the same processes as before.
+    let after = served(&restored);
+    assert_eq!(after, before, "both restored children serve connections");
     restored.stop();
 }

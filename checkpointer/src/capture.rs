@@ -706,6 +706,7 @@ fn capture_meta_once(
         pgid: 0,
         sid: 0,
         tree: Vec::new(),
+        shared_files: Vec::new(),
     })
 }
 

@@ -607,8 +607,14 @@ fn install(fd: RawFd, target: RawFd, floor: RawFd) -> io::Result<()> {
 }
 
 /// Recreates every descriptor at its old number. `floor` is above every target number and
-/// every descriptor the caller still needs.
-pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), RecreateError> {
+/// every descriptor the caller still needs. A descriptor that names a description the tree
+/// shares ([`FdKind::Shared`] `i`) is a duplicate of descriptor `shared_base + i`, which the
+/// caller inherited (see `restore::make_tree`).
+pub fn recreate(
+    fds: &[FdImage],
+    floor: RawFd,
+    shared_base: RawFd,
+) -> std::result::Result<(), RecreateError> {
     let mut pipes_done = HashSet::new();
     crate::unix::recreate(fds, floor).map_err(|e| RecreateError {
         fd: e.fd,
@@ -618,6 +624,18 @@ pub fn recreate(fds: &[FdImage], floor: RawFd) -> std::result::Result<(), Recrea
     for f in fds {
         match &f.kind {
             FdKind::Unix(_) => {}
+            FdKind::Shared(i) => {
+                let from = RawFd::try_from(*i)
+                    .ok()
+                    .and_then(|i| shared_base.checked_add(i))
+                    .ok_or_else(|| {
+                        rerr(f.fd, "shared description")(io::ErrorKind::InvalidInput.into())
+                    })?;
+                // SAFETY: dup2 of an inherited descriptor onto the number we are filling (the
+                // copy shares the description: status flags and offset are the description's).
+                check(unsafe { libc::dup2(from, f.fd) })
+                    .map_err(rerr(f.fd, "shared description"))?;
+            }
             FdKind::Path { path, pos, is_dir } => {
                 let mut flags = f.flags & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL);
                 if *is_dir {

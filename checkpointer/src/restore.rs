@@ -94,6 +94,17 @@ pub struct ChildPlan {
     pub private_files: crate::files::FileChanges,
     /// Shared memory objects, made (and filled) before the files are opened.
     pub shm: Vec<ShmPlan>,
+    /// The open file descriptions the tree shares (the main image's `shared_files`): entry
+    /// `i` is descriptor `shared_base + i` of whichever process made it and of every process
+    /// forked after that, until each process has put the ones it holds at their numbers
+    /// ([`FdKind::Shared`]) and closed the block. `shared_base` lies above every number any
+    /// process of the tree uses before that.
+    pub shared_base: RawFd,
+    pub shared_count: u32,
+    /// The shared descriptions this process makes before it creates its children (those
+    /// whose holders all descend from it, and from none of its children alone), at their
+    /// numbers in the block.
+    pub make_shared: Vec<FdImage>,
 }
 
 /// A shared memory object for the restore child to make: System V segments in the sandbox's
@@ -256,6 +267,9 @@ fn prepare_pages(
                     .collect(),
             })
             .collect(),
+        shared_base: 0,
+        shared_count: 0,
+        make_shared: Vec::new(),
     };
     let payload = postcard::to_stdvec(&child).map_err(io::Error::other)?;
     // The pipe's write end must survive into the sandbox: clear close-on-exec on every
@@ -342,13 +356,152 @@ fn prepare_tree(
     let mut root = prepare_pages(img, pages, pages_offset, host_path, false)?;
     let mut plan = decode(&root)?;
     plan.max_tid = max_tid;
-    plan.members = plans;
-    root.payload = postcard::to_stdvec(&plan).map_err(io::Error::other)?;
     for m in &members {
         root.inherit.extend_from_slice(&m.inherit);
     }
+    if !img.shared_files.is_empty() {
+        let parents: Vec<(i32, i32)> = img.tree.iter().map(|m| (m.image.pid, m.ppid)).collect();
+        plan_shared(
+            &img.shared_files,
+            &parents,
+            &mut plan,
+            &mut plans,
+            &root.inherit,
+        )?;
+    }
+    plan.members = plans;
+    root.payload = postcard::to_stdvec(&plan).map_err(io::Error::other)?;
     root.members = members;
     Ok(root)
+}
+
+/// Decides who makes each shared description (`docs/PROCESS-TREES.md`, "Phase 2, shared
+/// descriptors") and where it waits until its holders take it: the descriptions that make one
+/// object (the ends of a pipe; unix sockets connected to one another, or a listener and the
+/// clients it has not accepted) are made together, by the lowest common ancestor of all their
+/// holders, which has them before it forks its children: every holder then inherits them,
+/// through every process in between. Each entry `i` waits at `shared_base + i`, above every
+/// number a process of the tree uses before it places its own descriptors (its inherited
+/// descriptors, where it moves them, its mapped files and shared memory objects).
+/// `parents` are the members' (PID, parent's PID), parents first.
+fn plan_shared(
+    shared: &[SharedFile],
+    parents: &[(i32, i32)],
+    root: &mut ChildPlan,
+    members: &mut [ChildPlan],
+    inherited: &[RawFd],
+) -> Result<()> {
+    let invalid = |m: String| RestoreError::Invalid(m);
+    let root_pid = root.pid;
+    let top = std::iter::once(&*root)
+        .chain(members.iter())
+        .map(|p| {
+            let used = INHERITED + p.files.len() + 1 + p.shm.len();
+            RawFd::try_from(used)
+                .ok()
+                .and_then(|n| p.base.checked_add(n))
+        })
+        .chain(inherited.iter().map(|&fd| fd.checked_add(1)))
+        .try_fold(0, |m: RawFd, x| x.map(|x| m.max(x)));
+    let base = top
+        .filter(|b| RawFd::try_from(shared.len()).is_ok_and(|n| b.checked_add(n).is_some()))
+        .ok_or_else(|| invalid("too many descriptors to restore".into()))?;
+    // Objects: entries made together (union-find over the entries).
+    let n = shared.len();
+    let mut up: Vec<usize> = (0..n).collect();
+    fn find(up: &mut [usize], mut x: usize) -> usize {
+        while up[x] != x {
+            up[x] = up[up[x]];
+            x = up[x];
+        }
+        x
+    }
+    // Whether listener `u` has a connection from client `c` it has not accepted yet.
+    fn pending(u: &UnixSocketImage, c: u64) -> bool {
+        match &u.state {
+            UnixState::Listening { pending, .. } => pending.contains(&c),
+            _ => false,
+        }
+    }
+    let linked = |a: &FdKind, b: &FdKind| match (a, b) {
+        (FdKind::Pipe { id: x, .. }, FdKind::Pipe { id: y, .. }) => x == y,
+        (FdKind::Unix(x), FdKind::Unix(y)) => {
+            x.peer_ino == y.ino || y.peer_ino == x.ino || pending(x, y.ino) || pending(y, x.ino)
+        }
+        _ => false,
+    };
+    for i in 0..n {
+        for j in i + 1..n {
+            if linked(&shared[i].file.kind, &shared[j].file.kind) {
+                let (a, b) = (find(&mut up, i), find(&mut up, j));
+                up[a] = b;
+            }
+        }
+    }
+    // Each process's parent (validated: parents come before their children).
+    let parent = |pid: i32| -> Option<i32> { parents.iter().find(|m| m.0 == pid).map(|m| m.1) };
+    let ancestors = |pid: i32| -> Vec<i32> {
+        let mut chain = vec![pid];
+        while let Some(p) = parent(*chain.last().unwrap_or(&pid)) {
+            if chain.len() > parents.len() {
+                break;
+            }
+            chain.push(p);
+        }
+        chain
+    };
+    let mut creator: Vec<Option<i32>> = vec![None; n];
+    for i in 0..n {
+        let obj = find(&mut up, i);
+        if creator[obj].is_some() {
+            continue;
+        }
+        let mut common: Vec<i32> = Vec::new();
+        for j in (0..n).filter(|&j| find(&mut up, j) == obj) {
+            for &(pid, _) in &shared[j].holders {
+                let chain = ancestors(pid);
+                if common.is_empty() {
+                    common = chain;
+                } else {
+                    let at = common
+                        .iter()
+                        .position(|a| chain.contains(a))
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "process {pid} is not in the tree of process {}",
+                                root_pid
+                            ))
+                        })?;
+                    common.drain(..at);
+                }
+            }
+        }
+        creator[obj] = common.first().copied();
+    }
+    for (i, s) in shared.iter().enumerate() {
+        let Some(pid) = creator[find(&mut up, i)] else {
+            return Err(invalid(format!("shared description #{i} has no holder")));
+        };
+        let plan = if pid == root.pid {
+            &mut *root
+        } else {
+            members
+                .iter_mut()
+                .find(|m| m.pid == pid)
+                .ok_or_else(|| invalid(format!("process {pid} is not in the tree")))?
+        };
+        let fd = base + i as RawFd;
+        plan.make_shared.push(FdImage {
+            fd,
+            cloexec: false,
+            ..s.file.clone()
+        });
+    }
+    for p in std::iter::once(root).chain(members.iter_mut()) {
+        p.shared_base = base;
+        p.shared_count = n as u32;
+    }
+    Ok(())
 }
 
 fn verify_files(img: &ProcessImage, host_path: &dyn Fn(&str) -> Option<PathBuf>) -> Result<()> {
@@ -793,6 +946,14 @@ pub fn child_main(payload: &[u8]) -> ! {
 /// reason it failed, if it did (to be reported through that process's notify pipe).
 fn make_tree(mut me: ChildPlan) -> (ChildPlan, Option<String>) {
     let members = std::mem::take(&mut me.members);
+    // The private directories first (only the main process carries them), as the checkpoint
+    // saw them: a mapped file or a descriptor of any process, shared or not, may name a file
+    // in them.
+    if !me.private_files.dirs.is_empty()
+        && let Err(e) = crate::files::materialize(&me.private_files)
+    {
+        return (me, Some(format!("writing the private directories: {e}")));
+    }
     'process: loop {
         // SAFETY: setsid and setpgid take no pointers.
         let r = unsafe {
@@ -807,6 +968,13 @@ fn make_tree(mut me: ChildPlan) -> (ChildPlan, Option<String>) {
         if r < 0 {
             let e = io::Error::last_os_error();
             return (me, Some(format!("setting the session or group: {e}")));
+        }
+        // The shared descriptions this process makes, before any child is forked: the
+        // children inherit them.
+        if !me.make_shared.is_empty()
+            && let Err(e) = make_shared(&me)
+        {
+            return (me, Some(e));
         }
         for m in members
             .iter()
@@ -845,6 +1013,23 @@ fn make_tree(mut me: ChildPlan) -> (ChildPlan, Option<String>) {
     }
 }
 
+/// Makes the shared descriptions `p.make_shared` at their numbers in the block (see
+/// [`ChildPlan::shared_base`]), in the process's working directory (a unix socket may be bound
+/// to a relative path).
+fn make_shared(p: &ChildPlan) -> std::result::Result<(), String> {
+    let Ok(cwd) = CString::new(p.cwd.as_str()) else {
+        return Err(format!("working directory {:?} contains a NUL byte", p.cwd));
+    };
+    // SAFETY: valid C string.
+    if unsafe { libc::chdir(cwd.as_ptr()) } < 0 {
+        let e = io::Error::last_os_error();
+        return Err(format!("chdir {}: {e}", p.cwd));
+    }
+    let end = p.shared_base + p.shared_count as RawFd;
+    fds::recreate(&p.make_shared, end, p.shared_base)
+        .map_err(|e| format!("making a shared description: {e}"))
+}
+
 /// `struct clone_args` of `clone3(2)` (the fields up to `set_tid_size`).
 #[repr(C)]
 #[derive(Default)]
@@ -871,24 +1056,30 @@ fn child_setup(p: &ChildPlan) -> String {
             return step("moving inherited descriptors", io::Error::last_os_error());
         }
     }
-    // SAFETY: closes every descriptor outside our block (whatever the sandbox init left open is
-    // not the target's and must not leak into it).
+    // The tree's shared descriptions wait in their block until step 5.
+    let shared_end = p.shared_base + p.shared_count as RawFd;
+    let close_to = if p.shared_count > 0 {
+        p.shared_base.saturating_sub(1) as u32
+    } else {
+        u32::MAX
+    };
+    // SAFETY: closes every descriptor outside our block and the shared one (whatever the
+    // sandbox init left open is not the target's and must not leak into it). A range whose
+    // end is below its start (no number between our block and the shared one) fails
+    // harmlessly.
     unsafe {
         libc::syscall(libc::SYS_close_range, 0u32, (p.base - 1) as u32, 0u32);
         libc::syscall(
             libc::SYS_close_range,
             (p.base + INHERITED as RawFd) as u32,
-            u32::MAX,
+            close_to,
             0u32,
         );
+        if p.shared_count > 0 {
+            libc::syscall(libc::SYS_close_range, shared_end as u32, u32::MAX, 0u32);
+        }
     }
-    // 2. The private directories, as the checkpoint saw them (a mapped file or an open
-    // descriptor may name a file in them).
-    if !p.private_files.dirs.is_empty()
-        && let Err(e) = crate::files::materialize(&p.private_files)
-    {
-        return step("writing the private directories", e);
-    }
+    // 2. (The private directories were written before the tree was made: `make_tree`.)
     // 2b. Shared memory objects (System V ones in the sandbox's IPC namespace, with their ids;
     // anonymous ones as descriptors after the executable's).
     if let Err(e) = crate::shm::make_all(
@@ -941,9 +1132,22 @@ fn child_setup(p: &ChildPlan) -> String {
         return step(&format!("chdir {}", p.cwd), io::Error::last_os_error());
     }
     // 5. The target's descriptors at their numbers; limits, PID cursor.
-    let floor = p.base + INHERITED as RawFd + n as RawFd + 1 + p.shm.len() as RawFd;
-    if let Err(e) = fds::recreate(&p.fds, floor) {
+    let floor =
+        (p.base + INHERITED as RawFd + n as RawFd + 1 + p.shm.len() as RawFd).max(shared_end);
+    if let Err(e) = fds::recreate(&p.fds, floor, p.shared_base) {
         return e.to_string();
+    }
+    if p.shared_count > 0 {
+        // SAFETY: the shared block: every description this process holds is at its number
+        // now, and its children (forked before this step) have their own references.
+        unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                p.shared_base as u32,
+                (shared_end - 1) as u32,
+                0u32,
+            )
+        };
     }
     for &(res, cur, max) in &p.rlimits {
         let lim = libc::rlimit64 {
@@ -1187,4 +1391,115 @@ fn unmap_blob(
         return Ok(());
     }
     Err("a thread stayed inside the restorer".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan of process `pid` whose own descriptors start at `base`.
+    fn plan(pid: i32, ppid: i32, base: RawFd) -> ChildPlan {
+        ChildPlan {
+            pid,
+            ppid,
+            setsid: false,
+            setpgid: false,
+            members: Vec::new(),
+            inherited: Vec::new(),
+            base,
+            files: vec!["/lib/x.so".into()],
+            shared: vec![false],
+            exe: "/bin/x".into(),
+            fds: Vec::new(),
+            cwd: "/".into(),
+            rlimits: Vec::new(),
+            max_tid: 0,
+            private_files: Default::default(),
+            shm: Vec::new(),
+            shared_base: 0,
+            shared_count: 0,
+            make_shared: Vec::new(),
+        }
+    }
+
+    fn entry(kind: FdKind, holders: &[(i32, i32)]) -> SharedFile {
+        SharedFile {
+            file: FdImage {
+                fd: holders[0].1,
+                cloexec: true,
+                flags: 0,
+                kind,
+            },
+            holders: holders.to_vec(),
+        }
+    }
+
+    fn pipe_end(write_end: bool) -> FdKind {
+        FdKind::Pipe {
+            id: 9,
+            write_end,
+            buffered: Vec::new(),
+            capacity: 65536,
+        }
+    }
+
+    /// Each object is made by the lowest common ancestor of its holders (not necessarily a
+    /// holder), a pipe's ends together, at numbers above everything any process uses first.
+    #[test]
+    fn shared_descriptions_are_made_by_the_lowest_common_ancestor() {
+        // 2 -> 5 -> (7, 8); 2 -> 6.
+        let parents = [(5, 2), (6, 2), (7, 5), (8, 5)];
+        let mut root = plan(2, 0, 10);
+        let mut members: Vec<ChildPlan> = parents
+            .iter()
+            .map(|&(pid, ppid)| plan(pid, ppid, if pid == 8 { 40 } else { 10 }))
+            .collect();
+        let path = |p: &str| FdKind::Path {
+            path: p.into(),
+            pos: 0,
+            is_dir: false,
+        };
+        let shared = vec![
+            // The ends of one pipe: 7 reads, 8 writes; their parent 5 makes it.
+            entry(pipe_end(false), &[(7, 3)]),
+            entry(pipe_end(true), &[(8, 4)]),
+            // Held by 6 and 7: only the root is common.
+            entry(path("/a"), &[(6, 3), (7, 5)]),
+            // Held by 5 and its child 8: 5 makes it.
+            entry(path("/b"), &[(5, 3), (8, 3)]),
+            // One holder: it makes it itself.
+            entry(path("/c"), &[(8, 6)]),
+        ];
+        plan_shared(&shared, &parents, &mut root, &mut members, &[60, 61]).unwrap();
+        let made = |p: &ChildPlan| -> Vec<RawFd> { p.make_shared.iter().map(|f| f.fd).collect() };
+        // Above the inherited descriptors (61) and every process's block (8's: 40 + 4 + 1 + 1).
+        let base = 62;
+        assert_eq!(made(&root), vec![base + 2]);
+        let by_pid = |pid: i32| members.iter().find(|m| m.pid == pid).unwrap();
+        assert_eq!(made(by_pid(5)), vec![base, base + 1, base + 3]);
+        assert_eq!(made(by_pid(8)), vec![base + 4]);
+        assert!(made(by_pid(6)).is_empty() && made(by_pid(7)).is_empty());
+        for p in std::iter::once(&root).chain(&members) {
+            assert_eq!(
+                (p.shared_base, p.shared_count),
+                (base, 5),
+                "process {}",
+                p.pid
+            );
+        }
+        // The entries are made as they were captured, without close-on-exec (it is each
+        // holder's).
+        assert!(by_pid(5).make_shared.iter().all(|f| !f.cloexec));
+        assert_eq!(by_pid(5).make_shared[0].kind, pipe_end(false));
+
+        // A process 8's block reaching above the inherited descriptors moves the base.
+        let mut members2 = members.clone();
+        members2[3].base = 100;
+        let mut root2 = plan(2, 0, 10);
+        for m in &mut members2 {
+            m.make_shared.clear();
+        }
+        plan_shared(&shared, &parents, &mut root2, &mut members2, &[60, 61]).unwrap();
+        assert_eq!(root2.shared_base, 100 + INHERITED as RawFd + 2);
+    }
 }

@@ -1,24 +1,27 @@
-//! Process trees, phase 1 (`docs/PROCESS-TREES.md`): a full checkpoint of a service whose main
-//! process has descendants. Every process is stopped top-down (a stopped process cannot fork,
-//! so listing a process's children after stopping it gives the final list), captured as a
-//! single process is, and laid out as a member of the main process's image
+//! Process trees (`docs/PROCESS-TREES.md`): a full checkpoint of a service whose main process
+//! has descendants. Every process is stopped top-down (a stopped process cannot fork, so
+//! listing a process's children after stopping it gives the final list), captured as a single
+//! process is, and laid out as a member of the main process's image
 //! ([`crate::image::Member`]: its parent, its slice of the page data, its own image).
 //!
-//! What phase 1 cannot restore is refused by name: a zombie child, a descriptor shared with
-//! another process of the tree (other than a character device or a write-only `O_APPEND` file,
-//! the sandbox's stdio, which each process reopens), a pipe or socket whose ends are held by
-//! different processes, shared memory in a process other than the main one, and a group or
+//! Phase 2a: the open file descriptions that tie processes together (held by several of them,
+//! found with `kcmp`; pipes and groups of connected unix sockets whose descriptors are in
+//! several processes) are listed once, in the main image's `shared_files`, and named by each
+//! holder's descriptor ([`share`]); the restore makes each once and hands it down the tree.
+//!
+//! What cannot be restored yet is refused by name: a zombie child, an epoll instance held by
+//! several processes, shared memory in a process other than the main one, and a group or
 //! session that is neither the process's own nor its parent's.
 
 use crate::capture::{
     self, CaptureError, CaptureStats, Captured, children_of, estimate_private_bytes, finish_full,
     prefaulted_buffer, proc_err,
 };
-use crate::image::{Checkpoint, Kind, Member, ProcessImage};
+use crate::image::{Checkpoint, FdKind, Kind, Member, ProcessImage, SharedFile, UnixState};
 use crate::procfs::Proc;
 use crate::ptrace::Stopped;
 use crate::sys::Pid;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 type Result<T> = std::result::Result<T, CaptureError>;
@@ -45,7 +48,7 @@ pub(crate) fn checkpoint_tree(
         let procs: Vec<&Proc> = std::iter::once(root)
             .chain(members.iter().map(|(p, _)| p))
             .collect();
-        check_shared(&procs)?;
+        let groups = find_shared(&procs)?;
         let mut out: Vec<Captured> = Vec::with_capacity(procs.len());
         let mut buf = Some(buf);
         for (p, st) in procs.iter().zip(stopped.iter_mut()) {
@@ -58,7 +61,7 @@ pub(crate) fn checkpoint_tree(
         out[0].0.private_files = crate::files::DirTracker::new(private_dirs.to_vec())
             .changes()
             .map_err(proc_err(root.pid, "the private directories"))?;
-        Ok(out)
+        Ok((out, groups))
     });
     // Children first, so that no parent runs while a child it might signal is still held.
     let mut resumed = Ok(());
@@ -69,7 +72,7 @@ pub(crate) fn checkpoint_tree(
         }
     }
     stats.pause = t0.elapsed();
-    let captured = captured?;
+    let (captured, groups) = captured?;
     resumed?;
 
     let mut it = captured.into_iter();
@@ -80,6 +83,10 @@ pub(crate) fn checkpoint_tree(
         finish_full(proc, &mut img, &mut d, files)?;
         images.push((img, d));
     }
+    let hosts: Vec<Pid> = std::iter::once(root.pid)
+        .chain(members.iter().map(|(p, _)| p.pid))
+        .collect();
+    share(&mut image, &mut images, &hosts, groups)?;
     let pids: Vec<i32> = std::iter::once(image.pid)
         .chain(images.iter().map(|(i, _)| i.pid))
         .collect();
@@ -157,20 +164,24 @@ fn stop_all(
     Ok(())
 }
 
-/// A descriptor as [`check_shared`] compares it.
-struct Held {
-    proc: usize,
-    fd: i32,
-    flags: i32,
+/// A descriptor of the tree: (index of its process in the caller's list, its number).
+type Holder = (usize, i32);
+
+/// The descriptors of one file (device and inode) that processes of the tree hold, when more
+/// than one process holds it, grouped into open file descriptions: each description is its
+/// holders, (index of the process in the caller's list, descriptor number).
+struct FileGroup {
+    /// `st_mode` of the file (its type tells a pipe, whose descriptions are its ends).
     mode: u32,
+    descriptions: Vec<Vec<Holder>>,
 }
 
-/// Refuses descriptors that tie two processes of the tree together (see the module comment).
-/// Candidates are grouped by the file they refer to (device and inode, through the
-/// descriptor's link); `kcmp(KCMP_FILE)` tells whether two of them are one open file
-/// description.
-fn check_shared(procs: &[&Proc]) -> Result<()> {
-    let mut by_file: HashMap<(u64, u64), Vec<Held>> = HashMap::new();
+/// Finds the files (device and inode, through each descriptor's link) that descriptors of more
+/// than one process of the tree refer to, and groups their descriptors into open file
+/// descriptions with `kcmp(KCMP_FILE)` (only descriptors of one file are compared: one `kcmp`
+/// per descriptor and description of its file). Every process must be stopped.
+fn find_shared(procs: &[&Proc]) -> Result<Vec<FileGroup>> {
+    let mut by_file: HashMap<(u64, u64), (u32, Vec<Holder>)> = HashMap::new();
     for (i, p) in procs.iter().enumerate() {
         let fds = p.list("fd").map_err(proc_err(p.pid, "fd"))?;
         for fd in fds.iter().filter_map(|f| f.parse::<i32>().ok()) {
@@ -178,57 +189,189 @@ fn check_shared(procs: &[&Proc]) -> Result<()> {
             let st = p
                 .stat(&format!("fd/{fd}"))
                 .map_err(proc_err(p.pid, format!("descriptor {fd}")))?;
-            let info = p
-                .read_string(&format!("fdinfo/{fd}"))
-                .map_err(proc_err(p.pid, format!("fdinfo of descriptor {fd}")))?;
-            let flags = crate::procfs::status_value(&info, "flags")
-                .and_then(|f| i32::from_str_radix(f, 8).ok())
-                .unwrap_or(0);
             by_file
                 .entry((st.st_dev, st.st_ino))
-                .or_default()
-                .push(Held {
-                    proc: i,
-                    fd,
-                    flags,
-                    mode: st.st_mode,
-                });
+                .or_insert_with(|| (st.st_mode, Vec::new()))
+                .1
+                .push((i, fd));
         }
     }
-    let kind = |mode: u32| mode & libc::S_IFMT;
-    for holders in by_file.values() {
-        if holders.iter().all(|h| h.proc == holders[0].proc)
-            || kind(holders[0].mode) == libc::S_IFCHR
-        {
+    let mut groups = Vec::new();
+    for (mode, held) in by_file.into_values() {
+        if held.iter().all(|h| h.0 == held[0].0) {
             continue;
         }
-        for (k, a) in holders.iter().enumerate() {
-            for b in holders[k + 1..].iter().filter(|b| b.proc != a.proc) {
-                let (pa, pb) = (procs[a.proc].pid, procs[b.proc].pid);
-                let same = kcmp_file(pa, pb, a.fd, b.fd);
-                let what = if same {
-                    let append_only = kind(a.mode) == libc::S_IFREG
-                        && a.flags & libc::O_APPEND != 0
-                        && a.flags & libc::O_ACCMODE == libc::O_WRONLY;
-                    if append_only {
-                        continue;
-                    }
-                    "one open file description"
-                } else if matches!(kind(a.mode), libc::S_IFIFO | libc::S_IFSOCK) {
-                    "one pipe or socket"
-                } else {
-                    // Two opens of one file (or two anonymous-inode objects): each process
-                    // reopens its own.
-                    continue;
-                };
-                return Err(CaptureError::Unsupported(format!(
-                    "descriptor {} of process {pa} and descriptor {} of process {pb} (host PIDs) \
-                     are {what}: descriptors shared between processes are {NOT_YET}",
-                    a.fd, b.fd
-                )));
+        let mut descriptions: Vec<Vec<Holder>> = Vec::new();
+        for (proc, fd) in held {
+            let same = descriptions.iter_mut().find(|d| {
+                let (p0, f0) = d[0];
+                kcmp_file(procs[p0].pid, procs[proc].pid, f0, fd)
+            });
+            match same {
+                Some(d) => d.push((proc, fd)),
+                None => descriptions.push(vec![(proc, fd)]),
+            }
+        }
+        groups.push(FileGroup { mode, descriptions });
+    }
+    Ok(groups)
+}
+
+/// Moves the open file descriptions that tie processes of the tree together out of the
+/// processes' descriptor lists into the main image's `shared_files` (see
+/// [`crate::image::SharedFile`]), each holder's entry becoming [`FdKind::Shared`]. Shared are:
+/// a description held by more than one process; every end of a pipe whose ends are in more
+/// than one process (a pipe is made once, with both ends); every socket of a group of unix
+/// sockets connected to one another (peers, a listener and the clients it has not accepted)
+/// that spans processes. A pipe's buffered bytes, which each process's capture read, are kept
+/// once. Refused by name: an epoll instance held by several processes (its interest list names
+/// descriptors of the process that added them).
+fn share(
+    root: &mut ProcessImage,
+    members: &mut [(ProcessImage, Vec<u8>)],
+    hosts: &[Pid],
+    groups: Vec<FileGroup>,
+) -> Result<()> {
+    let nprocs = members.len() + 1;
+    // Descriptions to share, by holders; the first holder names a description.
+    let mut chosen: Vec<Vec<Holder>> = Vec::new();
+    let mut seen: HashSet<Holder> = HashSet::new();
+    let mut choose = |d: Vec<Holder>, chosen: &mut Vec<Vec<Holder>>| {
+        if seen.insert(d[0]) {
+            chosen.push(d);
+        }
+    };
+    for g in groups {
+        let pipe = g.mode & libc::S_IFMT == libc::S_IFIFO;
+        for d in g.descriptions {
+            if pipe || d.iter().any(|h| h.0 != d[0].0) {
+                choose(d, &mut chosen);
             }
         }
     }
+    // Unix sockets: groups of sockets connected to one another, by inode (a socket has one
+    // description, so the descriptors of one inode are its holders).
+    let image_of = |i: usize| -> &ProcessImage { if i == 0 { &*root } else { &members[i - 1].0 } };
+    let mut sockets: HashMap<u64, Vec<Holder>> = HashMap::new();
+    for i in 0..nprocs {
+        for f in &image_of(i).fds {
+            if let FdKind::Unix(u) = &f.kind {
+                sockets.entry(u.ino).or_default().push((i, f.fd));
+            }
+        }
+    }
+    let mut parent: HashMap<u64, u64> = sockets.keys().map(|&k| (k, k)).collect();
+    fn find(parent: &mut HashMap<u64, u64>, mut x: u64) -> u64 {
+        while parent[&x] != x {
+            let up = parent[&parent[&x]];
+            parent.insert(x, up);
+            x = up;
+        }
+        x
+    }
+    for i in 0..nprocs {
+        for f in &image_of(i).fds {
+            let FdKind::Unix(u) = &f.kind else { continue };
+            let pending = match &u.state {
+                UnixState::Listening { pending, .. } => pending.as_slice(),
+                _ => &[],
+            };
+            for &other in std::iter::once(&u.peer_ino).chain(pending) {
+                if parent.contains_key(&other) {
+                    let (a, b) = (find(&mut parent, u.ino), find(&mut parent, other));
+                    parent.insert(a, b);
+                }
+            }
+        }
+    }
+    let mut components: HashMap<u64, Vec<u64>> = HashMap::new();
+    let mut inos: Vec<u64> = sockets.keys().copied().collect();
+    inos.sort_unstable();
+    for ino in inos {
+        let c = find(&mut parent, ino);
+        components.entry(c).or_default().push(ino);
+    }
+    let mut roots: Vec<u64> = components.keys().copied().collect();
+    roots.sort_unstable();
+    for c in roots {
+        let members_of = &components[&c];
+        let procs: HashSet<usize> = members_of
+            .iter()
+            .flat_map(|i| sockets[i].iter().map(|h| h.0))
+            .collect();
+        if procs.len() > 1 {
+            for ino in members_of {
+                choose(sockets[ino].clone(), &mut chosen);
+            }
+        }
+    }
+    if chosen.is_empty() {
+        return Ok(());
+    }
+
+    // The entries, then each holder's descriptor naming its entry.
+    let mut shared: Vec<SharedFile> = Vec::with_capacity(chosen.len());
+    let mut pipe_bytes: HashMap<u64, Vec<u8>> = HashMap::new();
+    for d in &chosen {
+        let (p0, f0) = d[0];
+        let first = image_of(p0);
+        let host = hosts.get(p0).copied().unwrap_or(0);
+        let Some(file) = first.fds.iter().find(|f| f.fd == f0) else {
+            return Err(CaptureError::Unsupported(format!(
+                "descriptor {f0} of process {host} (host PID) was not captured"
+            )));
+        };
+        if matches!(file.kind, FdKind::Epoll { .. }) {
+            return Err(CaptureError::Unsupported(format!(
+                "descriptor {f0} of process {host} (host PID) is an epoll instance held by \
+                 several processes: shared epoll instances are {NOT_YET}"
+            )));
+        }
+        let mut file = file.clone();
+        if let FdKind::Pipe { id, buffered, .. } = &mut file.kind {
+            // Each process's capture copied the pipe's bytes once (with the first end it
+            // saw); all copies are equal (every process is stopped): keep one.
+            let mut bytes = std::mem::take(buffered);
+            for &(p, fd) in d {
+                if let Some(FdKind::Pipe { buffered: b, .. }) =
+                    image_of(p).fds.iter().find(|f| f.fd == fd).map(|f| &f.kind)
+                    && bytes.is_empty()
+                {
+                    bytes = b.clone();
+                }
+            }
+            let kept = pipe_bytes.entry(*id).or_default();
+            if kept.is_empty() {
+                *kept = bytes;
+            }
+        }
+        let holders = d.iter().map(|&(p, fd)| (image_of(p).pid, fd)).collect();
+        shared.push(SharedFile { file, holders });
+    }
+    // A pipe whose ends are all shared had its bytes captured by each process that holds an
+    // end: they go with its first shared end, once.
+    for s in &mut shared {
+        if let FdKind::Pipe { id, buffered, .. } = &mut s.file.kind {
+            *buffered = pipe_bytes.remove(id).unwrap_or_default();
+        }
+    }
+    for (i, d) in chosen.iter().enumerate() {
+        let flags = shared[i].file.flags;
+        for &(p, fd) in d {
+            let image = if p == 0 {
+                &mut *root
+            } else {
+                &mut members[p - 1].0
+            };
+            if let Some(f) = image.fds.iter_mut().find(|f| f.fd == fd) {
+                f.kind = FdKind::Shared(i as u32);
+                f.flags = flags;
+            }
+        }
+    }
+    // A pipe end a process still holds privately would carry bytes another process's entry
+    // also carries: every end of such a pipe is shared above, so none is left.
+    root.shared_files = shared;
     Ok(())
 }
 

@@ -24,8 +24,9 @@ mod libc_types {
 /// timers, the service's own seccomp filters, inotify descriptors; incremental checkpoints leave
 /// out the metadata that equals their base's, `Carried`; 4: shared memory objects, `shm`, and
 /// mappings of them, `Backing::Shm`; 5: process trees, `tree`, and each process's group and
-/// session, `pgid` and `sid`).
-pub const FORMAT_VERSION: u32 = 5;
+/// session, `pgid` and `sid`; 6: open file descriptions held by several processes of a tree,
+/// `shared_files`, named by `FdKind::Shared`).
+pub const FORMAT_VERSION: u32 = 6;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
 /// checkpointer checks equals this).
@@ -147,6 +148,25 @@ pub struct ProcessImage {
     /// own image holds no tree (refused while decoding, so nesting cannot recurse).
     #[serde(deserialize_with = "de_tree")]
     pub tree: Vec<Member>,
+    /// Full checkpoints of a process tree only, in the main process's image: the open file
+    /// descriptions that tie processes of the tree together, each once (see [`SharedFile`]).
+    /// A process's descriptor that is one of them is [`FdKind::Shared`] with its index here.
+    pub shared_files: Vec<SharedFile>,
+}
+
+/// An open file description of a process tree that must come back as one: held by several
+/// processes (a listening socket inherited by workers, a log file whose offset they all move),
+/// or one of the objects that hold state between processes (every end of a pipe whose ends
+/// are in different processes, every socket of a group of connected unix sockets that spans
+/// processes), which are recreated together.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SharedFile {
+    /// The description (its `fd` is the first holder's number; `cloexec` is per descriptor
+    /// and kept by each holder's own entry). Never itself [`FdKind::Shared`].
+    pub file: FdImage,
+    /// Who holds it: (PID in the sandbox, descriptor number), each naming a descriptor
+    /// [`FdKind::Shared`] with this entry's index in that process's `fds`.
+    pub holders: Vec<(i32, i32)>,
 }
 
 /// A process of a tree other than the main one.
@@ -557,6 +577,10 @@ pub enum FdKind {
     Inotify {
         watches: Vec<InotifyWatch>,
     },
+    /// One of the open file descriptions the tree's processes share: the index of its entry in
+    /// the main process's [`ProcessImage::shared_files`]. The descriptor's `flags` are the
+    /// description's, its `cloexec` its own.
+    Shared(u32),
 }
 
 /// A unix-domain socket. Sockets are told apart by `ino` (descriptors of one socket share it);
@@ -928,8 +952,18 @@ impl ProcessImage {
     ///   distinct, no NUL byte in a path, and the private directories' paths as
     ///   [`FileChanges::validate`](crate::files::FileChanges::validate) wants them (whether an
     ///   incremental checkpoint's entries lie in the receiver's directories is for
-    ///   [`crate::store::Image::apply`] to check).
+    ///   [`crate::store::Image::apply`] to check);
+    /// - a tree's members and its shared descriptors as `validate_tree` and `validate_shared`
+    ///   say.
     pub fn validate(&self, data_len: u64) -> Result<(), FormatError> {
+        self.validate_one(data_len)?;
+        self.validate_tree(data_len)?;
+        self.validate_shared()
+    }
+
+    /// [`ProcessImage::validate`] of one process, without what belongs to the tree (a
+    /// member's descriptors may name shared descriptions, which only the main process lists).
+    fn validate_one(&self, data_len: u64) -> Result<(), FormatError> {
         fn bad<T>(m: String) -> Result<T, FormatError> {
             Err(FormatError::Meta(m))
         }
@@ -1135,71 +1169,31 @@ impl ProcessImage {
             ("working directory", &self.cwd),
         ]
         .into_iter()
-        .chain(self.files.iter().map(|f| ("mapped file", &f.path)))
-        .chain(self.fds.iter().filter_map(|f| match &f.kind {
-            FdKind::Path { path, .. } => Some(("descriptor path", path)),
-            _ => None,
-        }));
+        .chain(self.files.iter().map(|f| ("mapped file", &f.path)));
         for (what, p) in paths {
             if p.contains('\0') {
                 return bad(format!("{what} {p:?} contains a NUL byte"));
             }
         }
         for f in &self.fds {
-            if let FdKind::Unix(u) = &f.kind {
-                u.local.check().or_else(bad)?;
-                u.peer.check().or_else(bad)?;
-                if ![
-                    libc_types::SOCK_STREAM,
-                    libc_types::SOCK_DGRAM,
-                    libc_types::SOCK_SEQPACKET,
-                ]
-                .contains(&u.ty)
-                {
-                    return bad(format!(
-                        "unix socket of descriptor {} has type {}",
-                        f.fd, u.ty
-                    ));
-                }
-            }
+            validate_fd(f)?;
         }
         self.validate_timers(&tids)?;
         self.validate_seccomp(&tids)?;
         self.validate_shm(data_len)?;
-        for f in &self.fds {
-            if let FdKind::Inotify { watches } = &f.kind {
-                let mut wds: Vec<i32> = watches.iter().map(|w| w.wd).collect();
-                wds.sort_unstable();
-                if let Some(&wd) = wds.first().filter(|&&wd| wd <= 0) {
-                    return bad(format!("inotify descriptor {} has watch {wd}", f.fd));
-                }
-                if let Some(w) = wds.windows(2).find(|w| w[0] == w[1]) {
-                    return bad(format!(
-                        "inotify descriptor {} has watch {} twice",
-                        f.fd, w[0]
-                    ));
-                }
-                if let Some(w) = watches
-                    .iter()
-                    .find(|w| w.path.is_empty() || w.path.contains('\0'))
-                {
-                    return bad(format!(
-                        "inotify watch {} of descriptor {} has path {:?}",
-                        w.wd, f.fd, w.path
-                    ));
-                }
-            }
-        }
         self.creds
             .groups
             .len()
             .le(&65536)
             .then_some(())
             .ok_or_else(|| FormatError::Meta("more than 65,536 supplementary groups".into()))?;
-        self.private_files
-            .validate(None)
-            .map_err(FormatError::Meta)?;
-        self.validate_tree(data_len)
+        if self.pgid < 0 || self.sid < 0 {
+            return bad(format!(
+                "process {} has group {} and session {}",
+                self.pid, self.pgid, self.sid
+            ));
+        }
+        self.private_files.validate(None).map_err(FormatError::Meta)
     }
 
     /// The members of a tree (none in an incremental checkpoint or inside a member): each one's
@@ -1209,12 +1203,6 @@ impl ProcessImage {
     fn validate_tree(&self, data_len: u64) -> Result<(), FormatError> {
         fn bad<T>(m: String) -> Result<T, FormatError> {
             Err(FormatError::Meta(m))
-        }
-        if self.pgid < 0 || self.sid < 0 {
-            return bad(format!(
-                "process {} has group {} and session {}",
-                self.pid, self.pgid, self.sid
-            ));
         }
         if self.tree.is_empty() {
             return Ok(());
@@ -1256,7 +1244,13 @@ impl ProcessImage {
                     img.pid
                 ));
             }
-            img.validate(m.data_len).map_err(|e| match e {
+            if !img.shared_files.is_empty() {
+                return bad(format!(
+                    "process {} lists shared descriptors (the main process lists them)",
+                    img.pid
+                ));
+            }
+            img.validate_one(m.data_len).map_err(|e| match e {
                 FormatError::Meta(m) => FormatError::Meta(format!("process {}: {m}", img.pid)),
                 e => e,
             })?;
@@ -1277,6 +1271,202 @@ impl ProcessImage {
             end = m_end.unwrap_or(data_len);
         }
         Ok(())
+    }
+}
+
+impl ProcessImage {
+    /// The shared descriptions (a tree's main process only, in a full checkpoint): each one a
+    /// valid descriptor that is neither itself a reference to a shared one nor an epoll
+    /// instance (whose interest list names descriptor numbers of one process), held at least
+    /// once; each holder a process of the tree and a descriptor of it that names this entry;
+    /// every descriptor that names an entry listed among its holders (so no descriptor is
+    /// both private and shared, and none names an entry out of range).
+    fn validate_shared(&self) -> Result<(), FormatError> {
+        fn bad<T>(m: String) -> Result<T, FormatError> {
+            Err(FormatError::Meta(m))
+        }
+        // Every descriptor of the tree that names a shared entry: (pid, fd, index).
+        let procs = std::iter::once(self).chain(self.tree.iter().map(|m| &m.image));
+        let mut named: Vec<(i32, i32, u32)> = Vec::new();
+        for p in procs.clone() {
+            for f in &p.fds {
+                if let FdKind::Shared(i) = f.kind {
+                    if i as usize >= self.shared_files.len() {
+                        return bad(format!(
+                            "descriptor {} of process {} names shared description #{i} of {}",
+                            f.fd,
+                            p.pid,
+                            self.shared_files.len()
+                        ));
+                    }
+                    named.push((p.pid, f.fd, i));
+                }
+            }
+        }
+        if self.shared_files.is_empty() {
+            return Ok(());
+        }
+        if self.base_epoch.is_some() {
+            return bad("an incremental checkpoint lists shared descriptors".into());
+        }
+        if self.tree.is_empty() {
+            return bad("a single process lists shared descriptors".into());
+        }
+        let mut held: Vec<(i32, i32, u32)> = Vec::with_capacity(named.len());
+        for (i, s) in self.shared_files.iter().enumerate() {
+            match s.file.kind {
+                FdKind::Shared(_) => {
+                    return bad(format!(
+                        "shared description #{i} names another shared description"
+                    ));
+                }
+                FdKind::Epoll { .. } => {
+                    return bad(format!("shared description #{i} is an epoll instance"));
+                }
+                _ => {}
+            }
+            validate_fd(&s.file).map_err(|e| match e {
+                FormatError::Meta(m) => FormatError::Meta(format!("shared description #{i}: {m}")),
+                e => e,
+            })?;
+            if s.holders.is_empty() {
+                return bad(format!("shared description #{i} has no holder"));
+            }
+            for &(pid, fd) in &s.holders {
+                let Some(p) = procs.clone().find(|p| p.pid == pid) else {
+                    return bad(format!(
+                        "shared description #{i} is held by process {pid}, which is not in the tree"
+                    ));
+                };
+                match p.fds.iter().find(|f| f.fd == fd).map(|f| &f.kind) {
+                    Some(FdKind::Shared(j)) if *j as usize == i => {}
+                    Some(FdKind::Shared(j)) => {
+                        return bad(format!(
+                            "shared description #{i} is held as descriptor {fd} of process {pid}, \
+                             which names shared description #{j}"
+                        ));
+                    }
+                    Some(_) => {
+                        return bad(format!(
+                            "descriptor {fd} of process {pid} is both private and shared \
+                             description #{i}"
+                        ));
+                    }
+                    None => {
+                        return bad(format!(
+                            "shared description #{i} is held as descriptor {fd} of process {pid}, \
+                             which has no such descriptor"
+                        ));
+                    }
+                }
+                held.push((pid, fd, i as u32));
+            }
+        }
+        held.sort_unstable();
+        if let Some(w) = held.windows(2).find(|w| w[0] == w[1]) {
+            return bad(format!(
+                "shared description #{} lists holder ({}, {}) twice",
+                w[0].2, w[0].0, w[0].1
+            ));
+        }
+        // The objects the restore makes whole from shared entries (a pipe, connected unix
+        // sockets) have no part left private: it would be made a second time, apart.
+        let mut pipes: Vec<u64> = Vec::new();
+        let mut sockets: Vec<u64> = Vec::new();
+        for s in &self.shared_files {
+            match &s.file.kind {
+                FdKind::Pipe { id, .. } => pipes.push(*id),
+                FdKind::Unix(u) => sockets.push(u.ino),
+                _ => {}
+            }
+        }
+        pipes.sort_unstable();
+        sockets.sort_unstable();
+        for p in procs {
+            for f in &p.fds {
+                let apart = match &f.kind {
+                    FdKind::Pipe { id, .. } => pipes.binary_search(id).is_ok(),
+                    FdKind::Unix(u) => {
+                        sockets.binary_search(&u.ino).is_ok()
+                            || sockets.binary_search(&u.peer_ino).is_ok()
+                    }
+                    _ => false,
+                };
+                if apart {
+                    return bad(format!(
+                        "descriptor {} of process {} is private but belongs with a shared \
+                         pipe or unix socket",
+                        f.fd, p.pid
+                    ));
+                }
+            }
+        }
+        named.sort_unstable();
+        // Every holder names its entry (checked above) and none is listed twice: the lists
+        // agree when they have the same length; otherwise a descriptor names an entry that
+        // does not list it.
+        if let Some(&(pid, fd, i)) = named.iter().find(|n| held.binary_search(n).is_err()) {
+            return bad(format!(
+                "descriptor {fd} of process {pid} names shared description #{i}, which does not \
+                 list it as a holder"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What one descriptor must satisfy wherever it is listed: paths without NUL bytes (they
+/// become C strings on restore), unix socket addresses and types Linux has, inotify watches
+/// with positive, distinct numbers and paths.
+fn validate_fd(f: &FdImage) -> Result<(), FormatError> {
+    fn bad<T>(m: String) -> Result<T, FormatError> {
+        Err(FormatError::Meta(m))
+    }
+    match &f.kind {
+        FdKind::Path { path, .. } if path.contains('\0') => {
+            bad(format!("descriptor path {path:?} contains a NUL byte"))
+        }
+        FdKind::Unix(u) => {
+            u.local.check().or_else(bad)?;
+            u.peer.check().or_else(bad)?;
+            if ![
+                libc_types::SOCK_STREAM,
+                libc_types::SOCK_DGRAM,
+                libc_types::SOCK_SEQPACKET,
+            ]
+            .contains(&u.ty)
+            {
+                return bad(format!(
+                    "unix socket of descriptor {} has type {}",
+                    f.fd, u.ty
+                ));
+            }
+            Ok(())
+        }
+        FdKind::Inotify { watches } => {
+            let mut wds: Vec<i32> = watches.iter().map(|w| w.wd).collect();
+            wds.sort_unstable();
+            if let Some(&wd) = wds.first().filter(|&&wd| wd <= 0) {
+                return bad(format!("inotify descriptor {} has watch {wd}", f.fd));
+            }
+            if let Some(w) = wds.windows(2).find(|w| w[0] == w[1]) {
+                return bad(format!(
+                    "inotify descriptor {} has watch {} twice",
+                    f.fd, w[0]
+                ));
+            }
+            if let Some(w) = watches
+                .iter()
+                .find(|w| w.path.is_empty() || w.path.contains('\0'))
+            {
+                return bad(format!(
+                    "inotify watch {} of descriptor {} has path {:?}",
+                    w.wd, f.fd, w.path
+                ));
+            }
+            Ok(())
+        }
+        _ => Ok(()),
     }
 }
 
@@ -1502,6 +1692,7 @@ pub(crate) mod tests {
             pgid: 0,
             sid: 0,
             tree: Vec::new(),
+            shared_files: Vec::new(),
         }
     }
 
@@ -1998,6 +2189,206 @@ pub(crate) mod tests {
         // (postcard keeps no custom message: the error is a malformed-metadata one.)
         let err = Checkpoint::from_bytes(c.to_bytes()).unwrap_err();
         assert!(matches!(err, FormatError::Meta(_)), "{err}");
+    }
+
+    /// [`with_member`] where the main process (pid 2) and the member (pid 5) share one
+    /// listening socket at descriptor 3 and a pipe whose read end is the main process's
+    /// descriptor 4 and whose write end is the member's descriptor 4.
+    fn with_shared() -> Checkpoint {
+        let mut ck = with_member();
+        let shared = |fd: i32, i: u32| FdImage {
+            fd,
+            cloexec: fd == 4,
+            flags: 2,
+            kind: FdKind::Shared(i),
+        };
+        let pipe = |write_end: bool| FdImage {
+            fd: 4,
+            cloexec: false,
+            flags: if write_end { 1 } else { 0 },
+            kind: FdKind::Pipe {
+                id: 77,
+                write_end,
+                buffered: if write_end {
+                    vec![]
+                } else {
+                    b"queued".to_vec()
+                },
+                capacity: 65536,
+            },
+        };
+        ck.image.shared_files = vec![
+            SharedFile {
+                file: FdImage {
+                    fd: 3,
+                    cloexec: false,
+                    flags: 2,
+                    kind: FdKind::Socket(SocketImage {
+                        family: 2,
+                        ty: 1,
+                        protocol: 6,
+                        state: SocketState::Listening { backlog: 16 },
+                        local: vec![2, 0, 0x1f, 0x90, 0, 0, 0, 0],
+                        peer: vec![],
+                        options: vec![],
+                    }),
+                },
+                holders: vec![(2, 3), (5, 3)],
+            },
+            SharedFile {
+                file: pipe(false),
+                holders: vec![(2, 4)],
+            },
+            SharedFile {
+                file: pipe(true),
+                holders: vec![(5, 4)],
+            },
+        ];
+        ck.image.fds = vec![shared(3, 0), shared(4, 1)];
+        ck.image.tree[0].image.fds = vec![shared(3, 0), shared(4, 2)];
+        ck
+    }
+
+    /// Shared descriptions round-trip, and every rule about them refuses what breaks it: a
+    /// crafted image cannot make a restore index out of range, hand a description to a
+    /// process outside the tree or both reopen and inherit one descriptor.
+    #[test]
+    fn shared_descriptions_roundtrip_and_inconsistent_ones_are_refused() {
+        let ck = with_shared();
+        ck.validate().unwrap();
+        let back = Checkpoint::from_bytes(ck.to_bytes()).unwrap();
+        assert_eq!(back.image.shared_files, ck.image.shared_files);
+        assert_eq!(back.image.tree[0].image.fds, ck.image.tree[0].image.fds);
+
+        type Break = fn(&mut Checkpoint);
+        let cases: Vec<(&str, Break)> = vec![
+            ("names shared description #3 of 3", |c| {
+                c.image.fds[0].kind = FdKind::Shared(3)
+            }),
+            ("names shared description #9 of 3", |c| {
+                c.image.tree[0].image.fds[1].kind = FdKind::Shared(9)
+            }),
+            ("held by process 9, which is not in the tree", |c| {
+                c.image.shared_files[0].holders.push((9, 3))
+            }),
+            ("both private and shared", |c| {
+                c.image.fds[1].kind = FdKind::EventFd {
+                    count: 0,
+                    semaphore: false,
+                }
+            }),
+            ("which has no such descriptor", |c| {
+                c.image.shared_files[0].holders.push((5, 8))
+            }),
+            ("which names shared description #2", |c| {
+                c.image.shared_files[0].holders.push((5, 4))
+            }),
+            ("lists holder (2, 3) twice", |c| {
+                c.image.shared_files[0].holders.push((2, 3))
+            }),
+            ("does not list it as a holder", |c| {
+                c.image.shared_files[0].holders.retain(|h| h.0 != 5)
+            }),
+            ("has no holder", |c| {
+                c.image.shared_files.push(SharedFile {
+                    file: c.image.shared_files[0].file.clone(),
+                    holders: vec![],
+                })
+            }),
+            ("names another shared description", |c| {
+                c.image.shared_files[1].file.kind = FdKind::Shared(0)
+            }),
+            ("is an epoll instance", |c| {
+                c.image.shared_files[1].file.kind = FdKind::Epoll { interests: vec![] }
+            }),
+            ("shared description #1: descriptor path", |c| {
+                c.image.shared_files[1].file.kind = FdKind::Path {
+                    path: "/log\0".into(),
+                    pos: 0,
+                    is_dir: false,
+                }
+            }),
+            (
+                "shared description #0: unix socket of descriptor 3 has type 9",
+                |c| {
+                    c.image.shared_files[0].file.kind = FdKind::Unix(UnixSocketImage {
+                        ino: 1,
+                        ty: 9,
+                        local: UnixAddr::Unnamed,
+                        path_file: None,
+                        state: UnixState::Unconnected,
+                        peer_ino: 0,
+                        peer: UnixAddr::Unnamed,
+                        queue: vec![],
+                        shutdown: 0,
+                        options: vec![],
+                    })
+                },
+            ),
+            ("process 5 lists shared descriptors", |c| {
+                let s = c.image.shared_files[0].clone();
+                c.image.tree[0].image.shared_files.push(s);
+            }),
+            ("a single process lists shared descriptors", |c| {
+                c.image.tree.clear();
+                c.image.shared_files.truncate(2);
+                c.image.shared_files[0].holders.truncate(1);
+            }),
+            ("names shared description #0 of 0", |c| {
+                c.image.shared_files.clear();
+            }),
+            ("is private but belongs with a shared pipe", |c| {
+                // The member's write end of the shared pipe, as a private descriptor.
+                let mut end = c.image.shared_files[2].file.clone();
+                end.fd = 6;
+                c.image.tree[0].image.fds.push(end);
+            }),
+            (
+                "is private but belongs with a shared pipe or unix socket",
+                |c| {
+                    let sock = |ino: u64, peer_ino: u64| UnixSocketImage {
+                        ino,
+                        ty: 1,
+                        local: UnixAddr::Unnamed,
+                        path_file: None,
+                        state: UnixState::Connected,
+                        peer_ino,
+                        peer: UnixAddr::Unnamed,
+                        queue: vec![],
+                        shutdown: 0,
+                        options: vec![],
+                    };
+                    c.image.shared_files[0].file.kind = FdKind::Unix(sock(10, 11));
+                    c.image.fds.push(FdImage {
+                        fd: 7,
+                        cloexec: false,
+                        flags: 2,
+                        kind: FdKind::Unix(sock(11, 10)),
+                    });
+                },
+            ),
+        ];
+        for (want, brk) in cases {
+            let mut c = with_shared();
+            brk(&mut c);
+            let err = c.validate().expect_err(want).to_string();
+            assert!(
+                err.contains(want),
+                "validate: expected {want:?}, got {err:?}"
+            );
+            let err = Checkpoint::from_bytes(c.to_bytes())
+                .expect_err(want)
+                .to_string();
+            assert!(
+                err.contains(want),
+                "from_bytes: expected {want:?}, got {err:?}"
+            );
+        }
+        // An incremental checkpoint cannot list them (whatever else it holds).
+        let mut c = sample(Kind::Incremental { base: 6 });
+        c.image.shared_files = with_shared().image.shared_files;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("incremental checkpoint lists shared"), "{err}");
     }
 
     #[test]

@@ -443,6 +443,7 @@ fn stored_meta(img: &ProcessImage) -> ProcessImage {
         sid: img.sid,
         // `Image::from_full` refuses trees.
         tree: Vec::new(),
+        shared_files: Vec::new(),
     }
 }
 

@@ -9,8 +9,9 @@
  *   none            nothing unusual (a control case: snapshots work)
  *   unixsock        a connected AF_UNIX socketpair with a descriptor in flight in it (SCM_RIGHTS,
  *                   sent, not received yet)
- *   fork            a forked child process (pauses forever) that shares a pipe with us (both
- *                   ends open in both: one open file description held by two processes)
+ *   shared-epoll    a forked child process (pauses forever) that shares an epoll instance
+ *                   with us (one open file description held by two processes, whose interest
+ *                   list names our descriptor numbers)
  *   zombie          a child that exited (status 3) and is never reaped
  *   orphan          a grandchild process (pauses forever) whose parent, our child, exited: it
  *                   is reparented to the sandbox's init, so it is no child of the service
@@ -32,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/shm.h>
@@ -55,7 +57,7 @@ int main(int argc, char **argv) {
             mode = argv[i];
     }
     if (!mode) {
-        fprintf(stderr, "usage: %s [--port N] none|unixsock|fork|zombie|orphan|shm-unlinked|sysv-tail|memfd|pending-signal|inotify-queued\n", argv[0]);
+        fprintf(stderr, "usage: %s [--port N] none|unixsock|shared-epoll|zombie|orphan|shm-unlinked|sysv-tail|memfd|pending-signal|inotify-queued\n", argv[0]);
         return 2;
     }
 
@@ -78,15 +80,18 @@ int main(int argc, char **argv) {
         memcpy(CMSG_DATA(cm), &passed, sizeof passed);
         if (sendmsg(sv[0], &msg, 0) != 1) die("sendmsg");
         snprintf(detail, sizeof detail, "fds=%d,%d", sv[0], sv[1]);
-    } else if (strcmp(mode, "fork") == 0) {
+    } else if (strcmp(mode, "shared-epoll") == 0) {
         int p[2];
         if (pipe(p) < 0) die("pipe");
+        int ep = epoll_create1(0);
+        struct epoll_event ev = {.events = EPOLLIN, .data = {.fd = p[0]}};
+        if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, p[0], &ev) < 0) die("epoll");
         pid_t child = fork();
         if (child < 0) die("fork");
         if (child == 0) {
             for (;;) pause();
         }
-        snprintf(detail, sizeof detail, "child=%d pipe=%d,%d", (int)child, p[0], p[1]);
+        snprintf(detail, sizeof detail, "child=%d epoll=%d", (int)child, ep);
     } else if (strcmp(mode, "zombie") == 0) {
         pid_t child = fork();
         if (child < 0) die("fork");

@@ -385,6 +385,7 @@ impl Proc {
             pgid: 0,
             sid: 0,
             tree: Vec::new(),
+            shared_files: Vec::new(),
         }
     }
 

@@ -23,13 +23,20 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tardi_checkpointer::image::Checkpoint;
+use tardi_checkpointer::sys::same_description;
 
 const PORT: u16 = 7300;
 const ROLES: u16 = 5;
 
 fn ask(r: &Running, role: u16, cmd: &str) -> String {
+    request(r, PORT + role, role, cmd)
+}
+
+/// `cmd` to the UDP port `port` of role `role`'s process; its reply (the service's log in the
+/// panic when there is none).
+fn request(r: &Running, port: u16, role: u16, cmd: &str) -> String {
     programs::request(
-        SocketAddr::new(r.address.into(), PORT + role),
+        SocketAddr::new(r.address.into(), port),
         cmd,
         Duration::from_secs(10),
     )
@@ -169,18 +176,7 @@ const PIPE_DATA: &str = "0123456789abcdefghij";
 
 /// A command to role `role` of sharedfds.
 fn ctl(r: &Running, role: u16, cmd: &str) -> String {
-    programs::request(
-        SocketAddr::new(r.address.into(), SHARED_PORT + 1 + role),
-        cmd,
-        Duration::from_secs(10),
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "{cmd} to role {role} of {}: {e}\n--- log ---\n{}",
-            r.name,
-            std::fs::read_to_string(&r.log).unwrap_or_default()
-        )
-    })
+    request(r, SHARED_PORT + 1 + role, role, cmd)
 }
 
 /// The host PID of every role (0, 1, 2), found among the main process's descendants by the
@@ -212,23 +208,6 @@ fn host_pids(r: &Running) -> Vec<i32> {
                 .unwrap_or_else(|| panic!("role {role} ({f:?}) among {by_ns:?}"))
         })
         .collect()
-}
-
-/// Whether descriptor `fa` of host process `pa` and `fb` of `pb` are one open file description.
-fn same_description(pa: i32, fa: i32, pb: i32, fb: i32) -> bool {
-    const KCMP_FILE: libc::c_long = 0;
-    // SAFETY: kcmp compares kernel objects; no memory is passed.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_kcmp,
-            pa as libc::c_long,
-            pb as libc::c_long,
-            KCMP_FILE,
-            fa as libc::c_long,
-            fb as libc::c_long,
-        )
-    };
-    r == 0
 }
 
 /// Every process holds the listening socket, both pipe ends, the file, both ends of the unix

@@ -110,6 +110,25 @@ pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// Whether descriptor `fa` of process `pa` and `fb` of `pb` are one open file description
+/// (`kcmp(KCMP_FILE)`; needs `PTRACE_MODE_READ` on both). An error, say a descriptor closed
+/// meanwhile, counts as not.
+pub fn same_description(pa: Pid, fa: i32, pb: Pid, fb: i32) -> bool {
+    const KCMP_FILE: libc::c_long = 0;
+    // SAFETY: kcmp only compares kernel objects; no memory is passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pa as libc::c_long,
+            pb as libc::c_long,
+            KCMP_FILE,
+            fa as libc::c_long,
+            fb as libc::c_long,
+        )
+    };
+    r == 0
+}
+
 /// Duplicates descriptor `fd` of the process behind `pidfd` into this process.
 pub fn pidfd_getfd(pidfd: &OwnedFd, fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: plain system call; on success the returned descriptor is ours.

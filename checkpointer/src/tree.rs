@@ -205,7 +205,7 @@ fn find_shared(procs: &[&Proc]) -> Result<Vec<FileGroup>> {
         for (proc, fd) in held {
             let same = descriptions.iter_mut().find(|d| {
                 let (p0, f0) = d[0];
-                kcmp_file(procs[p0].pid, procs[proc].pid, f0, fd)
+                crate::sys::same_description(procs[p0].pid, f0, procs[proc].pid, fd)
             });
             match same {
                 Some(d) => d.push((proc, fd)),
@@ -373,24 +373,6 @@ fn share(
     // also carries: every end of such a pipe is shared above, so none is left.
     root.shared_files = shared;
     Ok(())
-}
-
-/// Whether descriptor `fa` of `pa` and `fb` of `pb` are one open file description (an error,
-/// say a descriptor closed meanwhile, counts as not).
-fn kcmp_file(pa: Pid, pb: Pid, fa: i32, fb: i32) -> bool {
-    const KCMP_FILE: libc::c_long = 0;
-    // SAFETY: kcmp only compares kernel objects; no memory is passed.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_kcmp,
-            pa as libc::c_long,
-            pb as libc::c_long,
-            KCMP_FILE,
-            fa as libc::c_long,
-            fb as libc::c_long,
-        )
-    };
-    r == 0
 }
 
 /// Refuses a group or session that phase 1 cannot recreate: a process leads its session (and

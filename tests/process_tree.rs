@@ -130,12 +130,7 @@ fn a_process_tree_survives_snapshot_and_restore() {
     let log = cur.log.clone();
     cur.stop();
 
-    let restored = Running::restore(&file).unwrap_or_else(|e| {
-        panic!(
-            "restore: {e}\n--- log ---\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        )
-    });
+    let restored = Running::restore_or_log(&file, &log);
     let after = states(&restored);
     assert_eq!(
         after, before,
@@ -346,12 +341,7 @@ fn descriptors_shared_by_a_tree_come_back_shared() {
     let log = cur.log.clone();
     cur.stop();
 
-    let restored = Running::restore(&file).unwrap_or_else(|e| {
-        panic!(
-            "restore: {e}\n--- log ---\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        )
-    });
+    let restored = Running::restore_or_log(&file, &log);
     check_one_description(&restored, "after the restore");
     // The file's offset is the description's: what one process writes moves it for all.
     assert_eq!(ctl(&restored, 0, "off"), "off=8");

@@ -35,6 +35,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "udp.h"
 
 #define HEAP_LEN (256 * 1024)
 #define STATIC_LEN (16 * 1024)
@@ -113,11 +114,8 @@ static void serve(int port) {
         pthread_t t;
         if (pthread_create(&t, NULL, sleeper, NULL) != 0) die("pthread_create");
     }
-    int s = socket(AF_INET, SOCK_DGRAM, 0);
-    if (s < 0) die("socket");
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port + role)};
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (bind(s, (struct sockaddr *)&a, sizeof a) < 0) die("bind");
+    int s = udp_bound(port + role);
+    if (s < 0) die("bind");
     for (;;) {
         char buf[256];
         struct sockaddr_in from;

@@ -45,6 +45,7 @@
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include "udp.h"
 
 #define PIPE_DATA "0123456789abcdefghij"
 #define UNIX_DATA "UNIXQ"
@@ -58,11 +59,8 @@ static void die(const char *what) {
 
 static void *control(void *arg) {
     (void)arg;
-    int s = socket(AF_INET, SOCK_DGRAM, 0);
-    if (s < 0) die("socket");
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port + 1 + role)};
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (bind(s, (struct sockaddr *)&a, sizeof a) < 0) die("bind control");
+    int s = udp_bound(port + 1 + role);
+    if (s < 0) die("bind control");
     for (;;) {
         char buf[256];
         struct sockaddr_in from;

@@ -30,6 +30,7 @@
 
 #define REPLY_SIZE 65536
 #include "reply.h"
+#include "udp.h"
 
 enum { STREAM_A, STREAM_B, DGRAM_A, DGRAM_B, SEQ_A, SEQ_B, LISTENER, CLIENT, ACCEPTED,
        PENDING, ABSTRACT, UNBOUND, NSOCK };
@@ -214,9 +215,8 @@ int main(void) {
     fprintf(w, "written before the checkpoint\n");
     fclose(w);
 
-    int u = socket(AF_INET, SOCK_DGRAM, 0);
-    struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons(7000)};
-    if (bind(u, (struct sockaddr *)&in, sizeof in) < 0) die("bind udp");
+    int u = udp_bound(7000);
+    if (u < 0) die("bind udp");
     for (;;) {
         char req[256];
         struct sockaddr_in from;

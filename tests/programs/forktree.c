@@ -118,11 +118,8 @@ static void serve(int port) {
     if (s < 0) die("bind");
     for (;;) {
         char buf[256];
-        struct sockaddr_in from;
-        socklen_t fl = sizeof from;
-        ssize_t n = recvfrom(s, buf, sizeof buf - 1, 0, (struct sockaddr *)&from, &fl);
-        if (n < 0) continue;
-        buf[n] = 0;
+        struct udp_peer from;
+        udp_request(s, buf, sizeof buf, &from);
         char out[512];
         if (strcmp(buf, "ping") == 0) {
             snprintf(out, sizeof out, "pong role=%d", role);
@@ -145,7 +142,7 @@ static void serve(int port) {
         } else {
             snprintf(out, sizeof out, "unknown command");
         }
-        sendto(s, out, strlen(out), 0, (struct sockaddr *)&from, fl);
+        udp_reply(s, out, strlen(out), &from);
     }
 }
 

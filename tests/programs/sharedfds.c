@@ -63,18 +63,15 @@ static void *control(void *arg) {
     if (s < 0) die("bind control");
     for (;;) {
         char buf[256];
-        struct sockaddr_in from;
-        socklen_t fl = sizeof from;
-        ssize_t n = recvfrom(s, buf, sizeof buf - 1, 0, (struct sockaddr *)&from, &fl);
-        if (n < 0) continue;
-        buf[n] = 0;
+        struct udp_peer from;
+        udp_request(s, buf, sizeof buf, &from);
         static char last_cmd[256], last_out[512];
         char out[512];
         int numbered = strncmp(buf, "readpipe ", 9) == 0 || strncmp(buf, "write ", 6) == 0 ||
                        strncmp(buf, "usend ", 6) == 0 || strncmp(buf, "urecv ", 6) == 0 ||
                        strncmp(buf, "qwrite ", 7) == 0 || strncmp(buf, "qread ", 6) == 0;
         if (numbered && strcmp(buf, last_cmd) == 0) {
-            sendto(s, last_out, strlen(last_out), 0, (struct sockaddr *)&from, fl);
+            udp_reply(s, last_out, strlen(last_out), &from);
             continue;
         }
         if (strcmp(buf, "ping") == 0) {
@@ -114,7 +111,7 @@ static void *control(void *arg) {
             snprintf(last_cmd, sizeof last_cmd, "%s", buf);
             snprintf(last_out, sizeof last_out, "%s", out);
         }
-        sendto(s, out, strlen(out), 0, (struct sockaddr *)&from, fl);
+        udp_reply(s, out, strlen(out), &from);
     }
     return NULL;
 }

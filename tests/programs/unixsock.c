@@ -219,11 +219,8 @@ int main(void) {
     if (u < 0) die("bind udp");
     for (;;) {
         char req[256];
-        struct sockaddr_in from;
-        socklen_t fl = sizeof from;
-        ssize_t n = recvfrom(u, req, sizeof req - 1, 0, (struct sockaddr *)&from, &fl);
-        if (n < 0) continue;
-        req[n] = 0;
+        struct udp_peer from;
+        udp_request(u, req, sizeof req, &from);
         olen = 0;
         out[0] = 0;
         if (!strcmp(req, "ping")) put("pong");
@@ -239,6 +236,6 @@ int main(void) {
             put("ticked %llu", (unsigned long long)*counter);
         } else if (!strcmp(req, "exit")) exit(0);
         else put("unknown");
-        sendto(u, out, olen, 0, (struct sockaddr *)&from, fl);
+        udp_reply(u, out, olen, &from);
     }
 }

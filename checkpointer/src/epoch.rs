@@ -807,77 +807,98 @@ impl<'p> EpochLoop<'p> {
             }
         };
         let codec = PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?;
-        let pagemap = proc
-            .open_file("pagemap", libc::O_RDONLY)
-            .map_err(proc_err(pid, "pagemap"))
-            .map_err(|e| gone(e.into()))?;
-        // As for a one-shot full checkpoint: fault the copy buffer in before the pause.
-        let buf = if copy {
-            capture::prefaulted_buffer(capture::estimate_private_bytes(proc))
-        } else {
-            Vec::new()
-        };
         let mut hook = hooks.on_pause;
-        // Before the pause (loading the program takes a while): without it, every pause reads
-        // every descriptor.
-        let mut fd_calls =
-            crate::syscount::SyscallCounter::new(pid, &crate::syscount::CHANGE_GROUPS)
-                .inspect_err(|e| tracing::debug!("descriptors read every pause: {e}"))
-                .ok();
-        let t0 = Instant::now();
-        let mut st = Stopped::stop(proc)
-            .map_err(CaptureError::from)
-            .map_err(|e| gone(e.into()))?;
-        if st.tids.is_empty() {
-            return Err(EpochError::ServiceGone(format!(
-                "process {pid} has no threads"
-            )));
-        }
-        let quiesce = t0.elapsed();
-        let r = (|| -> Result<_> {
-            let maps = proc.smaps().map_err(proc_err(pid, "smaps"))?;
-            let mut cache = MetaCache::default();
-            cache.calls = fd_calls.take();
-            let (mut tracker, maps): (Box<dyn Tracker>, _) = match cfg.tracker {
-                TrackerKind::Uffd => (Box::new(UffdTracker::new(&mut st, &maps, pagemap)?), maps),
-                TrackerKind::Mprotect => {
-                    let mut t = MprotectTracker::new(&mut st, proc, &maps, pagemap)?;
-                    cache.own_filter = true;
-                    t.begin(&mut st)?;
-                    // The agent's own mappings are new.
-                    let maps = t.layout(proc.smaps().map_err(proc_err(pid, "smaps"))?);
-                    (Box::new(t), maps)
-                }
-            };
-            let mut meta = capture::capture_meta(proc, &mut st, &maps, &mut cache, true)?;
-            tracker.threads(&meta.threads, &maps);
-            tracker.patch_image(&mut meta);
-            let mut exe = capture::PendingFile::exe(&meta.exe.path);
-            exe.open(proc)?;
-            // The memory first: arming may split the kernel's mappings the capture names files
-            // by. (The agent pages the commit writes are in the first incremental checkpoint.)
-            let mut dirs = DirTracker::new(cfg.private_dirs.clone());
-            let mut shm = crate::shm::ShmTracker::default();
-            let (mut ck, files) = if copy {
-                capture::full_memory(proc, &maps, meta, buf, &mut shm)?
+        let mut attempt = 0u32;
+        let (st, r, t0, quiesce) = loop {
+            let pagemap = proc
+                .open_file("pagemap", libc::O_RDONLY)
+                .map_err(proc_err(pid, "pagemap"))
+                .map_err(|e| gone(e.into()))?;
+            // As for a one-shot full checkpoint: fault the copy buffer in before the pause.
+            let buf = if copy {
+                capture::prefaulted_buffer(capture::estimate_private_bytes(proc))
             } else {
-                // Nothing copied; the objects' pages are known from here on all the same.
-                shm.capture(proc, &maps, true, true, &mut Vec::new())?;
-                ((meta, Vec::new()), Vec::new())
+                Vec::new()
             };
-            // Walked either way: the tracker reports changes from this state on.
-            let tree = dirs.changes_mapped(&maps).map_err(EpochError::Files)?;
-            if copy {
-                ck.0.private_files = tree;
+            // Before the pause (loading the program takes a while): without it, every pause
+            // reads every descriptor.
+            let mut fd_calls =
+                crate::syscount::SyscallCounter::new(pid, &crate::syscount::CHANGE_GROUPS)
+                    .inspect_err(|e| tracing::debug!("descriptors read every pause: {e}"))
+                    .ok();
+            let t0 = Instant::now();
+            let mut st = Stopped::stop(proc)
+                .map_err(CaptureError::from)
+                .map_err(|e| gone(e.into()))?;
+            if st.tids.is_empty() {
+                return Err(EpochError::ServiceGone(format!(
+                    "process {pid} has no threads"
+                )));
             }
-            let mut armed = Vec::new();
-            for m in maps.iter().filter(|m| trackable(m)) {
-                tracker.arm(m.start, m.end)?;
-                armed.push((m.start, m.end));
+            let quiesce = t0.elapsed();
+            let r = (|| -> Result<_> {
+                let maps = proc.smaps().map_err(proc_err(pid, "smaps"))?;
+                let mut cache = MetaCache::default();
+                cache.calls = fd_calls.take();
+                let (mut tracker, maps): (Box<dyn Tracker>, _) = match cfg.tracker {
+                    TrackerKind::Uffd => {
+                        (Box::new(UffdTracker::new(&mut st, &maps, pagemap)?), maps)
+                    }
+                    TrackerKind::Mprotect => {
+                        let mut t = MprotectTracker::new(&mut st, proc, &maps, pagemap)?;
+                        cache.own_filter = true;
+                        t.begin(&mut st)?;
+                        // The agent's own mappings are new.
+                        let maps = t.layout(proc.smaps().map_err(proc_err(pid, "smaps"))?);
+                        (Box::new(t), maps)
+                    }
+                };
+                let mut meta = capture::capture_meta(proc, &mut st, &maps, &mut cache, true)?;
+                tracker.threads(&meta.threads, &maps);
+                tracker.patch_image(&mut meta);
+                let mut exe = capture::PendingFile::exe(&meta.exe.path);
+                exe.open(proc)?;
+                // The memory first: arming may split the kernel's mappings the capture names files
+                // by. (The agent pages the commit writes are in the first incremental checkpoint.)
+                let mut dirs = DirTracker::new(cfg.private_dirs.clone());
+                let mut shm = crate::shm::ShmTracker::default();
+                let (mut ck, files) = if copy {
+                    capture::full_memory(proc, &maps, meta, buf, &mut shm)?
+                } else {
+                    // Nothing copied; the objects' pages are known from here on all the same.
+                    shm.capture(proc, &maps, true, true, &mut Vec::new())?;
+                    ((meta, Vec::new()), Vec::new())
+                };
+                // Walked either way: the tracker reports changes from this state on.
+                let tree = dirs.changes_mapped(&maps).map_err(EpochError::Files)?;
+                if copy {
+                    ck.0.private_files = tree;
+                }
+                let mut armed = Vec::new();
+                for m in maps.iter().filter(|m| trackable(m)) {
+                    tracker.arm(m.start, m.end)?;
+                    armed.push((m.start, m.end));
+                }
+                tracker.commit(&mut st, &armed, &maps)?;
+                Ok((tracker, cache, maps, armed, ck, files, exe, dirs, shm))
+            })();
+            // A signal that kept arriving while the process was read (see
+            // `capture::capture_meta`): resume, let it be delivered, and start over. Only with
+            // the userfaultfd tracker, which has registered nothing by then (its descriptor is
+            // ours alone, closed with it); the mprotect tracker's agent and filter are in the
+            // process by then, so that start fails instead.
+            if matches!(r, Err(EpochError::Capture(CaptureError::PendingSignals(_))))
+                && matches!(cfg.tracker, TrackerKind::Uffd)
+                && attempt < 20
+            {
+                attempt += 1;
+                drop(r);
+                let _ = st.resume();
+                std::thread::sleep(Duration::from_millis(u64::from(attempt)));
+                continue;
             }
-            tracker.commit(&mut st, &armed, &maps)?;
-            Ok((tracker, cache, maps, armed, ck, files, exe, dirs, shm))
-        })();
+            break (st, r, t0, quiesce);
+        };
         if r.is_ok() {
             trigger.clear();
             if let Some(h) = hook.as_mut() {

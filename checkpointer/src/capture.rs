@@ -135,9 +135,7 @@ fn checkpoint_once(
     stats.threads = st.tids.len();
     let captured = capture_stopped(proc, &mut st, &mut stats, buf, false).and_then(|mut c| {
         // Inside the pause: the files consistent with the memory.
-        c.0.private_files = crate::files::DirTracker::new(private_dirs.to_vec())
-            .changes()
-            .map_err(proc_err(proc.pid, "the private directories"))?;
+        c.0.private_files = private_tree(proc, private_dirs)?;
         Ok(c)
     });
     let resumed = st.resume();
@@ -155,6 +153,14 @@ fn checkpoint_once(
         },
         stats,
     ))
+}
+
+/// The whole tree of the private directories `dirs` (sandbox paths) as a full checkpoint holds
+/// it; walked inside the pause, so that the files are consistent with the memory.
+pub(crate) fn private_tree(proc: &Proc, dirs: &[String]) -> Result<crate::files::FileChanges> {
+    crate::files::DirTracker::new(dirs.to_vec())
+        .changes()
+        .map_err(proc_err(proc.pid, "the private directories"))
 }
 
 /// The work of a full checkpoint that does not need the process stopped: identify mapped files
@@ -361,6 +367,16 @@ pub struct MetaCache {
     pub(crate) times: MetaTimes,
 }
 
+impl MetaCache {
+    /// Forgets what a failed capture may have read at a moment that does not last (the timers
+    /// before a signal re-arms one, a thread's alternate-stack state before a handler runs on
+    /// it): the next capture reads those again.
+    fn forget_transient(&mut self) {
+        self.timers = None;
+        self.threads.clear();
+    }
+}
+
 /// The parts of one [`capture_meta`] call.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct MetaTimes {
@@ -428,11 +444,7 @@ pub(crate) fn capture_meta(
                 round += 1
             }
             Err(e) => {
-                // What a failed capture read may describe a moment that does not last (the
-                // timers before a signal re-arms one, a thread's alternate-stack state before
-                // a handler runs on it): the next capture reads those again.
-                cache.timers = None;
-                cache.threads.clear();
+                cache.forget_transient();
                 return Err(e);
             }
             r => return r,
@@ -484,10 +496,7 @@ fn capture_meta_once(
     // trapped system call) are delivered first, so that the state captured below is the one
     // after their delivery (see `deliver_pending`).
     let ran = st.ran;
-    st.calls_hold_signals = false;
     let blocked_pending = deliver_pending_signals(st, maps)?;
-    // The threads' state is read from here on: no injected call may deliver a signal now.
-    st.calls_hold_signals = true;
     let t1 = Instant::now();
 
     let mut threads = Vec::with_capacity(st.tids.len());
@@ -857,7 +866,17 @@ pub(crate) fn regs_from_slice(v: &[u64]) -> Regs {
 /// [`check_pending_signals`], which also sees signals queued without details).
 /// Returns whether a signal stays pending that this could not deliver (blocked, or still
 /// arriving after three rounds).
+///
+/// The threads' state is read after this: from its end on, injected calls hold signals
+/// ([`Stopped::calls_hold_signals`]) instead of letting the kernel deliver them.
 fn deliver_pending_signals(st: &mut Stopped, maps: &[MapEntry]) -> Result<bool> {
+    st.calls_hold_signals = false;
+    let r = deliver_pending_signals_now(st, maps);
+    st.calls_hold_signals = true;
+    r
+}
+
+fn deliver_pending_signals_now(st: &mut Stopped, maps: &[MapEntry]) -> Result<bool> {
     for _ in 0..3 {
         let (mut any, mut blocked) = (false, false);
         let shared = match st.tids.first() {

@@ -822,7 +822,7 @@ impl<'p> EpochLoop<'p> {
             };
             // Before the pause (loading the program takes a while): without it, every pause
             // reads every descriptor.
-            let mut fd_calls =
+            let fd_calls =
                 crate::syscount::SyscallCounter::new(pid, &crate::syscount::CHANGE_GROUPS)
                     .inspect_err(|e| tracing::debug!("descriptors read every pause: {e}"))
                     .ok();
@@ -839,7 +839,7 @@ impl<'p> EpochLoop<'p> {
             let r = (|| -> Result<_> {
                 let maps = proc.smaps().map_err(proc_err(pid, "smaps"))?;
                 let mut cache = MetaCache::default();
-                cache.calls = fd_calls.take();
+                cache.calls = fd_calls;
                 let (mut tracker, maps): (Box<dyn Tracker>, _) = match cfg.tracker {
                     TrackerKind::Uffd => {
                         (Box::new(UffdTracker::new(&mut st, &maps, pagemap)?), maps)
@@ -858,8 +858,9 @@ impl<'p> EpochLoop<'p> {
                 tracker.patch_image(&mut meta);
                 let mut exe = capture::PendingFile::exe(&meta.exe.path);
                 exe.open(proc)?;
-                // The memory first: arming may split the kernel's mappings the capture names files
-                // by. (The agent pages the commit writes are in the first incremental checkpoint.)
+                // The memory first: arming may split the kernel's mappings the capture names
+                // files by. (The agent pages the commit writes are in the first incremental
+                // checkpoint.)
                 let mut dirs = DirTracker::new(cfg.private_dirs.clone());
                 let mut shm = crate::shm::ShmTracker::default();
                 let (mut ck, files) = if copy {

@@ -58,9 +58,7 @@ pub(crate) fn checkpoint_tree(
             stats.memory_copy += s.memory_copy;
         }
         // Inside the pause: the files consistent with the memory.
-        out[0].0.private_files = crate::files::DirTracker::new(private_dirs.to_vec())
-            .changes()
-            .map_err(proc_err(root.pid, "the private directories"))?;
+        out[0].0.private_files = capture::private_tree(root, private_dirs)?;
         Ok((out, groups))
     });
     // Children first, so that no parent runs while a child it might signal is still held.

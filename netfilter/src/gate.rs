@@ -661,7 +661,7 @@ impl Shared {
         // late, safe), packets sent after a mark cannot get an earlier one.
         let epoch = self.open.load(SeqCst);
         let now = Instant::now();
-        let mut new_out = false;
+        // Output packets this read queued.
         let mut queued = 0u64;
         let open = self.input_open.load(SeqCst);
         let mut pass_in: Option<u32> = None;
@@ -670,9 +670,7 @@ impl Shared {
             for ev in events {
                 match *ev {
                     Event::Packet { queue, id, len } if queue == self.out_queue => {
-                        let pushed = held.out.push(id, epoch, len, now);
-                        new_out |= pushed;
-                        queued += u64::from(pushed);
+                        queued += u64::from(held.out.push(id, epoch, len, now));
                     }
                     Event::Packet { queue, id, .. } if queue == self.in_queue && open => {
                         pass_in = Some(id);
@@ -706,7 +704,7 @@ impl Shared {
                 self.input_released.fetch_add(1, SeqCst);
             }
         }
-        if new_out {
+        if queued > 0 {
             if let Some(f) = self.on_each_output.get() {
                 f(queued);
             }

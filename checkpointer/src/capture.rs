@@ -144,15 +144,7 @@ fn checkpoint_once(
     resumed?;
     finish_full(proc, &mut image, &mut data, file_ids)?;
     stats.saved_bytes = data.len() as u64;
-    Ok((
-        Checkpoint {
-            epoch,
-            kind: Kind::Full,
-            image,
-            data,
-        },
-        stats,
-    ))
+    Ok((Checkpoint::full(epoch, image, data), stats))
 }
 
 /// The whole tree of the private directories `dirs` (sandbox paths) as a full checkpoint holds

@@ -929,12 +929,7 @@ impl<'p> EpochLoop<'p> {
             encoded_bytes: data.len() as u64,
             ..Default::default()
         };
-        let ck = Checkpoint {
-            epoch: 0,
-            kind: Kind::Full,
-            image,
-            data,
-        };
+        let ck = Checkpoint::full(0, image, data);
         let lp = EpochLoop {
             proc,
             twins: TwinStore::new(cfg.twin_budget),
@@ -1872,12 +1867,7 @@ impl<'p> EpochLoop<'p> {
             image.shm = f.shm;
             let mut data = f.data;
             capture::drop_zero_pages(&mut image, &mut data);
-            Checkpoint {
-                epoch,
-                kind: Kind::Full,
-                image,
-                data,
-            }
+            Checkpoint::full(epoch, image, data)
         });
         // The pre-copied pages are encoded from the pre-copy's buffer where they are (moving
         // them next to the pause's pages cost a pass over memory as long as the encoding).

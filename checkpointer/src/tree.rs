@@ -17,7 +17,7 @@ use crate::capture::{
     self, CaptureError, CaptureStats, Captured, children_of, estimate_private_bytes, finish_full,
     prefaulted_buffer, proc_err,
 };
-use crate::image::{Checkpoint, FdKind, Kind, Member, ProcessImage, SharedFile, UnixState};
+use crate::image::{Checkpoint, FdKind, Member, ProcessImage, SharedFile, UnixState};
 use crate::procfs::Proc;
 use crate::ptrace::Stopped;
 use crate::sys::Pid;
@@ -112,15 +112,7 @@ pub(crate) fn checkpoint_tree(
         image.tree.push(member);
     }
     stats.saved_bytes = data.len() as u64;
-    Ok((
-        Checkpoint {
-            epoch,
-            kind: Kind::Full,
-            image,
-            data,
-        },
-        stats,
-    ))
+    Ok((Checkpoint::full(epoch, image, data), stats))
 }
 
 /// Stops `root`, then every descendant top-down, recording each member with its parent's

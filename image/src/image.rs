@@ -870,6 +870,16 @@ fn check_crc(stored: u32, computed: u32) -> Result<(), FormatError> {
 }
 
 impl Checkpoint {
+    /// A full checkpoint of state `epoch`: `image` with its pages' contents in `data`.
+    pub fn full(epoch: u64, image: ProcessImage, data: Vec<u8>) -> Checkpoint {
+        Checkpoint {
+            epoch,
+            kind: Kind::Full,
+            image,
+            data,
+        }
+    }
+
     /// Serializes the checkpoint into `w`.
     pub fn write_to(&self, w: &mut impl Write) -> io::Result<u64> {
         let meta = postcard::to_stdvec(&self.image).map_err(io::Error::other)?;

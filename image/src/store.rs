@@ -342,12 +342,7 @@ impl Image {
                 written += PAGE;
             }
         }
-        Checkpoint {
-            epoch: self.epoch,
-            kind: Kind::Full,
-            image,
-            data: Vec::new(),
-        }
+        Checkpoint::full(self.epoch, image, Vec::new())
     }
 
     /// Every page, in address order, to `out` (the data of [`Image::full_meta`]'s runs).
@@ -698,12 +693,7 @@ mod tests {
 
     /// A full checkpoint at epoch 0.
     fn full(image: ProcessImage, data: Vec<u8>) -> Checkpoint {
-        Checkpoint {
-            epoch: 0,
-            kind: Kind::Full,
-            image,
-            data,
-        }
+        Checkpoint::full(0, image, data)
     }
 
     #[test]

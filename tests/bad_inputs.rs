@@ -634,11 +634,15 @@ fn snapshot_refuses_an_epoll_instance_shared_with_a_child_and_the_service_keeps_
     });
 }
 
-/// A child that exited and was not reaped (a zombie) is refused by name: a restore would lose
-/// its exit status.
+/// A child that exited and was not reaped (a zombie) is captured with its wait status, but
+/// one that dumped core is refused by name: a restore cannot recreate that status.
 #[test]
-fn snapshot_refuses_a_zombie_child_and_the_service_keeps_running() {
-    snapshot_refused("zombie", |svc, _| {
+fn snapshot_refuses_a_zombie_that_dumped_core_and_the_service_keeps_running() {
+    snapshot_refused("zombie-core", |svc, pong| {
+        assert!(
+            pong.ends_with(&format!("code={}", libc::CLD_DUMPED)),
+            "the child must have dumped core: {pong}"
+        );
         let children =
             std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", svc.run.pid)).unwrap();
         let child = children
@@ -647,8 +651,8 @@ fn snapshot_refuses_a_zombie_child_and_the_service_keeps_running() {
             .expect("the service has a zombie child")
             .to_string();
         vec![format!(
-            "process {child} (host PID) exited and was not reaped yet: zombies are not \
-             supported in a process tree yet"
+            "process {child} (host PID) exited and was not reaped yet with wait status 0x86 \
+             (it dumped core): a restore cannot recreate that status"
         )]
     });
 }

@@ -383,3 +383,102 @@ fn descriptors_shared_by_a_tree_come_back_shared() {
     assert_eq!(after, before, "both restored children serve connections");
     restored.stop();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Phase 3: zombies (`tests/programs/zombies.c`).
+
+const ZOMBIE_PORT: u16 = 7500;
+
+/// A command to role `role` (0: the main process, 1: its live child) of zombies.c.
+fn zctl(r: &Running, role: u16, cmd: &str) -> String {
+    request(r, ZOMBIE_PORT + role, role, cmd)
+}
+
+/// Children that exited and were not reaped come back as zombies of the same parents, with
+/// their PIDs, groups, sessions, users and exit statuses, and no SIGCHLD of theirs delivered
+/// twice: the restored parents reap them with the statuses the originals would have got.
+#[test]
+fn zombies_come_back_to_be_reaped_with_their_status() {
+    let bin = programs::build("zombies");
+    let scratch = Scratch::new("zombies");
+    let name = format!("zombies-{}", std::process::id() % 10000);
+    let m = common::tardi::manifest_for(&scratch.0, &name, &bin, &[]);
+    let cur = Running::run(&m).expect("tardi run");
+    for role in 0..2 {
+        programs::wait_ready(
+            SocketAddr::new(cur.address.into(), ZOMBIE_PORT + role),
+            Duration::from_secs(10),
+        )
+        .expect("ready");
+    }
+    let before: Vec<String> = (0..2).map(|r| zctl(&cur, r, "state")).collect();
+    // The shape zombies.c gives them: A exited 7; B killed by SIGTERM, leading its group; C
+    // exited 0, leading its session, as user 65534; D (role 1's) killed by SIGKILL.
+    let zs = |line: &str| -> Vec<Vec<String>> {
+        fields(line)["zombies"]
+            .split(',')
+            .map(|z| z.split(':').map(str::to_string).collect())
+            .collect()
+    };
+    let (main, child) = (zs(&before[0]), zs(&before[1]));
+    assert_eq!(main.len(), 3, "{before:?}");
+    let exited = libc::CLD_EXITED.to_string();
+    let killed = libc::CLD_KILLED.to_string();
+    assert_eq!(main[0][4..], [exited.clone(), "7".into()], "A: {before:?}");
+    assert_eq!(main[1][4..], [killed.clone(), "15".into()], "B: {before:?}");
+    assert_eq!(main[1][1], main[1][0], "B leads its group: {before:?}");
+    assert_eq!(main[2][4..], [exited, "0".into()], "C: {before:?}");
+    assert_eq!(main[2][2], main[2][0], "C leads its session: {before:?}");
+    assert_eq!(main[2][3], "65534", "C's user: {before:?}");
+    assert_eq!(child[0][4..], [killed, "9".into()], "D: {before:?}");
+
+    let file = scratch.0.join("zombies.tardi");
+    cur.snapshot(&file)
+        .expect("snapshot of a tree with zombies");
+    let image = Checkpoint::from_bytes(std::fs::read(&file).unwrap())
+        .unwrap()
+        .image;
+    assert_eq!(image.tree.len(), 1, "one live process besides the main one");
+    assert_eq!(image.zombies.len(), 4, "{:?}", image.zombies);
+    let log = cur.log.clone();
+    cur.stop();
+
+    let restored = Running::restore_or_log(&file, &log);
+    let after: Vec<String> = (0..2).map(|r| zctl(&restored, r, "state")).collect();
+    assert_eq!(
+        after, before,
+        "each zombie's PID, group, session, user and status, and each parent's SIGCHLD count"
+    );
+    let reaped = |line: String| -> Vec<(String, String)> {
+        fields(&line)["reaped"]
+            .split(',')
+            .map(|z| {
+                let (p, s) = z.split_once(':').unwrap();
+                (p.to_string(), s.to_string())
+            })
+            .collect()
+    };
+    let pids: Vec<String> = main.iter().map(|z| z[0].clone()).collect();
+    assert_eq!(
+        reaped(zctl(&restored, 0, "reap")),
+        vec![
+            (pids[0].clone(), (7 << 8).to_string()),
+            (pids[1].clone(), libc::SIGTERM.to_string()),
+            (pids[2].clone(), "0".to_string()),
+        ],
+        "the main process reaps its zombies with their statuses"
+    );
+    assert_eq!(
+        reaped(zctl(&restored, 1, "reap")),
+        vec![(child[0][0].clone(), libc::SIGKILL.to_string())],
+        "role 1 reaps its zombie"
+    );
+    assert!(
+        zctl(&restored, 0, "state").ends_with(&format!(
+            "zombies={}:-,{}:-,{}:-",
+            pids[0], pids[1], pids[2]
+        )),
+        "nothing left to reap"
+    );
+    restored.stop();
+}

@@ -708,6 +708,7 @@ fn capture_meta_once(
         sid: 0,
         tree: Vec::new(),
         shared_files: Vec::new(),
+        zombies: Vec::new(),
     })
 }
 

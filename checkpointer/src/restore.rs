@@ -105,6 +105,9 @@ pub struct ChildPlan {
     /// whose holders all descend from it, and from none of its children alone), at their
     /// numbers in the block.
     pub make_shared: Vec<FdImage>,
+    /// The main process's plan only: the tree's zombies; each process recreates its own after
+    /// its children ([`make_zombies`]).
+    pub zombies: Vec<Zombie>,
 }
 
 /// A shared memory object for the restore child to make: System V segments in the sandbox's
@@ -270,6 +273,7 @@ fn prepare_pages(
         shared_base: 0,
         shared_count: 0,
         make_shared: Vec::new(),
+        zombies: Vec::new(),
     };
     let payload = postcard::to_stdvec(&child).map_err(io::Error::other)?;
     // The pipe's write end must survive into the sandbox: clear close-on-exec on every
@@ -298,12 +302,14 @@ fn prepare_tree(
     host_path: &dyn Fn(&str) -> Option<PathBuf>,
     hold: bool,
 ) -> Result<Prepared> {
-    if img.tree.is_empty() {
+    if img.tree.is_empty() && img.zombies.is_empty() {
         return prepare_pages(img, pages, pages_offset, host_path, hold);
     }
     if hold {
         return Err(RestoreError::Invalid(
-            "held restores of process trees are not supported yet".into(),
+            "held restores of process trees (or of a process with zombie children) are not \
+             supported yet"
+                .into(),
         ));
     }
     let decode = |p: &Prepared| -> Result<ChildPlan> {
@@ -314,6 +320,7 @@ fn prepare_tree(
         .tree
         .iter()
         .map(|m| m.image.max_tid)
+        .chain(img.zombies.iter().map(|z| z.pid))
         .fold(img.max_tid, i32::max);
     let mut ids = vec![(img.pid, img.pgid, img.sid)];
     let mut members = Vec::with_capacity(img.tree.len());
@@ -332,16 +339,7 @@ fn prepare_tree(
             .ok_or_else(|| {
                 RestoreError::Invalid(format!("process {} has no parent {}", me.pid, m.ppid))
             })?;
-        let leads = me.sid == me.pid;
-        if (leads && me.pgid != me.pid)
-            || (!leads && me.sid != psid)
-            || (me.pgid != me.pid && me.pgid != ppgid)
-        {
-            return Err(RestoreError::Invalid(format!(
-                "process {} (group {}, session {}) cannot be recreated under its parent (group                  {ppgid}, session {psid})",
-                me.pid, me.pgid, me.sid
-            )));
-        }
+        recreatable((me.pid, me.pgid, me.sid), (ppgid, psid))?;
         ids.push((me.pid, me.pgid, me.sid));
         let off = pages_offset.checked_add(m.data_off).ok_or_else(|| {
             RestoreError::Invalid(format!("process {}: page data out of range", me.pid))
@@ -369,10 +367,34 @@ fn prepare_tree(
             &root.inherit,
         )?;
     }
+    for z in &img.zombies {
+        let &(_, ppgid, psid) = ids
+            .iter()
+            .find(|(pid, _, _)| *pid == z.ppid)
+            .ok_or_else(|| {
+                RestoreError::Invalid(format!("zombie {} has no parent {}", z.pid, z.ppid))
+            })?;
+        recreatable((z.pid, z.pgid, z.sid), (ppgid, psid))?;
+    }
+    plan.zombies = img.zombies.clone();
     plan.members = plans;
     root.payload = postcard::to_stdvec(&plan).map_err(io::Error::other)?;
     root.members = members;
     Ok(root)
+}
+
+/// Refuses a process (PID, group, session) that cannot be recreated under a parent of group
+/// and session `(ppgid, psid)`: one leads its session (and then its group) or shares its
+/// parent's, and leads its group or shares its parent's.
+fn recreatable((pid, pgid, sid): (i32, i32, i32), (ppgid, psid): (i32, i32)) -> Result<()> {
+    let leads = sid == pid;
+    if (leads && pgid != pid) || (!leads && sid != psid) || (pgid != pid && pgid != ppgid) {
+        return Err(RestoreError::Invalid(format!(
+            "process {pid} (group {pgid}, session {sid}) cannot be recreated under its parent \
+             (group {ppgid}, session {psid})"
+        )));
+    }
+    Ok(())
 }
 
 /// Decides who makes each shared description (`docs/PROCESS-TREES.md`, "Phase 2, shared
@@ -946,6 +968,7 @@ pub fn child_main(payload: &[u8]) -> ! {
 /// reason it failed, if it did (to be reported through that process's notify pipe).
 fn make_tree(mut me: ChildPlan) -> (ChildPlan, Option<String>) {
     let members = std::mem::take(&mut me.members);
+    let zombies = std::mem::take(&mut me.zombies);
     // The private directories first (only the main process carries them), as the checkpoint
     // saw them: a mapped file or a descriptor of any process, shared or not, may name a file
     // in them.
@@ -1009,7 +1032,123 @@ fn make_tree(mut me: ChildPlan) -> (ChildPlan, Option<String>) {
                 );
             }
         }
-        return (me, None);
+        let failed = make_zombies(&me, &zombies).err();
+        return (me, failed);
+    }
+}
+
+/// Recreates the zombies whose parent is the calling process (`me`, once its session and group
+/// are set): each a child with its PID, its group and session, that exits with its status
+/// ([`become_zombie`]). Returns once every one has exited, unreaped and with the recorded
+/// status, and with no `SIGCHLD` of theirs pending: the originals' were delivered before the
+/// checkpoint (a capture delivers pending signals first).
+fn make_zombies(me: &ChildPlan, zombies: &[Zombie]) -> std::result::Result<(), String> {
+    let mine: Vec<&Zombie> = zombies.iter().filter(|z| z.ppid == me.pid).collect();
+    if mine.is_empty() {
+        return Ok(());
+    }
+    // SIGCHLD at its default action and unblocked (whatever this process inherited): ignored,
+    // a child that exits would be reaped at once instead of staying a zombie; blocked, its
+    // SIGCHLD would stay pending into the restored process. Unblocked at its default (ignore)
+    // action, the kernel discards it when the child exits.
+    // SAFETY: signal() with a constant disposition; sigprocmask with a local set.
+    unsafe {
+        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
+    for z in &mine {
+        let tid = [z.pid as libc::pid_t];
+        let args = CloneArgs {
+            exit_signal: libc::SIGCHLD as u64,
+            set_tid: tid.as_ptr() as u64,
+            set_tid_size: 1,
+            ..CloneArgs::default()
+        };
+        // SAFETY: a fork-like clone3 as in `make_tree`; the child only makes system calls
+        // and exits (`become_zombie`).
+        let child = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &args as *const CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        if child == 0 {
+            become_zombie(z);
+        }
+        if child < 0 {
+            let e = io::Error::last_os_error();
+            return Err(format!("creating zombie {} with its PID: {e}", z.pid));
+        }
+    }
+    for z in &mine {
+        // SAFETY: an all-zero siginfo_t is a valid value of this plain C struct.
+        let mut si: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid writes into `si`, alive for the call. WNOWAIT leaves the child a
+        // zombie.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                z.pid as libc::id_t,
+                &mut si,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return Err(format!("waiting for zombie {} to exit: {e}", z.pid));
+        }
+        // SAFETY: waitid filled in a SIGCHLD siginfo, whose si_status is valid.
+        let st = unsafe { si.si_status() };
+        let got = match si.si_code {
+            libc::CLD_EXITED => (st & 0xff) << 8,
+            _ => st & 0x7f,
+        };
+        if got != z.status {
+            return Err(format!(
+                "zombie {} ended with wait status {got:#x}, not {:#x}",
+                z.pid, z.status
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The body of a recreated zombie (a fresh child of its parent's restore child): takes its
+/// session or group if it led one (otherwise it is in its parent's, inherited), its user, and
+/// exits with its status: an exit code, or its signal with the default action (not dumpable,
+/// so a signal whose action dumps core does not, as the status records). Never returns; a
+/// signal that does not end it exits 127, which its parent reports as a wrong status.
+fn become_zombie(z: &Zombie) -> ! {
+    // SAFETY: plain system calls on this process with no pointers but a local signal set;
+    // nothing here returns into the restore child's code.
+    unsafe {
+        if z.sid == z.pid {
+            libc::setsid();
+        } else if z.pgid == z.pid {
+            libc::setpgid(0, 0);
+        }
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        if z.uid != 0 {
+            libc::setresuid(z.uid, z.uid, z.uid);
+        }
+        let sig = z.status & 0x7f;
+        if sig == 0 {
+            libc::_exit((z.status >> 8) & 0xff);
+        }
+        // The raw call: the C library refuses signals it reserves for itself (32, 33). All
+        // zero is `struct sigaction` with the default handler, no flags and an empty mask.
+        let dfl = [0u64; 4];
+        libc::syscall(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), 0usize, 8usize);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::kill(libc::getpid(), sig);
+        libc::_exit(127)
     }
 }
 
@@ -1419,6 +1558,7 @@ mod tests {
             shared_base: 0,
             shared_count: 0,
             make_shared: Vec::new(),
+            zombies: Vec::new(),
         }
     }
 

@@ -9,15 +9,19 @@
 //! several processes) are listed once, in the main image's `shared_files`, and named by each
 //! holder's descriptor ([`share`]); the restore makes each once and hands it down the tree.
 //!
-//! What cannot be restored yet is refused by name: a zombie child, an epoll instance held by
-//! several processes, shared memory in a process other than the main one, and a group or
-//! session that is neither the process's own nor its parent's.
+//! Phase 3: children that exited and were not reaped yet (zombies) are listed with their PID,
+//! group, session, user and wait status (`/proc/PID/stat`'s `exit_code`), in the main image's
+//! `zombies`; the restore recreates each as a child that exits with that status.
+//!
+//! What cannot be restored yet is refused by name: a zombie that dumped core, an epoll
+//! instance held by several processes, shared memory in a process other than the main one,
+//! and a group or session that is neither the process's own nor its parent's.
 
 use crate::capture::{
     self, CaptureError, CaptureStats, Captured, children_of, estimate_private_bytes, finish_full,
     prefaulted_buffer, proc_err,
 };
-use crate::image::{Checkpoint, FdKind, Member, ProcessImage, SharedFile, UnixState};
+use crate::image::{Checkpoint, FdKind, Member, ProcessImage, SharedFile, UnixState, Zombie};
 use crate::procfs::Proc;
 use crate::ptrace::Stopped;
 use crate::sys::Pid;
@@ -41,8 +45,11 @@ pub(crate) fn checkpoint_tree(
     let t0 = Instant::now();
     // Members: their /proc directory and their parent's index (0: the main process).
     let mut members: Vec<(Proc, usize)> = Vec::new();
+    // Zombie children: their state (read while their parent is stopped, so nobody reaps them
+    // meanwhile) and their parent's index.
+    let mut zombies: Vec<(Zombie, usize)> = Vec::new();
     let mut stopped: Vec<Stopped> = Vec::new();
-    let captured = stop_all(root, &mut members, &mut stopped).and_then(|()| {
+    let captured = stop_all(root, &mut members, &mut zombies, &mut stopped).and_then(|()| {
         stats.quiesce = t0.elapsed();
         stats.threads = stopped.iter().map(|s| s.tids.len()).sum();
         let procs: Vec<&Proc> = std::iter::once(root)
@@ -88,14 +95,15 @@ pub(crate) fn checkpoint_tree(
     let pids: Vec<i32> = std::iter::once(image.pid)
         .chain(images.iter().map(|(i, _)| i.pid))
         .collect();
-    check_groups(&image, None)?;
+    let ids = |img: &ProcessImage| (img.pid, img.pgid, img.sid);
+    check_groups(ids(&image), None)?;
     for ((img, d), (_, parent)) in images.into_iter().zip(&members) {
         let parent_img = if *parent == 0 {
             &image
         } else {
             &image.tree[*parent - 1].image
         };
-        check_groups(&img, Some(parent_img))?;
+        check_groups(ids(&img), Some(parent_img))?;
         if !img.shm.is_empty() {
             return Err(CaptureError::Unsupported(format!(
                 "process {} uses shared memory: shared memory outside the main process is {NOT_YET}",
@@ -111,16 +119,28 @@ pub(crate) fn checkpoint_tree(
         data.extend_from_slice(&d);
         image.tree.push(member);
     }
+    for (mut z, parent) in zombies {
+        let parent_img = if parent == 0 {
+            &image
+        } else {
+            &image.tree[parent - 1].image
+        };
+        z.ppid = parent_img.pid;
+        check_groups((z.pid, z.pgid, z.sid), Some(parent_img))?;
+        image.zombies.push(z);
+    }
     stats.saved_bytes = data.len() as u64;
     Ok((Checkpoint::full(epoch, image, data), stats))
 }
 
 /// Stops `root`, then every descendant top-down, recording each member with its parent's
-/// index. Whatever was stopped is in `stopped` (in the order of `root` then `members`), also
-/// on failure, for the caller to resume.
+/// index, and each zombie child (read, not stopped: it has nothing left to stop) with its
+/// parent's index (its `ppid` is left 0 for the caller). Whatever was stopped is in `stopped`
+/// (in the order of `root` then `members`), also on failure, for the caller to resume.
 fn stop_all(
     root: &Proc,
     members: &mut Vec<(Proc, usize)>,
+    zombies: &mut Vec<(Zombie, usize)>,
     stopped: &mut Vec<Stopped>,
 ) -> Result<()> {
     stopped.push(Stopped::stop(root)?);
@@ -141,9 +161,8 @@ fn stop_all(
                 .cloned()
                 .unwrap_or_default();
             if state == "Z" {
-                return Err(CaptureError::Unsupported(format!(
-                    "process {c} (host PID) exited and was not reaped yet: zombies are {NOT_YET}"
-                )));
+                zombies.push((zombie(&proc)?, i));
+                continue;
             }
             let st = Stopped::stop(&proc)?;
             members.push((proc, i));
@@ -152,6 +171,48 @@ fn stop_all(
         i += 1;
     }
     Ok(())
+}
+
+/// What a zombie child leaves: its PID, group and session in the sandbox and its real user
+/// (`status`), and its wait status (`stat`'s field 52, `exit_code`, in `waitpid`'s form). Its
+/// parent is stopped, so nobody reaps it while it is read. Refused by name: a status a restore
+/// cannot recreate (the process dumped core).
+fn zombie(proc: &Proc) -> Result<Zombie> {
+    let c = proc.pid;
+    let status = proc.read_string("status").map_err(proc_err(c, "status"))?;
+    let last = |key: &str| -> i32 {
+        crate::procfs::status_value(&status, key)
+            .and_then(|v| v.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let uid = crate::procfs::status_value(&status, "Uid")
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let fields = proc.stat_fields().map_err(proc_err(c, "stat"))?;
+    let exit = fields
+        .get(51)
+        .and_then(|f| f.parse::<i32>().ok())
+        .ok_or_else(|| {
+            CaptureError::Unsupported(format!(
+                "process {c} (host PID) is a zombie whose exit status cannot be read"
+            ))
+        })?;
+    if !Zombie::status_valid(exit) {
+        return Err(CaptureError::Unsupported(format!(
+            "process {c} (host PID) exited and was not reaped yet with wait status {exit:#x} \
+             (it dumped core): a restore cannot recreate that status"
+        )));
+    }
+    Ok(Zombie {
+        pid: last("NSpid"),
+        ppid: 0,
+        pgid: last("NSpgid"),
+        sid: last("NSsid"),
+        uid,
+        status: exit,
+    })
 }
 
 /// A descriptor of the tree: (index of its process in the caller's list, its number).
@@ -368,32 +429,30 @@ fn share(
 /// Refuses a group or session that phase 1 cannot recreate: a process leads its session (and
 /// then its group), or shares its parent's session, and leads its group or shares its
 /// parent's. The main process may also keep what the sandbox's init gave it.
-fn check_groups(img: &ProcessImage, parent: Option<&ProcessImage>) -> Result<()> {
+fn check_groups((pid, pgid, sid): (i32, i32, i32), parent: Option<&ProcessImage>) -> Result<()> {
     let refuse = |what: String| {
         Err(CaptureError::Unsupported(format!(
-            "process {} {what}: {NOT_YET}",
-            img.pid
+            "process {pid} {what}: {NOT_YET}"
         )))
     };
-    if img.sid == img.pid && img.pgid != img.pid {
+    if sid == pid && pgid != pid {
         return refuse(format!(
-            "leads session {} but is in process group {}",
-            img.sid, img.pgid
+            "leads session {sid} but is in process group {pgid}"
         ));
     }
     let Some(parent) = parent else {
         return Ok(());
     };
-    if img.sid != img.pid && img.sid != parent.sid {
+    if sid != pid && sid != parent.sid {
         return refuse(format!(
-            "is in session {}, neither its own nor its parent's ({})",
-            img.sid, parent.sid
+            "is in session {sid}, neither its own nor its parent's ({})",
+            parent.sid
         ));
     }
-    if img.pgid != img.pid && img.pgid != parent.pgid {
+    if pgid != pid && pgid != parent.pgid {
         return refuse(format!(
-            "is in process group {}, neither its own nor its parent's ({})",
-            img.pgid, parent.pgid
+            "is in process group {pgid}, neither its own nor its parent's ({})",
+            parent.pgid
         ));
     }
     Ok(())

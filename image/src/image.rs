@@ -25,8 +25,9 @@ mod libc_types {
 /// out the metadata that equals their base's, `Carried`; 4: shared memory objects, `shm`, and
 /// mappings of them, `Backing::Shm`; 5: process trees, `tree`, and each process's group and
 /// session, `pgid` and `sid`; 6: open file descriptions held by several processes of a tree,
-/// `shared_files`, named by `FdKind::Shared`).
-pub const FORMAT_VERSION: u32 = 6;
+/// `shared_files`, named by `FdKind::Shared`; 7: children that exited and were not reaped,
+/// `zombies`).
+pub const FORMAT_VERSION: u32 = 7;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
 /// checkpointer checks equals this).
@@ -152,6 +153,43 @@ pub struct ProcessImage {
     /// descriptions that tie processes of the tree together, each once (see [`SharedFile`]).
     /// A process's descriptor that is one of them is [`FdKind::Shared`] with its index here.
     pub shared_files: Vec<SharedFile>,
+    /// Full checkpoints only, in the main process's image: the children of processes of the
+    /// tree that exited and were not reaped yet, to be recreated as such (see [`Zombie`]).
+    pub zombies: Vec<Zombie>,
+}
+
+/// A child that exited and that its parent (a process of the tree) has not reaped yet: it
+/// holds nothing but its PID, its group and session and its exit status, which the parent
+/// learns when it reaps it. The restore recreates it by forking a child with its PID that
+/// exits with that status (`docs/PROCESS-TREES.md`, phase 3).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Zombie {
+    /// Its PID and its parent's (the main process's or a member's), in the sandbox.
+    pub pid: i32,
+    pub ppid: i32,
+    /// Its process group and session in the sandbox (as [`ProcessImage::pgid`]).
+    pub pgid: i32,
+    pub sid: i32,
+    /// Its real user id (what `waitid` reports as `si_uid`).
+    pub uid: u32,
+    /// Its wait status, as `waitpid` reports it: an exit code (`code << 8`) or the signal
+    /// that terminated it (with no core dump: [`Zombie::status_valid`]).
+    pub status: i32,
+}
+
+impl Zombie {
+    /// Whether `status` is one a restore can recreate: an exit code, or a signal whose default
+    /// action terminates the process, without the core-dump flag (a restore does not dump
+    /// core).
+    pub fn status_valid(status: i32) -> bool {
+        let sig = status & 0x7f;
+        if sig == 0 {
+            return status & !0xff00 == 0;
+        }
+        // Signals whose default action is to ignore, stop or continue cannot have ended it.
+        const NOT_FATAL: [i32; 8] = [17, 18, 19, 20, 21, 22, 23, 28];
+        status & !0x7f == 0 && (1..=64).contains(&sig) && !NOT_FATAL.contains(&sig)
+    }
 }
 
 /// An open file description of a process tree that must come back as one: held by several
@@ -968,7 +1006,58 @@ impl ProcessImage {
     pub fn validate(&self, data_len: u64) -> Result<(), FormatError> {
         self.validate_one(data_len)?;
         self.validate_tree(data_len)?;
-        self.validate_shared()
+        self.validate_shared()?;
+        self.validate_zombies()
+    }
+
+    /// The zombies (a full checkpoint's main image only): each with a positive PID that no
+    /// process, thread or other zombie of the tree has, a parent that is the main process or
+    /// a member, a group and session not negative, and a status a restore can recreate.
+    fn validate_zombies(&self) -> Result<(), FormatError> {
+        fn bad<T>(m: String) -> Result<T, FormatError> {
+            Err(FormatError::Meta(m))
+        }
+        if self.zombies.is_empty() {
+            return Ok(());
+        }
+        if self.base_epoch.is_some() {
+            return bad("an incremental checkpoint lists zombies".into());
+        }
+        let procs: Vec<&ProcessImage> = std::iter::once(self)
+            .chain(self.tree.iter().map(|m| &m.image))
+            .collect();
+        let mut ids: Vec<i32> = procs
+            .iter()
+            .flat_map(|p| std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid)))
+            .collect();
+        for z in &self.zombies {
+            if z.pid <= 0 || ids.contains(&z.pid) {
+                return bad(format!(
+                    "zombie {} has a PID that is not positive or not its own",
+                    z.pid
+                ));
+            }
+            ids.push(z.pid);
+            if !procs.iter().any(|p| p.pid == z.ppid) {
+                return bad(format!(
+                    "zombie {} names parent {}, which is not a process of the tree",
+                    z.pid, z.ppid
+                ));
+            }
+            if z.pgid < 0 || z.sid < 0 {
+                return bad(format!(
+                    "zombie {} has group {} and session {}",
+                    z.pid, z.pgid, z.sid
+                ));
+            }
+            if !Zombie::status_valid(z.status) {
+                return bad(format!(
+                    "zombie {} has wait status {:#x}, which a restore cannot recreate",
+                    z.pid, z.status
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// [`ProcessImage::validate`] of one process, without what belongs to the tree (a
@@ -1257,6 +1346,12 @@ impl ProcessImage {
             if !img.shared_files.is_empty() {
                 return bad(format!(
                     "process {} lists shared descriptors (the main process lists them)",
+                    img.pid
+                ));
+            }
+            if !img.zombies.is_empty() {
+                return bad(format!(
+                    "process {} lists zombies (the main process lists them)",
                     img.pid
                 ));
             }
@@ -1703,6 +1798,7 @@ pub(crate) mod tests {
             sid: 0,
             tree: Vec::new(),
             shared_files: Vec::new(),
+            zombies: Vec::new(),
         }
     }
 
@@ -2199,6 +2295,83 @@ pub(crate) mod tests {
         // (postcard keeps no custom message: the error is a malformed-metadata one.)
         let err = Checkpoint::from_bytes(c.to_bytes()).unwrap_err();
         assert!(matches!(err, FormatError::Meta(_)), "{err}");
+    }
+
+    /// [`with_member`] with two zombies: one of the main process (exited 7), one of the
+    /// member (killed by SIGKILL).
+    fn with_zombies() -> Checkpoint {
+        let mut ck = with_member();
+        let z = |pid, ppid, status| Zombie {
+            pid,
+            ppid,
+            pgid: 0,
+            sid: 0,
+            uid: 0,
+            status,
+        };
+        ck.image.zombies = vec![z(8, ck.image.pid, 7 << 8), z(9, 5, 9)];
+        ck
+    }
+
+    #[test]
+    fn zombies_roundtrip_and_inconsistent_ones_are_refused() {
+        let ck = with_zombies();
+        ck.validate().unwrap();
+        let back = Checkpoint::from_bytes(ck.to_bytes()).unwrap();
+        assert_eq!(back.image.zombies, ck.image.zombies);
+        // A single process may have zombie children too.
+        let mut single = sample(Kind::Full);
+        single.image.zombies = vec![ck.image.zombies[0]];
+        single.validate().unwrap();
+
+        type Break = fn(&mut Checkpoint);
+        let cases: Vec<(&str, Break)> = vec![
+            ("not positive or not its own", |c| {
+                c.image.zombies[0].pid = 0
+            }),
+            ("not positive or not its own", |c| {
+                c.image.zombies[0].pid = 5
+            }),
+            ("not positive or not its own", |c| {
+                c.image.zombies[0].pid = c.image.pid
+            }),
+            ("not positive or not its own", |c| {
+                c.image.zombies[1].pid = 8
+            }),
+            ("not a process of the tree", |c| c.image.zombies[1].ppid = 8),
+            ("has group -1", |c| c.image.zombies[0].pgid = -1),
+            ("wait status 0x86", |c| c.image.zombies[0].status = 0x86),
+            ("wait status 0x11", |c| c.image.zombies[0].status = 17),
+            ("wait status 0x47f", |c| c.image.zombies[0].status = 0x47f),
+            ("wait status 0x10700", |c| {
+                c.image.zombies[0].status = 0x10700
+            }),
+            ("incremental checkpoint lists zombies", |c| {
+                c.image.tree.clear();
+                c.kind = Kind::Incremental { base: 6 };
+                c.image.base_epoch = Some(6);
+            }),
+            ("lists zombies (the main process lists them)", |c| {
+                c.image.tree[0].image.zombies = vec![c.image.zombies[1]];
+                c.image.zombies.pop();
+            }),
+        ];
+        for (want, brk) in cases {
+            let mut c = with_zombies();
+            brk(&mut c);
+            let err = c.validate().unwrap_err().to_string();
+            assert!(
+                err.contains(want),
+                "validate: expected {want:?}, got {err:?}"
+            );
+            assert!(Checkpoint::from_bytes(c.to_bytes()).is_err(), "{want}");
+        }
+        for ok in [0, 1 << 8, 255 << 8, 1, 6, 9, 15, 31, 32, 64] {
+            assert!(Zombie::status_valid(ok), "{ok:#x}");
+        }
+        for bad in [0x86, 17, 19, 28, 65, 0x7f, 0x17f, 1 << 16, -1] {
+            assert!(!Zombie::status_valid(bad), "{bad:#x}");
+        }
     }
 
     /// [`with_member`] where the main process (pid 2) and the member (pid 5) share one

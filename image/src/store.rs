@@ -98,9 +98,10 @@ impl Image {
             source,
         };
         ck.validate().map_err(invalid)?;
-        if !ck.image.tree.is_empty() {
+        if !ck.image.tree.is_empty() || !ck.image.zombies.is_empty() {
             return Err(invalid(FormatError::Meta(
-                "process trees are not supported by a backup's image yet".into(),
+                "process trees (and zombie children) are not supported by a backup's image yet"
+                    .into(),
             )));
         }
         // A full checkpoint names its private directories if it has entries in them.
@@ -439,6 +440,7 @@ fn stored_meta(img: &ProcessImage) -> ProcessImage {
         // `Image::from_full` refuses trees.
         tree: Vec::new(),
         shared_files: Vec::new(),
+        zombies: Vec::new(),
     }
 }
 

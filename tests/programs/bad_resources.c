@@ -12,7 +12,7 @@
  *   shared-epoll    a forked child process (pauses forever) that shares an epoll instance
  *                   with us (one open file description held by two processes, whose interest
  *                   list names our descriptor numbers)
- *   zombie          a child that exited (status 3) and is never reaped
+ *   zombie-core     a child that dumped core (SIGABRT, core file in /dev/shm) and is never reaped
  *   orphan          a grandchild process (pauses forever) whose parent, our child, exited: it
  *                   is reparented to the sandbox's init, so it is no child of the service
  *   shm-unlinked    a POSIX shared memory object mapped and then unlinked (shm_unlink)
@@ -28,6 +28,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -57,7 +58,7 @@ int main(int argc, char **argv) {
             mode = argv[i];
     }
     if (!mode) {
-        fprintf(stderr, "usage: %s [--port N] none|unixsock|shared-epoll|zombie|orphan|shm-unlinked|sysv-tail|memfd|pending-signal|inotify-queued\n", argv[0]);
+        fprintf(stderr, "usage: %s [--port N] none|unixsock|shared-epoll|zombie-core|orphan|shm-unlinked|sysv-tail|memfd|pending-signal|inotify-queued\n", argv[0]);
         return 2;
     }
 
@@ -92,14 +93,19 @@ int main(int argc, char **argv) {
             for (;;) pause();
         }
         snprintf(detail, sizeof detail, "child=%d epoll=%d", (int)child, ep);
-    } else if (strcmp(mode, "zombie") == 0) {
+    } else if (strcmp(mode, "zombie-core") == 0) {
         pid_t child = fork();
         if (child < 0) die("fork");
-        if (child == 0) _exit(3);
+        if (child == 0) {
+            struct rlimit unlimited = {RLIM_INFINITY, RLIM_INFINITY};
+            setrlimit(RLIMIT_CORE, &unlimited);
+            if (chdir("/dev/shm") < 0) _exit(1);
+            abort();
+        }
         /* Wait until it has exited, leaving it a zombie. */
         siginfo_t si;
         if (waitid(P_PID, child, &si, WEXITED | WNOWAIT) < 0) die("waitid");
-        snprintf(detail, sizeof detail, "zombie=%d", (int)child);
+        snprintf(detail, sizeof detail, "zombie=%d code=%d", (int)child, si.si_code);
     } else if (strcmp(mode, "orphan") == 0) {
         int p[2];
         if (pipe(p) < 0) die("pipe");

@@ -386,6 +386,7 @@ impl Proc {
             sid: 0,
             tree: Vec::new(),
             shared_files: Vec::new(),
+            zombies: Vec::new(),
         }
     }
 

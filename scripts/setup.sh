@@ -9,7 +9,7 @@ for pkg_bin in redis-server:/usr/bin/redis-server redis-tools:/usr/bin/redis-cli
                python3:/usr/bin/python3 clang:/usr/bin/clang libclang-dev:/usr/lib/llvm-14/lib/libclang.so \
                fonts-dejavu-core:/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf \
                protobuf-compiler:/usr/bin/protoc nftables:/usr/sbin/nft iptables:/usr/sbin/iptables-nft \
-               memcached:/usr/bin/memcached systemd:/usr/bin/systemd-analyze \
+               memcached:/usr/bin/memcached nginx-light:/usr/sbin/nginx systemd:/usr/bin/systemd-analyze \
                chromium:/usr/bin/chromium; do
   [ -e "${pkg_bin#*:}" ] || need+=("${pkg_bin%%:*}")
 done
@@ -19,9 +19,10 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-# Debian starts a system redis on 127.0.0.1:6379; Tardi's sandboxes have their own network
-# namespaces and do not need it stopped, but it wastes memory on a CI machine.
-if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server 2>/dev/null || true; fi
+# Debian starts a system redis on 127.0.0.1:6379 and a system nginx on port 80; Tardi's
+# sandboxes have their own network namespaces and do not need them stopped, but they waste
+# memory on a CI machine.
+if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server nginx 2>/dev/null || true; fi
 if ! command -v cargo >/dev/null 2>&1; then
   [ -x "$HOME/.cargo/bin/cargo" ] || { echo "setup: no Rust toolchain (install rustup)"; exit 1; }
   export PATH="$HOME/.cargo/bin:$PATH"

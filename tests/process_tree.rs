@@ -14,6 +14,15 @@
 //! one open file description again (`kcmp`), the listener is served by both children, the
 //! pipe's and the pair's bytes are read once in all, a write by one process moves the file
 //! offset the others see, and the second pipe still joins the children.
+//!
+//! Shared memory (`tests/programs/treeshm.c`): a parent and two children sharing an anonymous
+//! shared region, two System V segments (one attached and marked for removal before the fork,
+//! one attached by each child) and a `/dev/shm` object, each child also mapping a region of its own. After the
+//! restore every object holds what it held, byte for byte, and is one object again: what one
+//! process writes into it the others read.
+//!
+//! Phase 3 (`tests/programs/zombies.c`): children that exited and were not reaped come back as
+//! zombies with their PIDs, groups, sessions, users and statuses, to be reaped.
 
 mod common;
 
@@ -381,6 +390,139 @@ fn descriptors_shared_by_a_tree_come_back_shared() {
     // Connections are accepted by both restored children, the same processes as before.
     let after = served(&restored);
     assert_eq!(after, before, "both restored children serve connections");
+    restored.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared memory in a tree (`tests/programs/treeshm.c`).
+
+const SHM_PORT: u16 = 7500;
+/// The shared objects and the roles that map each.
+const SHM_OBJECTS: [(&str, &[u16]); 4] = [
+    ("anon", &[0, 1, 2]),
+    ("sv1", &[0, 1, 2]),
+    ("sv2", &[1, 2]),
+    ("posix", &[0, 1, 2]),
+];
+
+fn shm_ask(r: &Running, role: u16, cmd: &str) -> String {
+    request(r, SHM_PORT + role, role, cmd)
+}
+
+/// Every process's state line with generation `generation` written by all.
+fn shm_states(r: &Running, generation: u64) -> Vec<String> {
+    for role in 0..3 {
+        assert_eq!(
+            shm_ask(r, role, &format!("gen {generation}")),
+            format!("gen={generation}")
+        );
+    }
+    (0..3).map(|role| shm_ask(r, role, "state")).collect()
+}
+
+/// Every process sees every page every process wrote, one object each whoever maps it (the
+/// same contents), the segments attached as many times as treeshm.c attached them, the first
+/// still marked for removal.
+fn check_shm_states(states: &[String], when: &str) {
+    let f: Vec<BTreeMap<String, String>> = states.iter().map(|s| fields(s)).collect();
+    for (role, s) in f.iter().enumerate() {
+        assert_eq!(s["ok"], "1", "{when}: role {role}: {}", states[role]);
+        assert_eq!(s["nattch1"], "3", "{when}: role {role}: {}", states[role]);
+        assert_eq!(s["nattch2"], "2", "{when}: role {role}: {}", states[role]);
+        assert_eq!(
+            (s["dest1"].as_str(), s["dest2"].as_str()),
+            ("1", "0"),
+            "{when}: sv1 is marked for removal, sv2 is not: {}",
+            states[role]
+        );
+    }
+    for (obj, roles) in SHM_OBJECTS {
+        let first = &f[roles[0] as usize][obj];
+        for &role in roles {
+            assert_eq!(
+                &f[role as usize][obj], first,
+                "{when}: {obj} of role {role}"
+            );
+        }
+    }
+    assert_eq!(
+        f[0]["sv2"], "0000000000000000",
+        "{when}: role 0 maps no sv2"
+    );
+}
+
+/// A marker written through one process's mapping is read through every other's.
+fn check_one_object(r: &Running) {
+    for (obj, roles) in SHM_OBJECTS {
+        for &writer in roles {
+            let text = format!("{obj}-by-{writer}");
+            assert_eq!(shm_ask(r, writer, &format!("poke {obj} {text}")), "poked");
+            for &reader in roles {
+                assert_eq!(
+                    shm_ask(r, reader, &format!("peek {obj}")),
+                    format!("{obj}={text}"),
+                    "role {reader} sees what role {writer} wrote into {obj}: one object"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn shared_memory_of_a_tree_comes_back_shared() {
+    let bin = programs::build("treeshm");
+    let scratch = Scratch::new("treeshm");
+    let name = format!("trshm-{}", std::process::id() % 10000);
+    let m = common::tardi::manifest_with_tmp(&scratch.0, &name, &bin);
+    let cur = Running::run(&m).expect("tardi run");
+    for role in 0..3 {
+        programs::wait_ready(
+            SocketAddr::new(cur.address.into(), SHM_PORT + role),
+            Duration::from_secs(10),
+        )
+        .expect("ready");
+    }
+    let before = shm_states(&cur, 3);
+    check_shm_states(&before, "before the snapshot");
+
+    let file = scratch.0.join("treeshm.tardi");
+    cur.snapshot(&file)
+        .expect("snapshot of a tree sharing memory");
+    let image = Checkpoint::from_bytes(std::fs::read(&file).unwrap())
+        .unwrap()
+        .image;
+    use tardi_checkpointer::image::ShmId;
+    let ids: Vec<ShmId> = image.shm.iter().map(|o| o.id).collect();
+    assert_eq!(
+        (
+            ids.iter().filter(|i| matches!(i, ShmId::Sysv(_))).count(),
+            ids.iter().filter(|i| matches!(i, ShmId::Anon(_))).count()
+        ),
+        (2, 3),
+        "each object once, in the main image: two segments, the parent's anonymous object \
+         and each child's own: {ids:?}"
+    );
+    assert!(image.tree.iter().all(|m| m.image.shm.is_empty()));
+
+    // What the original tree holds one generation later: the restored one must match it.
+    let later = shm_states(&cur, 4);
+    let log = cur.log.clone();
+    cur.stop();
+
+    let restored = Running::restore_or_log(&file, &log);
+    let after: Vec<String> = (0..3)
+        .map(|role| shm_ask(&restored, role, "state"))
+        .collect();
+    assert_eq!(
+        after, before,
+        "every process's objects, byte for byte, and the segments' ids and attachments"
+    );
+    assert_eq!(
+        shm_states(&restored, 4),
+        later,
+        "the restored tree goes on as the original did"
+    );
+    check_one_object(&restored);
     restored.stop();
 }
 

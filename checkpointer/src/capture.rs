@@ -133,7 +133,7 @@ fn checkpoint_once(
     let mut st = Stopped::stop(proc)?;
     stats.quiesce = t0.elapsed();
     stats.threads = st.tids.len();
-    let captured = capture_stopped(proc, &mut st, &mut stats, buf, false).and_then(|mut c| {
+    let captured = capture_stopped(proc, &mut st, &mut stats, buf, false).and_then(|(mut c, _)| {
         // Inside the pause: the files consistent with the memory.
         c.0.private_files = private_tree(proc, private_dirs)?;
         Ok(c)
@@ -386,13 +386,16 @@ pub(crate) struct MetaTimes {
     pub fds_reused: bool,
 }
 
+/// Captures the stopped process whole. A member of a tree (`tree`) leaves its shared memory
+/// objects to the caller, which captures the tree's once ([`crate::tree`]); the mappings read
+/// are returned for that.
 pub(crate) fn capture_stopped(
     proc: &Proc,
     st: &mut Stopped,
     stats: &mut CaptureStats,
     buf: Vec<u8>,
     tree: bool,
-) -> Result<Captured> {
+) -> Result<(Captured, Vec<MapEntry>)> {
     let maps = proc.smaps().map_err(proc_err(proc.pid, "smaps"))?;
     let mut cache = MetaCache {
         tree,
@@ -402,11 +405,14 @@ pub(crate) fn capture_stopped(
     (image.pgid, image.sid) = group_and_session(proc)?;
     let tm = Instant::now();
     let (vmas, runs, mut data, files) = capture_memory(proc, &maps, buf)?;
-    image.shm = crate::shm::ShmTracker::default().capture(proc, &maps, true, true, &mut data)?;
+    if !tree {
+        image.shm =
+            crate::shm::ShmTracker::default().capture(proc, &maps, true, true, &mut data)?;
+    }
     stats.memory_copy = tm.elapsed();
     image.vmas = vmas;
     image.runs = runs;
-    Ok((image, data, files))
+    Ok(((image, data, files), maps))
 }
 
 /// Everything but memory: threads, signal actions, mm layout, descriptors. `refresh` re-reads

@@ -92,8 +92,20 @@ pub struct ChildPlan {
     pub max_tid: i32,
     /// The private directories' tree, written before anything is opened.
     pub private_files: crate::files::FileChanges,
-    /// Shared memory objects, made (and filled) before the files are opened.
+    /// A single process's shared memory objects, made (and filled) before the files are
+    /// opened (anonymous ones at their [`ShmPlan::fd`]).
     pub shm: Vec<ShmPlan>,
+    /// How many descriptors of anonymous shared memory objects follow the executable's (the
+    /// restorer maps them shared).
+    pub anon_fds: u32,
+    /// A tree's shared memory objects this process makes before it creates its children
+    /// (`docs/PROCESS-TREES.md`): the main process every System V segment, the lowest common
+    /// ancestor of the processes that map an anonymous object that object, at its
+    /// [`ShmPlan::fd`] in the shared block, inherited by every process forked afterwards.
+    pub make_shm: Vec<ShmPlan>,
+    /// In a tree: where this process finds each anonymous object it maps, in the shared
+    /// block, in the order its descriptors follow the executable's.
+    pub shm_slots: Vec<RawFd>,
     /// The open file descriptions the tree shares (the main image's `shared_files`): entry
     /// `i` is descriptor `shared_base + i` of whichever process made it and of every process
     /// forked after that, until each process has put the ones it holds at their numbers
@@ -111,9 +123,8 @@ pub struct ChildPlan {
 }
 
 /// A shared memory object for the restore child to make: System V segments in the sandbox's
-/// IPC namespace with their id, anonymous ones as a descriptor of a fresh shmem file (placed
-/// after the executable's, in the order of the image's anonymous objects) that the restorer
-/// maps shared.
+/// IPC namespace with their id, anonymous ones as a descriptor of a fresh shmem file that the
+/// restorer maps shared.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ShmPlan {
     pub id: ShmId,
@@ -121,6 +132,52 @@ pub struct ShmPlan {
     pub sysv: Option<SysvShm>,
     /// (offset in the object, length, offset in the pages descriptor).
     pub runs: Vec<(u64, u64, u64)>,
+    /// Anonymous objects: the number its descriptor is made at (after the executable's, or
+    /// in a tree's shared block); -1 for a System V segment.
+    pub fd: RawFd,
+}
+
+impl ShmPlan {
+    /// Object `o`, its runs read at `pages_offset` in the pages descriptor, made at `fd`.
+    fn of(o: &ShmObject, pages_offset: u64, fd: RawFd) -> ShmPlan {
+        ShmPlan {
+            id: o.id,
+            size: o.size,
+            sysv: o.sysv.clone(),
+            runs: o
+                .runs
+                .iter()
+                .map(|r| (r.addr, r.len, pages_offset + r.data_off))
+                .collect(),
+            fd,
+        }
+    }
+}
+
+/// The anonymous shared memory objects of `objects` that `img` maps, in that order: the order
+/// their descriptors follow the executable's.
+fn anon_mapped(img: &ProcessImage, objects: &[ShmObject]) -> Vec<ShmId> {
+    objects
+        .iter()
+        .map(|o| o.id)
+        .filter(|&id| matches!(id, ShmId::Anon(_)) && maps_object(img, id))
+        .collect()
+}
+
+/// The System V segments of `objects` marked for removal.
+fn removed(objects: &[ShmObject]) -> impl Iterator<Item = i32> + '_ {
+    objects.iter().filter_map(|o| match (o.id, &o.sysv) {
+        (ShmId::Sysv(id), Some(sv)) if sv.removed => Some(id),
+        _ => None,
+    })
+}
+
+/// The System V segments of `objects` marked for removal that `img` maps (its restorer marks
+/// them again once it has attached them).
+fn removed_mapped(img: &ProcessImage, objects: &[ShmObject]) -> Vec<i32> {
+    removed(objects)
+        .filter(|&id| maps_object(img, ShmId::Sysv(id)))
+        .collect()
 }
 
 /// Everything [`prepare`] made; keep it alive until [`finish`].
@@ -198,15 +255,41 @@ pub fn prepare_file(
     prepare_tree(&ck.image, OwnedFd::from(ck.file), offset, host_path, false)
 }
 
+/// What a process's restore takes from elsewhere than its own image.
+enum Scope<'a> {
+    /// A single process: nothing (its shared memory objects are its own, made by its restore
+    /// child).
+    Single,
+    /// A process of the tree whose main image is `root`: the tree's shared memory objects and
+    /// files of the private directories (the main process lists and carries them), the
+    /// objects made before the tree's processes are ([`plan_shared`]); `rmid` are the System V
+    /// segments this process marks for removal again.
+    Tree {
+        root: &'a ProcessImage,
+        rmid: Vec<i32>,
+    },
+}
+
 /// Lays out a restore whose page data is at `pages_offset` in `pages`.
 fn prepare_pages(
     img: &ProcessImage,
+    scope: Scope,
     pages: OwnedFd,
     pages_offset: u64,
     host_path: &dyn Fn(&str) -> Option<PathBuf>,
     hold: bool,
 ) -> Result<Prepared> {
-    verify_files(img, host_path)?;
+    let own = matches!(scope, Scope::Single);
+    let (objects, rmid, carried) = match scope {
+        Scope::Single => (
+            img.shm.as_slice(),
+            removed(&img.shm).collect(),
+            &img.private_files,
+        ),
+        Scope::Tree { root, rmid } => (root.shm.as_slice(), rmid, &root.private_files),
+    };
+    verify_files(img, carried, host_path)?;
+    let anon = anon_mapped(img, objects);
 
     let max_fd = img.fds.iter().map(|f| f.fd).max().unwrap_or(2);
     let plan_fd = sys::memfd("tardi-plan")?;
@@ -225,13 +308,14 @@ fn prepare_pages(
         // The block after it: the inherited descriptors, the mapped files, the executable, the
         // anonymous shared memory objects.
         .filter(|b| {
-            RawFd::try_from(img.files.len() + INHERITED + 1 + img.shm.len())
+            RawFd::try_from(img.files.len() + INHERITED + 1 + anon.len())
                 .is_ok_and(|n| b.checked_add(n).is_some())
         })
         .ok_or_else(|| RestoreError::Invalid(format!("descriptor {max_fd} is out of range")))?;
 
     std::fs::File::from(restorer.try_clone()?).write_all(RESTORER)?;
-    let plan = build_plan(img, base, hold, pages_offset)?;
+    let plan = build_plan(img, objects, &rmid, base, hold, pages_offset)?;
+    let exe_fd = base + INHERITED as RawFd + img.files.len() as RawFd;
     std::fs::File::from(plan_fd.try_clone()?).write_all(&plan)?;
 
     let child = ChildPlan {
@@ -256,20 +340,24 @@ fn prepare_pages(
         rlimits: img.rlimits.clone(),
         max_tid: img.max_tid,
         private_files: img.private_files.clone(),
-        shm: img
-            .shm
-            .iter()
-            .map(|o| ShmPlan {
-                id: o.id,
-                size: o.size,
-                sysv: o.sysv.clone(),
-                runs: o
-                    .runs
-                    .iter()
-                    .map(|r| (r.addr, r.len, pages_offset + r.data_off))
-                    .collect(),
-            })
-            .collect(),
+        // A single process's objects: the segments, and the anonymous objects it maps after
+        // its executable's descriptor. (A tree's are made before its processes are.)
+        shm: match own {
+            false => Vec::new(),
+            true => objects
+                .iter()
+                .filter_map(|o| match o.id {
+                    ShmId::Sysv(_) => Some(ShmPlan::of(o, pages_offset, -1)),
+                    ShmId::Anon(_) => anon
+                        .iter()
+                        .position(|&a| a == o.id)
+                        .map(|k| ShmPlan::of(o, pages_offset, exe_fd + 1 + k as RawFd)),
+                })
+                .collect(),
+        },
+        anon_fds: anon.len() as u32,
+        make_shm: Vec::new(),
+        shm_slots: Vec::new(),
         shared_base: 0,
         shared_count: 0,
         make_shared: Vec::new(),
@@ -303,7 +391,7 @@ fn prepare_tree(
     hold: bool,
 ) -> Result<Prepared> {
     if img.tree.is_empty() && img.zombies.is_empty() {
-        return prepare_pages(img, pages, pages_offset, host_path, hold);
+        return prepare_pages(img, Scope::Single, pages, pages_offset, host_path, hold);
     }
     if hold {
         return Err(RestoreError::Invalid(
@@ -327,12 +415,6 @@ fn prepare_tree(
     let mut plans = Vec::with_capacity(img.tree.len());
     for m in &img.tree {
         let me = &m.image;
-        if !me.shm.is_empty() {
-            return Err(RestoreError::Invalid(format!(
-                "process {}: shared memory outside the main process is not supported yet",
-                me.pid
-            )));
-        }
         let &(_, ppgid, psid) = ids
             .iter()
             .find(|(pid, _, _)| *pid == m.ppid)
@@ -344,23 +426,46 @@ fn prepare_tree(
         let off = pages_offset.checked_add(m.data_off).ok_or_else(|| {
             RestoreError::Invalid(format!("process {}: page data out of range", me.pid))
         })?;
-        let prep = prepare_pages(me, pages.try_clone()?, off, host_path, false)?;
+        let scope = Scope::Tree {
+            root: img,
+            rmid: removed_mapped(me, &img.shm),
+        };
+        let prep = prepare_pages(me, scope, pages.try_clone()?, off, host_path, false)?;
         let mut plan = decode(&prep)?;
         plan.ppid = m.ppid;
         plan.max_tid = max_tid;
         plans.push(plan);
         members.push(prep);
     }
-    let mut root = prepare_pages(img, pages, pages_offset, host_path, false)?;
+    // The shared memory objects: who maps each. The main process marks for removal the
+    // segments it maps and those no process maps (as a single process's restore does).
+    let procs = || std::iter::once(img).chain(img.tree.iter().map(|m| &m.image));
+    let objects: Vec<(ShmPlan, Vec<i32>)> = img
+        .shm
+        .iter()
+        .map(|o| {
+            let mappers = procs().filter(|p| maps_object(p, o.id)).map(|p| p.pid);
+            (ShmPlan::of(o, pages_offset, -1), mappers.collect())
+        })
+        .collect();
+    let mut rmid = removed_mapped(img, &img.shm);
+    rmid.extend(removed(&img.shm).filter(|&id| {
+        objects
+            .iter()
+            .any(|(o, m)| o.id == ShmId::Sysv(id) && m.is_empty())
+    }));
+    let scope = Scope::Tree { root: img, rmid };
+    let mut root = prepare_pages(img, scope, pages, pages_offset, host_path, false)?;
     let mut plan = decode(&root)?;
     plan.max_tid = max_tid;
     for m in &members {
         root.inherit.extend_from_slice(&m.inherit);
     }
-    if !img.shared_files.is_empty() {
+    if !img.shared_files.is_empty() || !objects.is_empty() {
         let parents: Vec<(i32, i32)> = img.tree.iter().map(|m| (m.image.pid, m.ppid)).collect();
         plan_shared(
             &img.shared_files,
+            objects,
             &parents,
             &mut plan,
             &mut plans,
@@ -397,17 +502,30 @@ fn recreatable((pid, pgid, sid): (i32, i32, i32), (ppgid, psid): (i32, i32)) -> 
     Ok(())
 }
 
-/// Decides who makes each shared description (`docs/PROCESS-TREES.md`, "Phase 2, shared
-/// descriptors") and where it waits until its holders take it: the descriptions that make one
-/// object (the ends of a pipe; unix sockets connected to one another, or a listener and the
-/// clients it has not accepted) are made together, by the lowest common ancestor of all their
-/// holders, which has them before it forks its children: every holder then inherits them,
-/// through every process in between. Each entry `i` waits at `shared_base + i`, above every
-/// number a process of the tree uses before it places its own descriptors (its inherited
-/// descriptors, where it moves them, its mapped files and shared memory objects).
-/// `parents` are the members' (PID, parent's PID), parents first.
+/// Whether a mapping of `img` names shared memory object `id`.
+fn maps_object(img: &ProcessImage, id: ShmId) -> bool {
+    img.vmas
+        .iter()
+        .any(|v| matches!(v.backing, Backing::Shm { id: i, .. } if i == id))
+}
+
+/// Decides who makes each shared description and shared memory object of a tree
+/// (`docs/PROCESS-TREES.md`, "Phase 2, shared descriptors" and "shared memory") and where it
+/// waits until the processes that need it take it: the descriptions that make one object (the
+/// ends of a pipe; unix sockets connected to one another, or a listener and the clients it has
+/// not accepted) are made together, by the lowest common ancestor of all their holders, which
+/// has them before it forks its children: every holder then inherits them, through every
+/// process in between. Each entry `i` waits at `shared_base + i`, above every number a process
+/// of the tree uses before it places its own descriptors (its inherited descriptors, where it
+/// moves them, its mapped files and shared memory objects). The anonymous shared memory
+/// objects (`shm`, each with the PIDs of the processes that map it) follow the descriptions in
+/// the block, each made by the lowest common ancestor of the processes that map it (one
+/// mapped by none is not made); every System V segment is made by the main process, before
+/// any other process exists (its restorer and theirs attach it by id). `parents` are the
+/// members' (PID, parent's PID), parents first.
 fn plan_shared(
     shared: &[SharedFile],
+    shm: Vec<(ShmPlan, Vec<i32>)>,
     parents: &[(i32, i32)],
     root: &mut ChildPlan,
     members: &mut [ChildPlan],
@@ -418,15 +536,20 @@ fn plan_shared(
     let top = std::iter::once(&*root)
         .chain(members.iter())
         .map(|p| {
-            let used = INHERITED + p.files.len() + 1 + p.shm.len();
+            let used = INHERITED + p.files.len() + 1 + p.anon_fds as usize;
             RawFd::try_from(used)
                 .ok()
                 .and_then(|n| p.base.checked_add(n))
         })
         .chain(inherited.iter().map(|&fd| fd.checked_add(1)))
         .try_fold(0, |m: RawFd, x| x.map(|x| m.max(x)));
+    let slots = shared.len()
+        + shm
+            .iter()
+            .filter(|(o, m)| o.sysv.is_none() && !m.is_empty())
+            .count();
     let base = top
-        .filter(|b| RawFd::try_from(shared.len()).is_ok_and(|n| b.checked_add(n).is_some()))
+        .filter(|b| RawFd::try_from(slots).is_ok_and(|n| b.checked_add(n).is_some()))
         .ok_or_else(|| invalid("too many descriptors to restore".into()))?;
     // Objects: entries made together (union-find over the entries).
     let n = shared.len();
@@ -472,66 +595,103 @@ fn plan_shared(
         }
         chain
     };
+    // The lowest common ancestor of processes `pids` (none for no process).
+    let lca = |pids: &mut dyn Iterator<Item = i32>| -> Result<Option<i32>> {
+        let mut common: Vec<i32> = Vec::new();
+        for pid in pids {
+            let chain = ancestors(pid);
+            if common.is_empty() {
+                common = chain;
+            } else {
+                let at = common
+                    .iter()
+                    .position(|a| chain.contains(a))
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "process {pid} is not in the tree of process {root_pid}"
+                        ))
+                    })?;
+                common.drain(..at);
+            }
+        }
+        Ok(common.first().copied())
+    };
     let mut creator: Vec<Option<i32>> = vec![None; n];
     for i in 0..n {
         let obj = find(&mut up, i);
         if creator[obj].is_some() {
             continue;
         }
-        let mut common: Vec<i32> = Vec::new();
-        for j in (0..n).filter(|&j| find(&mut up, j) == obj) {
-            for &(pid, _) in &shared[j].holders {
-                let chain = ancestors(pid);
-                if common.is_empty() {
-                    common = chain;
-                } else {
-                    let at = common
-                        .iter()
-                        .position(|a| chain.contains(a))
-                        .ok_or_else(|| {
-                            invalid(format!(
-                                "process {pid} is not in the tree of process {}",
-                                root_pid
-                            ))
-                        })?;
-                    common.drain(..at);
-                }
-            }
+        let in_obj: Vec<usize> = (0..n).filter(|&j| find(&mut up, j) == obj).collect();
+        creator[obj] = lca(&mut in_obj
+            .iter()
+            .flat_map(|&j| shared[j].holders.iter().map(|h| h.0)))?;
+    }
+    fn plan_of<'a>(
+        pid: i32,
+        root: &'a mut ChildPlan,
+        members: &'a mut [ChildPlan],
+    ) -> Result<&'a mut ChildPlan> {
+        if pid == root.pid {
+            Ok(root)
+        } else {
+            members
+                .iter_mut()
+                .find(|m| m.pid == pid)
+                .ok_or_else(|| RestoreError::Invalid(format!("process {pid} is not in the tree")))
         }
-        creator[obj] = common.first().copied();
     }
     for (i, s) in shared.iter().enumerate() {
         let Some(pid) = creator[find(&mut up, i)] else {
             return Err(invalid(format!("shared description #{i} has no holder")));
         };
-        let plan = if pid == root.pid {
-            &mut *root
-        } else {
-            members
-                .iter_mut()
-                .find(|m| m.pid == pid)
-                .ok_or_else(|| invalid(format!("process {pid} is not in the tree")))?
-        };
         let fd = base + i as RawFd;
-        plan.make_shared.push(FdImage {
+        plan_of(pid, root, members)?.make_shared.push(FdImage {
             fd,
             cloexec: false,
             ..s.file.clone()
         });
     }
+    // Shared memory: the segments by the main process; each anonymous object mapped by some
+    // process in the next slot, by the lowest common ancestor of those that map it, and
+    // named by each of them in the order of the objects (the order of its own descriptors).
+    let mut next = base + n as RawFd;
+    for (mut o, mappers) in shm {
+        if o.sysv.is_some() {
+            root.make_shm.push(o);
+            continue;
+        }
+        let Some(pid) = lca(&mut mappers.iter().copied())? else {
+            continue;
+        };
+        o.fd = next;
+        for &m in &mappers {
+            plan_of(m, root, members)?.shm_slots.push(next);
+        }
+        plan_of(pid, root, members)?.make_shm.push(o);
+        next += 1;
+    }
+    let count = (next - base) as u32;
     for p in std::iter::once(root).chain(members.iter_mut()) {
         p.shared_base = base;
-        p.shared_count = n as u32;
+        p.shared_count = count;
     }
     Ok(())
 }
 
-fn verify_files(img: &ProcessImage, host_path: &dyn Fn(&str) -> Option<PathBuf>) -> Result<()> {
+/// Checks the files `img` maps and its executable against this machine's, by content, except
+/// those the checkpoint carries (`carried`: the private directories of the image, or of its
+/// tree's main process).
+fn verify_files(
+    img: &ProcessImage,
+    carried: &crate::files::FileChanges,
+    host_path: &dyn Fn(&str) -> Option<PathBuf>,
+) -> Result<()> {
     // A file the checkpoint's tree carries (a private directory or the sandbox's tmpfs) is
     // written by the restore itself, with the contents captured in the same pause as the
     // memory; its hash (taken after the pause) may be of later contents.
     let in_tree = |p: &str| {
-        img.private_files
+        carried
             .upsert
             .iter()
             .any(|(q, e)| q == p && matches!(e, crate::files::Entry::File { .. }))
@@ -581,22 +741,26 @@ fn apply_restart(mut r: Regs) -> Regs {
     r
 }
 
-fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) -> Result<Vec<u8>> {
+/// The restorer's plan for `img`, whose mappings of shared memory name `objects` (its own, or
+/// its tree's), marking the System V segments `rmid` for removal once attached.
+fn build_plan(
+    img: &ProcessImage,
+    objects: &[ShmObject],
+    rmid: &[i32],
+    base: RawFd,
+    hold: bool,
+    pages_offset: u64,
+) -> Result<Vec<u8>> {
     let file_fd = |i: u32| base + INHERITED as RawFd + i as RawFd;
     let exe_fd = base + INHERITED as RawFd + img.files.len() as RawFd;
     // Anonymous shared memory objects: their descriptors follow the executable's.
-    let anon: Vec<ShmId> = img
-        .shm
-        .iter()
-        .map(|o| o.id)
-        .filter(|id| matches!(id, ShmId::Anon(_)))
-        .collect();
+    let anon = anon_mapped(img, objects);
     let shm_fd = |id: ShmId| {
         anon.iter()
             .position(|&a| a == id)
             .map(|k| exe_fd + 1 + k as RawFd)
     };
-    let shm_size = |id: ShmId| img.shm.iter().find(|o| o.id == id).map(|o| o.size);
+    let shm_size = |id: ShmId| objects.iter().find(|o| o.id == id).map(|o| o.size);
 
     let mut runs: Vec<PageRun> = img.runs.clone();
     runs.sort_by_key(|r| r.addr);
@@ -781,15 +945,6 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
     close.extend((0..img.files.len() as u32).map(file_fd));
     close.push(exe_fd);
     close.extend(anon.iter().filter_map(|&id| shm_fd(id)));
-    // Segments marked for removal: marked again once attached.
-    let rmid: Vec<i32> = img
-        .shm
-        .iter()
-        .filter_map(|o| match (o.id, &o.sysv) {
-            (ShmId::Sysv(id), Some(sv)) if sv.removed => Some(id),
-            _ => None,
-        })
-        .collect();
 
     // Lay the sections out after the header, each 64-byte aligned.
     let mut buf = vec![0u8; std::mem::size_of::<PlanHeader>()];
@@ -807,7 +962,8 @@ fn build_plan(img: &ProcessImage, base: RawFd, hold: bool, pages_offset: u64) ->
     let sigactions_off = section(&cat(&sigs));
     let cloexec_off = section(&cat(&cloexec));
     let close_off = section(&cat(&close));
-    let rmid_off = section(&cat(&rmid));
+    // Segments marked for removal: marked again once attached.
+    let rmid_off = section(&cat(rmid));
     let auxv_off = section(&cat(&img.auxv));
     let groups_off = section(&cat(&img.creds.groups));
     // In increasing id order (a kernel without PR_TIMER_CREATE_RESTORE_IDS can only count up).
@@ -998,6 +1154,16 @@ fn make_tree(mut me: ChildPlan) -> (ChildPlan, Option<String>) {
             && let Err(e) = make_shared(&me)
         {
             return (me, Some(e));
+        }
+        // And the shared memory objects it makes (the segments in the main process, before
+        // any other process exists; an anonymous object in the shared block).
+        if !me.make_shm.is_empty() {
+            let Some(&pages) = me.inherited.get(1) else {
+                return (me, Some("no page data descriptor".into()));
+            };
+            if let Err(e) = crate::shm::make_all(&me.make_shm, pages) {
+                return (me, Some(e));
+            }
         }
         for m in members
             .iter()
@@ -1220,13 +1386,19 @@ fn child_setup(p: &ChildPlan) -> String {
     }
     // 2. (The private directories were written before the tree was made: `make_tree`.)
     // 2b. Shared memory objects (System V ones in the sandbox's IPC namespace, with their ids;
-    // anonymous ones as descriptors after the executable's).
-    if let Err(e) = crate::shm::make_all(
-        &p.shm,
-        p.base + 1,
-        p.base + INHERITED as RawFd + p.files.len() as RawFd + 1,
-    ) {
+    // anonymous ones as descriptors after the executable's): a single process makes its own;
+    // a process of a tree takes the anonymous ones it maps from the shared block (the tree's
+    // objects were made before its processes were).
+    if let Err(e) = crate::shm::make_all(&p.shm, p.base + 1) {
         return e;
+    }
+    let first_anon = p.base + INHERITED as RawFd + p.files.len() as RawFd + 1;
+    for (k, &slot) in p.shm_slots.iter().enumerate() {
+        // SAFETY: dup2 of an inherited descriptor of the shared block to its planned number,
+        // in our own block (closed above, nothing of ours is there).
+        if unsafe { libc::dup2(slot, first_anon + k as RawFd) } < 0 {
+            return step("placing shared memory", io::Error::last_os_error());
+        }
     }
     // 3. Mapped files and the executable. The executable for PR_SET_MM_EXE_FILE must be a real
     // open file: O_PATH only if it cannot be read.
@@ -1271,8 +1443,7 @@ fn child_setup(p: &ChildPlan) -> String {
         return step(&format!("chdir {}", p.cwd), io::Error::last_os_error());
     }
     // 5. The target's descriptors at their numbers; limits, PID cursor.
-    let floor =
-        (p.base + INHERITED as RawFd + n as RawFd + 1 + p.shm.len() as RawFd).max(shared_end);
+    let floor = (first_anon + p.anon_fds as RawFd).max(shared_end);
     if let Err(e) = fds::recreate(&p.fds, floor, p.shared_base) {
         return e.to_string();
     }
@@ -1555,6 +1726,9 @@ mod tests {
             max_tid: 0,
             private_files: Default::default(),
             shm: Vec::new(),
+            anon_fds: 0,
+            make_shm: Vec::new(),
+            shm_slots: Vec::new(),
             shared_base: 0,
             shared_count: 0,
             make_shared: Vec::new(),
@@ -1610,7 +1784,15 @@ mod tests {
             // One holder: it makes it itself.
             entry(path("/c"), &[(8, 6)]),
         ];
-        plan_shared(&shared, &parents, &mut root, &mut members, &[60, 61]).unwrap();
+        plan_shared(
+            &shared,
+            Vec::new(),
+            &parents,
+            &mut root,
+            &mut members,
+            &[60, 61],
+        )
+        .unwrap();
         let made = |p: &ChildPlan| -> Vec<RawFd> { p.make_shared.iter().map(|f| f.fd).collect() };
         // Above the inherited descriptors (61) and every process's block (8's: 40 + 4 + 1 + 1).
         let base = 62;
@@ -1639,7 +1821,83 @@ mod tests {
         for m in &mut members2 {
             m.make_shared.clear();
         }
-        plan_shared(&shared, &parents, &mut root2, &mut members2, &[60, 61]).unwrap();
+        plan_shared(
+            &shared,
+            Vec::new(),
+            &parents,
+            &mut root2,
+            &mut members2,
+            &[60, 61],
+        )
+        .unwrap();
         assert_eq!(root2.shared_base, 100 + INHERITED as RawFd + 2);
+    }
+
+    /// A tree's shared memory: every System V segment made by the main process; each
+    /// anonymous object once, by the lowest common ancestor of the processes that map it, in
+    /// the block after the descriptions, and named by each of them in the objects' order.
+    #[test]
+    fn shared_memory_is_made_once_by_the_lowest_common_ancestor() {
+        // 2 -> 5 -> (7, 8); 2 -> 6.
+        let parents = [(5, 2), (6, 2), (7, 5), (8, 5)];
+        let mut root = plan(2, 0, 10);
+        let mut members: Vec<ChildPlan> = parents
+            .iter()
+            .map(|&(pid, ppid)| plan(pid, ppid, 10))
+            .collect();
+        // 7 maps two anonymous objects: its own block reaches higher.
+        members[2].anon_fds = 2;
+        let obj = |id: ShmId, sysv: bool| ShmPlan {
+            id,
+            size: 4096,
+            sysv: sysv.then_some(SysvShm {
+                key: 0,
+                mode: 0o600,
+                uid: 0,
+                gid: 0,
+                cuid: 0,
+                cgid: 0,
+                removed: false,
+                locked: false,
+            }),
+            runs: vec![(0, 4096, 8192)],
+            fd: -1,
+        };
+        let shared = vec![entry(pipe_end(false), &[(7, 3)])];
+        let shm = vec![
+            (obj(ShmId::Sysv(3), true), vec![7]),
+            (obj(ShmId::Anon(11), false), vec![7, 8]),
+            (obj(ShmId::Anon(12), false), vec![6]),
+            (obj(ShmId::Anon(13), false), vec![]),
+            (obj(ShmId::Anon(14), false), vec![2, 7]),
+        ];
+        plan_shared(&shared, shm, &parents, &mut root, &mut members, &[15]).unwrap();
+        // Above 7's own block (10 + 4 + 1 + 1 + 2), one description then three objects.
+        let base = 18;
+        let by_pid = |pid: i32| members.iter().find(|m| m.pid == pid).unwrap();
+        let made = |p: &ChildPlan| -> Vec<(ShmId, RawFd)> {
+            p.make_shm.iter().map(|o| (o.id, o.fd)).collect()
+        };
+        assert_eq!(
+            made(&root),
+            vec![(ShmId::Sysv(3), -1), (ShmId::Anon(14), base + 3)]
+        );
+        assert_eq!(made(by_pid(5)), vec![(ShmId::Anon(11), base + 1)]);
+        assert_eq!(made(by_pid(6)), vec![(ShmId::Anon(12), base + 2)]);
+        assert!(made(by_pid(7)).is_empty() && made(by_pid(8)).is_empty());
+        assert_eq!(by_pid(7).shm_slots, vec![base + 1, base + 3]);
+        assert_eq!(by_pid(8).shm_slots, vec![base + 1]);
+        assert_eq!(by_pid(6).shm_slots, vec![base + 2]);
+        assert_eq!(root.shm_slots, vec![base + 3]);
+        for p in std::iter::once(&root).chain(&members) {
+            assert_eq!(
+                (p.shared_base, p.shared_count),
+                (base, 4),
+                "process {}",
+                p.pid
+            );
+        }
+        // The contents are read where the main process's data says, whoever makes them.
+        assert_eq!(by_pid(5).make_shm[0].runs, vec![(0, 4096, 8192)]);
     }
 }

@@ -24,6 +24,11 @@
 //! a process that has shared memory. Pages that changed (or became holes: sent as zeros) go
 //! into the checkpoint, raw.
 //!
+//! In a process tree (a full checkpoint, `crate::tree`) the objects of every process are
+//! captured together, each once ([`ShmTracker::capture_of`]): an anonymous object is the same
+//! shmem file (the same inode) in every process that inherited its mapping, a System V segment
+//! is the IPC namespace's whoever attached it.
+//!
 //! System V segments are listed from `/proc/sysvipc/shm` when the layout was read again (a
 //! System V call — `shmget`, `shmctl`, `shmat`, `shmdt` — is a layout call for
 //! `crate::syscount`); otherwise the last list is kept, with its descriptors.
@@ -93,11 +98,27 @@ impl ShmTracker {
         full: bool,
         data: &mut Vec<u8>,
     ) -> Result<Vec<ShmObject>> {
+        self.capture_of(&[(proc, maps)], relist, full, data)
+    }
+
+    /// [`ShmTracker::capture`] of the objects several stopped processes map (those of a
+    /// process tree, `procs` each with its `maps`, the main process first): each object once,
+    /// whichever processes map it, opened through the first mapping of it found.
+    pub fn capture_of(
+        &mut self,
+        procs: &[(&Proc, &[MapEntry])],
+        relist: bool,
+        full: bool,
+        data: &mut Vec<u8>,
+    ) -> Result<Vec<ShmObject>> {
+        let Some(&(proc, _)) = procs.first() else {
+            return Ok(Vec::new());
+        };
         if !relist && !self.any {
             return Ok(Vec::new());
         }
         let fresh = if relist {
-            self.relist(proc, maps)?
+            self.relist(procs)?
         } else {
             Vec::new()
         };
@@ -170,9 +191,13 @@ impl ShmTracker {
         }
     }
 
-    /// Lists the objects again; returns the ids of those that are new (or another object
-    /// under a known id).
-    fn relist(&mut self, proc: &Proc, maps: &[MapEntry]) -> Result<Vec<ShmId>> {
+    /// Lists the objects again (those the processes' `maps` name, and every System V segment of
+    /// the IPC namespace); returns the ids of those that are new (or another object under a
+    /// known id).
+    fn relist(&mut self, procs: &[(&Proc, &[MapEntry])]) -> Result<Vec<ShmId>> {
+        let Some(&(first, _)) = procs.first() else {
+            return Ok(Vec::new());
+        };
         let mut found: BTreeMap<ShmId, Known> = BTreeMap::new();
         let mut fresh = Vec::new();
         // Records object `id`, new unless the last listing had the same shmem file.
@@ -187,7 +212,10 @@ impl ShmTracker {
             found.insert(id, k);
         };
         // Anonymous objects: from their mappings.
-        for m in maps {
+        for (proc, m) in procs
+            .iter()
+            .flat_map(|&(p, maps)| maps.iter().map(move |m| (p, m)))
+        {
             let Some(id @ ShmId::Anon(ino)) = object_of(m) else {
                 continue;
             };
@@ -212,14 +240,19 @@ impl ShmTracker {
         }
         // System V segments: all of the namespace's, attached or not.
         let text = std::fs::read_to_string("/proc/sysvipc/shm")
-            .map_err(crate::capture::proc_err(proc.pid, "/proc/sysvipc/shm"))?;
+            .map_err(crate::capture::proc_err(first.pid, "/proc/sysvipc/shm"))?;
         for seg in parse_sysvipc(&text) {
             let id = ShmId::Sysv(seg.shmid);
-            let file = match maps.iter().find(|m| object_of(m) == Some(id)) {
-                Some(m) => open_mapping(proc, m)?,
-                None => attach_and_open(proc, seg.shmid)?,
+            let mapping = procs.iter().find_map(|&(p, maps)| {
+                maps.iter()
+                    .find(|m| object_of(m) == Some(id))
+                    .map(|m| (p, m))
+            });
+            let file = match mapping {
+                Some((p, m)) => open_mapping(p, m)?,
+                None => attach_and_open(first, seg.shmid)?,
             };
-            let ino = file.metadata().map_err(read_err(proc, id))?.ino();
+            let ino = file.metadata().map_err(read_err(first, id))?.ino();
             let obj = ShmObject {
                 id,
                 size: seg.size,
@@ -230,8 +263,9 @@ impl ShmTracker {
             keep(id, Known { obj, file, ino }, &mut self.known, &mut found);
         }
         // What the maps name must exist in the namespace (the image refers to it).
-        if let Some(m) = maps
+        if let Some(m) = procs
             .iter()
+            .flat_map(|&(_, maps)| maps)
             .find(|m| object_of(m).is_some_and(|id| !found.contains_key(&id)))
         {
             return Err(CaptureError::Unsupported(format!(
@@ -391,25 +425,29 @@ fn parse_sysvipc(text: &str) -> Vec<Segment> {
 /// effective IDs), owner and mode (`IPC_SET`) and lock; the restorer attaches them, and marks
 /// those that were marked for removal again. Anonymous objects become descriptors of fresh
 /// shmem files (`MAP_SHARED | MAP_ANONYMOUS`, reopened through `/proc/self/map_files/`: the
-/// same kind of file, shown as `/dev/zero (deleted)`), moved to `first_fd`, `first_fd + 1`, ...
-/// in order, for the restorer to map shared.
+/// same kind of file, shown as `/dev/zero (deleted)`) at their planned numbers, for the
+/// restorer to map shared (in a process tree, every process that maps one gets it from the
+/// process that made it: see `crate::restore`).
 pub fn make_all(
     objects: &[crate::restore::ShmPlan],
     pages: i32,
-    first_fd: i32,
 ) -> std::result::Result<(), String> {
-    let mut next = first_fd;
     for o in objects {
         match (o.id, &o.sysv) {
             (ShmId::Sysv(id), Some(sv)) => make_sysv(id, o, sv, pages)?,
-            (ShmId::Anon(_), None) => {
+            (ShmId::Anon(_), None) if o.fd >= 0 => {
                 let fd = make_anon(o, pages)?;
                 // SAFETY: moving our fresh descriptor to its planned number.
-                unsafe {
-                    libc::dup2(fd, next);
-                    libc::close(fd);
+                let r = unsafe { libc::dup2(fd, o.fd) };
+                let e = io::Error::last_os_error();
+                // SAFETY: closing the descriptor made above.
+                unsafe { libc::close(fd) };
+                if r < 0 {
+                    return Err(format!(
+                        "shared memory {:?}: moving it to {}: {e}",
+                        o.id, o.fd
+                    ));
                 }
-                next += 1;
             }
             _ => return Err(format!("shared memory {:?} is described wrongly", o.id)),
         }

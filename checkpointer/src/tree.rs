@@ -9,21 +9,27 @@
 //! several processes) are listed once, in the main image's `shared_files`, and named by each
 //! holder's descriptor ([`share`]); the restore makes each once and hands it down the tree.
 //!
+//! Shared memory: the objects of the whole tree (shared anonymous memory, System V segments)
+//! are captured once each, whichever processes map them, and listed by the main process; a
+//! member's mappings name them ([`crate::shm::ShmTracker::capture_of`]). The restore makes each
+//! once and hands it to every process that maps it.
+//!
 //! Phase 3: children that exited and were not reaped yet (zombies) are listed with their PID,
 //! group, session, user and wait status (`/proc/PID/stat`'s `exit_code`), in the main image's
 //! `zombies`; the restore recreates each as a child that exits with that status.
 //!
 //! What cannot be restored yet is refused by name: a zombie that dumped core, an epoll
-//! instance held by several processes, shared memory in a process other than the main one,
-//! and a group or session that is neither the process's own nor its parent's.
+//! instance held by several processes, and a group or session that is neither the process's
+//! own nor its parent's.
 
 use crate::capture::{
     self, CaptureError, CaptureStats, Captured, children_of, estimate_private_bytes, finish_full,
     prefaulted_buffer, proc_err,
 };
 use crate::image::{Checkpoint, FdKind, Member, ProcessImage, SharedFile, UnixState, Zombie};
-use crate::procfs::Proc;
+use crate::procfs::{MapEntry, Proc};
 use crate::ptrace::Stopped;
+use crate::shm::ShmTracker;
 use crate::sys::Pid;
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -57,13 +63,26 @@ pub(crate) fn checkpoint_tree(
             .collect();
         let groups = find_shared(&procs)?;
         let mut out: Vec<Captured> = Vec::with_capacity(procs.len());
+        let mut maps: Vec<Vec<MapEntry>> = Vec::with_capacity(procs.len());
         let mut buf = Some(buf);
         for (p, st) in procs.iter().zip(stopped.iter_mut()) {
             let mut s = CaptureStats::default();
             let b = buf.take().unwrap_or_default();
-            out.push(capture::capture_stopped(p, st, &mut s, b, true)?);
+            let (c, m) = capture::capture_stopped(p, st, &mut s, b, true)?;
+            out.push(c);
+            maps.push(m);
             stats.memory_copy += s.memory_copy;
         }
+        // The tree's shared memory objects, each once, whichever processes map it: listed
+        // and carried by the main process (members' mappings name them).
+        let tm = Instant::now();
+        let each: Vec<(&Proc, &[MapEntry])> = procs
+            .iter()
+            .zip(&maps)
+            .map(|(p, m)| (*p, m.as_slice()))
+            .collect();
+        out[0].0.shm = ShmTracker::default().capture_of(&each, true, true, &mut out[0].1)?;
+        stats.memory_copy += tm.elapsed();
         // Inside the pause: the files consistent with the memory.
         out[0].0.private_files = capture::private_tree(root, private_dirs)?;
         Ok((out, groups))
@@ -104,12 +123,6 @@ pub(crate) fn checkpoint_tree(
             &image.tree[*parent - 1].image
         };
         check_groups(ids(&img), Some(parent_img))?;
-        if !img.shm.is_empty() {
-            return Err(CaptureError::Unsupported(format!(
-                "process {} uses shared memory: shared memory outside the main process is {NOT_YET}",
-                img.pid
-            )));
-        }
         let member = Member {
             ppid: pids[*parent],
             data_off: data.len() as u64,

@@ -25,9 +25,10 @@ mod libc_types {
 /// out the metadata that equals their base's, `Carried`; 4: shared memory objects, `shm`, and
 /// mappings of them, `Backing::Shm`; 5: process trees, `tree`, and each process's group and
 /// session, `pgid` and `sid`; 6: open file descriptions held by several processes of a tree,
-/// `shared_files`, named by `FdKind::Shared`; 7: children that exited and were not reaped,
-/// `zombies`).
-pub const FORMAT_VERSION: u32 = 7;
+/// `shared_files`, named by `FdKind::Shared`; 7: a tree's shared memory objects listed once, by
+/// the main process, and named by every process's mappings of them; 8: children that exited
+/// and were not reaped, `zombies`).
+pub const FORMAT_VERSION: u32 = 8;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
 /// checkpointer checks equals this).
@@ -138,7 +139,9 @@ pub struct ProcessImage {
     pub seccomp: Seccomp,
     /// Shared memory objects (shared anonymous memory, System V segments), each once with its
     /// contents, whether mapped or not; mappings name them (`Backing::Shm`). Always listed in
-    /// full, incremental checkpoints included (their pages there are those that changed).
+    /// full, incremental checkpoints included (their pages there are those that changed). In a
+    /// process tree the main process lists the objects of the whole tree (their contents in
+    /// its page data) and a member lists none: its mappings name the main process's objects.
     pub shm: Vec<ShmObject>,
     /// The process group and session, in the sandbox's PID namespace (0: not recorded; the
     /// restored process then keeps what its creator gave it).
@@ -1004,7 +1007,7 @@ impl ProcessImage {
     /// - a tree's members and its shared descriptors as `validate_tree` and `validate_shared`
     ///   say.
     pub fn validate(&self, data_len: u64) -> Result<(), FormatError> {
-        self.validate_one(data_len)?;
+        self.validate_one(data_len, None)?;
         self.validate_tree(data_len)?;
         self.validate_shared()?;
         self.validate_zombies()
@@ -1062,7 +1065,12 @@ impl ProcessImage {
 
     /// [`ProcessImage::validate`] of one process, without what belongs to the tree (a
     /// member's descriptors may name shared descriptions, which only the main process lists).
-    fn validate_one(&self, data_len: u64) -> Result<(), FormatError> {
+    /// A member's mappings of shared memory name `tree_shm`, the main process's objects.
+    fn validate_one(
+        &self,
+        data_len: u64,
+        tree_shm: Option<&[ShmObject]>,
+    ) -> Result<(), FormatError> {
         fn bad<T>(m: String) -> Result<T, FormatError> {
             Err(FormatError::Meta(m))
         }
@@ -1279,7 +1287,7 @@ impl ProcessImage {
         }
         self.validate_timers(&tids)?;
         self.validate_seccomp(&tids)?;
-        self.validate_shm(data_len)?;
+        self.validate_shm(data_len, tree_shm)?;
         self.creds
             .groups
             .len()
@@ -1355,10 +1363,11 @@ impl ProcessImage {
                     img.pid
                 ));
             }
-            img.validate_one(m.data_len).map_err(|e| match e {
-                FormatError::Meta(m) => FormatError::Meta(format!("process {}: {m}", img.pid)),
-                e => e,
-            })?;
+            img.validate_one(m.data_len, Some(&self.shm))
+                .map_err(|e| match e {
+                    FormatError::Meta(m) => FormatError::Meta(format!("process {}: {m}", img.pid)),
+                    e => e,
+                })?;
             if !pids.contains(&m.ppid) {
                 return bad(format!(
                     "process {} names parent {}, which is not listed before it",
@@ -1628,11 +1637,26 @@ impl ProcessImage {
     /// description, anonymous ones without), sizes of 1 byte to [`SHM_MAX_SIZE`], runs
     /// page-aligned, inside the object (rounded up to pages) and inside the data, not
     /// overlapping one another in the object; `fresh` only in an incremental checkpoint; and
-    /// every mapping of one naming an object of the image, inside it.
-    fn validate_shm(&self, data_len: u64) -> Result<(), FormatError> {
+    /// every mapping of one naming an object of the image, inside it. A member of a tree
+    /// (`tree_shm`: the main process's objects, already checked) lists none of its own, and
+    /// its mappings name the main process's.
+    fn validate_shm(
+        &self,
+        data_len: u64,
+        tree_shm: Option<&[ShmObject]>,
+    ) -> Result<(), FormatError> {
         let bad = |m: String| Err(FormatError::Meta(m));
         const PAGE: u64 = crate::delta::PAGE_SIZE as u64;
+        if tree_shm.is_some() && !self.shm.is_empty() {
+            return bad(format!(
+                "process {} lists shared memory objects (the main process lists a tree's)",
+                self.pid
+            ));
+        }
         let mut ids: Vec<(ShmId, u64)> = Vec::with_capacity(self.shm.len());
+        for o in tree_shm.unwrap_or_default() {
+            ids.push((o.id, o.size.div_ceil(PAGE).saturating_mul(PAGE)));
+        }
         for o in &self.shm {
             if o.size == 0 || o.size > SHM_MAX_SIZE {
                 return bad(format!("shared memory {:?} has size {}", o.id, o.size));
@@ -2371,6 +2395,86 @@ pub(crate) mod tests {
         }
         for bad in [0x86, 17, 19, 28, 65, 0x7f, 0x17f, 1 << 16, -1] {
             assert!(!Zombie::status_valid(bad), "{bad:#x}");
+        }
+    }
+
+    /// [`with_member`] where the main process lists an anonymous shared memory object (two
+    /// pages, its first page's contents in the main process's data, before the member's) that
+    /// only the member maps, at 0x10000.
+    fn with_member_shm() -> Checkpoint {
+        let mut ck = with_member();
+        let at = ck.image.tree[0].data_off as usize;
+        ck.data.splice(at..at, std::iter::repeat_n(9u8, 4096));
+        ck.image.tree[0].data_off += 4096;
+        ck.image.shm.push(ShmObject {
+            id: ShmId::Anon(9),
+            size: 8192,
+            sysv: None,
+            runs: vec![PageRun {
+                addr: 0,
+                len: 4096,
+                data_off: at as u64,
+            }],
+            fresh: false,
+        });
+        ck.image.tree[0].image.vmas.push(Vma {
+            start: 0x10000,
+            end: 0x12000,
+            prot: 3,
+            shared: true,
+            flags: 0,
+            backing: Backing::Shm {
+                id: ShmId::Anon(9),
+                offset: 0,
+            },
+            name: String::new(),
+        });
+        ck
+    }
+
+    #[test]
+    fn a_tree_lists_its_shared_memory_once_in_the_main_process() {
+        let ck = with_member_shm();
+        ck.validate().unwrap();
+        let back = Checkpoint::from_bytes(ck.to_bytes()).unwrap();
+        assert_eq!(back.image.shm, ck.image.shm);
+        assert_eq!(back.image.tree[0].image.vmas, ck.image.tree[0].image.vmas);
+
+        type Break = fn(&mut Checkpoint);
+        let cases: Vec<(&str, Break)> = vec![
+            ("process 5 lists shared memory objects", |c| {
+                let o = c.image.shm[0].clone();
+                c.image.tree[0]
+                    .image
+                    .shm
+                    .push(ShmObject { runs: vec![], ..o })
+            }),
+            (
+                "names shared memory Anon(10), which is not in the image",
+                |c| {
+                    c.image.tree[0].image.vmas[1].backing = Backing::Shm {
+                        id: ShmId::Anon(10),
+                        offset: 0,
+                    }
+                },
+            ),
+            ("lies outside shared memory Anon(9)", |c| {
+                c.image.tree[0].image.vmas[1].backing = Backing::Shm {
+                    id: ShmId::Anon(9),
+                    offset: 4096,
+                }
+            }),
+            // The objects' contents are the main process's data: no member's slice over them.
+            ("overlaps another's", |c| c.image.tree[0].data_off -= 4096),
+        ];
+        for (want, brk) in cases {
+            let mut c = with_member_shm();
+            brk(&mut c);
+            let err = c.validate().unwrap_err().to_string();
+            assert!(
+                err.contains(want),
+                "validate: expected {want:?}, got {err:?}"
+            );
         }
     }
 

@@ -1,0 +1,273 @@
+//! Debian's unmodified nginx (`apt-get install nginx-light`) under the shipped manifest
+//! (`gramine-manifests/nginx.manifest`): a master and two workers sharing the listening socket,
+//! the master's channels to its workers (unix socket pairs) and the shared memory zone the
+//! master maps before it forks them. Pages are fetched and both workers answer; `tardi
+//! snapshot`, kill, `tardi restore`: the master and both workers are back with their PIDs, the
+//! same pages are served and both workers answer again; then the restored master still
+//! commands its workers: a reload (SIGHUP) replaces them with new ones, which serve.
+
+mod common;
+
+use common::tardi::{Running, Scratch};
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tardi_checkpointer::image::{Backing, Checkpoint, FdKind, ShmId, SocketState};
+
+const PORT: u16 = 8080;
+
+/// The shipped manifest with the configuration mounted from this checkout, a unique name and
+/// a scratch data directory.
+fn manifest(scratch: &Path, name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("gramine-manifests/nginx.manifest")).unwrap();
+    let (conf, data, name_line) = (
+        "uri = \"file:/srv/nginx\"",
+        "file:/var/lib/tardi/nginx/data",
+        "name = \"nginx\"",
+    );
+    assert!(
+        text.contains(conf) && text.contains(data) && text.contains(name_line),
+        "the shipped nginx manifest changed shape: update this test"
+    );
+    let text = text
+        .replace(
+            conf,
+            &format!(
+                "uri = {:?}",
+                format!("file:{}", root.join("gramine-manifests/nginx").display())
+            ),
+        )
+        .replace(data, &format!("file:{}", scratch.join("data").display()))
+        .replace(name_line, &format!("name = {name:?}"));
+    let p = scratch.join(format!("{name}.manifest"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Requests answered since the counter was last reset.
+static REQUESTS: AtomicU64 = AtomicU64::new(0);
+
+/// `GET path` over a fresh connection: the status line and the body.
+fn get(addr: SocketAddr, path: &str) -> std::io::Result<(String, String)> {
+    let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    c.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: tardi\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    c.read_to_string(&mut text)?;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.lines().next().unwrap_or_default().to_string();
+    REQUESTS.fetch_add(1, Ordering::SeqCst);
+    Ok((status, body.to_string()))
+}
+
+/// The request count of `/status` (nginx's `stub_status`: the requests of every worker, kept
+/// in the shared memory zone), this request included.
+fn requests(addr: SocketAddr) -> u64 {
+    let (status, body) = get(addr, "/status").expect("GET /status");
+    assert!(status.contains(" 200 "), "GET /status: {status}");
+    // "Active connections: N \nserver accepts handled requests\n A H R \n..."
+    body.lines()
+        .nth(2)
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("GET /status: {body:?}"))
+}
+
+/// Waits until nginx answers on `addr`.
+fn wait_serving(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match get(addr, "/") {
+            Ok((status, _)) if status.contains(" 200 ") => return,
+            r if Instant::now() > deadline => panic!("nginx does not serve on {addr}: {r:?}"),
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// The site's page, as it must be served.
+fn check_pages(addr: SocketAddr, when: &str) {
+    let want = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("gramine-manifests/nginx/site/index.html"),
+    )
+    .unwrap();
+    for path in ["/", "/index.html"] {
+        let (status, body) = get(addr, path).unwrap_or_else(|e| panic!("{when}: GET {path}: {e}"));
+        assert!(status.contains(" 200 "), "{when}: GET {path}: {status}");
+        assert_eq!(body, want, "{when}: GET {path}");
+    }
+    let (status, _) = get(addr, "/missing").unwrap();
+    assert!(status.contains(" 404 "), "{when}: GET /missing: {status}");
+}
+
+/// The PIDs (in the sandbox) of the workers that answered `/worker`, asked by eight clients
+/// at once, round after round, until `want` distinct ones answered (at most 50 rounds).
+fn workers(addr: SocketAddr, want: usize) -> BTreeSet<i32> {
+    let mut seen = BTreeSet::new();
+    for _ in 0..50 {
+        let clients: Vec<_> = (0..8)
+            .map(|_| std::thread::spawn(move || get(addr, "/worker")))
+            .collect();
+        for c in clients {
+            let (status, body) = c.join().unwrap().expect("GET /worker");
+            assert!(status.contains(" 200 "), "GET /worker: {status}");
+            let pid = body
+                .trim()
+                .strip_prefix("worker ")
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("GET /worker: {body:?}"));
+            seen.insert(pid);
+        }
+        if seen.len() >= want {
+            break;
+        }
+    }
+    seen
+}
+
+/// The tree under host PID `root`: (PID in the sandbox, host PID) of each process, the root
+/// first, then its children.
+fn tree(root: i32) -> Vec<(i32, i32)> {
+    let ns = |p: i32| -> i32 {
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|v| v.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let kids =
+        std::fs::read_to_string(format!("/proc/{root}/task/{root}/children")).unwrap_or_default();
+    std::iter::once((ns(root), root))
+        .chain(
+            kids.split_whitespace()
+                .filter_map(|k| k.parse().ok())
+                .map(|k| (ns(k), k)),
+        )
+        .collect()
+}
+
+fn sandbox_pids(t: &[(i32, i32)]) -> Vec<i32> {
+    t.iter().map(|p| p.0).collect()
+}
+
+#[test]
+fn nginx_master_and_workers_survive_snapshot_and_restore() {
+    assert!(
+        Path::new("/usr/sbin/nginx").exists(),
+        "nginx is not installed (scripts/setup.sh: apt-get install nginx-light)"
+    );
+    let scratch = Scratch::new("nginx");
+    let name = format!("nginx-{}", std::process::id() % 10000);
+    let m = manifest(&scratch.0, &name);
+    let cur = Running::run(&m).expect("tardi run nginx");
+    let addr = cur.addr(PORT);
+    wait_serving(addr);
+    check_pages(addr, "before the snapshot");
+    let served = workers(addr, 2);
+    let before = tree(cur.pid);
+    assert_eq!(before.len(), 3, "a master and two workers: {before:?}");
+    let worker_pids: BTreeSet<i32> = before[1..].iter().map(|p| p.0).collect();
+    assert_eq!(served, worker_pids, "both workers answer");
+
+    // The zone counts every request, whichever worker served it.
+    REQUESTS.store(0, Ordering::SeqCst);
+    let first = requests(addr);
+    workers(addr, 2);
+    let counted = requests(addr);
+    assert_eq!(
+        counted,
+        first + REQUESTS.load(Ordering::SeqCst) - 1,
+        "the shared counters count both workers' requests"
+    );
+
+    let file = scratch.0.join("nginx.tardi");
+    cur.snapshot(&file).expect("snapshot of nginx");
+    let image = Checkpoint::from_bytes(std::fs::read(&file).unwrap())
+        .unwrap()
+        .image;
+    assert_eq!(image.tree.len(), 2, "two workers besides the master");
+    // The listening socket, one description held by all three.
+    let listener = image
+        .shared_files
+        .iter()
+        .find(|s| {
+            matches!(&s.file.kind, FdKind::Socket(x) if matches!(x.state, SocketState::Listening { .. }))
+        })
+        .expect("the listening socket is shared");
+    assert_eq!(listener.holders.len(), 3, "{:?}", listener.holders);
+    // The master's shared zone (accept mutex, connection counters), mapped by the workers.
+    let zone = image
+        .shm
+        .iter()
+        .find(|o| matches!(o.id, ShmId::Anon(_)))
+        .map(|o| o.id)
+        .expect("nginx's shared memory zone");
+    for m in &image.tree {
+        assert!(
+            m.image.vmas.iter().any(|v| v.backing
+                == Backing::Shm {
+                    id: zone,
+                    offset: 0
+                }),
+            "worker {} maps the zone",
+            m.image.pid
+        );
+    }
+    let log = cur.log.clone();
+    cur.stop();
+
+    REQUESTS.store(0, Ordering::SeqCst);
+    let restored = Running::restore_or_log(&file, &log);
+    let addr = restored.addr(PORT);
+    let after = tree(restored.pid);
+    assert_eq!(
+        sandbox_pids(&after),
+        sandbox_pids(&before),
+        "the master and its workers with their PIDs"
+    );
+    check_pages(addr, "after the restore");
+    assert_eq!(
+        workers(addr, 2),
+        worker_pids,
+        "both restored workers answer"
+    );
+    // The zone came back with its counts and is one zone again: the requests since the
+    // restore, whichever worker served them, count on from the snapshot's.
+    let now = requests(addr);
+    assert_eq!(
+        now,
+        counted + REQUESTS.load(Ordering::SeqCst),
+        "the restored workers share their counters (and the snapshot's count is kept)"
+    );
+
+    // The restored master still commands its workers: a reload starts two new ones and ends
+    // the old ones (reaped by the master: no process left but the three).
+    // SAFETY: a signal to the restored master, a process this test's sandbox holds.
+    assert_eq!(unsafe { libc::kill(restored.pid, libc::SIGHUP) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let reloaded = loop {
+        let t = tree(restored.pid);
+        let pids: BTreeSet<i32> = t[1..].iter().map(|p| p.0).collect();
+        if t.len() == 3 && pids.is_disjoint(&worker_pids) {
+            break pids;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after a reload: {t:?}\n--- log ---\n{}",
+            std::fs::read_to_string(scratch.0.join("data/error.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    check_pages(addr, "after a reload");
+    assert_eq!(workers(addr, 2), reloaded, "the new workers answer");
+    restored.stop();
+}

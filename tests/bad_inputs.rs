@@ -657,12 +657,13 @@ fn snapshot_refuses_a_zombie_that_dumped_core_and_the_service_keeps_running() {
     });
 }
 
-/// Shared memory is captured (tests/shared_memory.rs), but a POSIX object unlinked while
-/// mapped is a deleted file: no name to restore it under.
+/// Shared memory is captured (tests/shared_memory.rs), and so is a file unlinked while mapped
+/// shared (tests/multiprocessing.rs: Python's semaphores), but a private mapping of an unlinked
+/// file is a deleted file's copy-on-write pages: no name to restore the file under.
 #[test]
-fn snapshot_refuses_unlinked_posix_shared_memory_and_the_service_keeps_running() {
-    snapshot_refused("shm-unlinked", |_, pong| {
-        // pong N shm-unlinked shm=0x7f...
+fn snapshot_refuses_a_private_mapping_of_an_unlinked_file_and_the_service_keeps_running() {
+    snapshot_refused("unlinked-private", |_, pong| {
+        // pong N unlinked-private shm=0x7f...
         let addr = pong.split("shm=").nth(1).unwrap().trim().to_string();
         vec![format!(
             "mapping at {addr} of a deleted file /dev/shm/bad-shm (deleted)"

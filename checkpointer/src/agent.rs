@@ -585,6 +585,7 @@ mod tests {
             exec: prot & 4 != 0,
             shared: false,
             offset: 0,
+            dev: 0,
             inode: 0,
             name: String::new(),
             vmflags: Vec::new(),

@@ -17,6 +17,8 @@ pub struct MapEntry {
     pub exec: bool,
     pub shared: bool,
     pub offset: u64,
+    /// The device of the mapped file (`major << 32 | minor`; 0 for anonymous memory).
+    pub dev: u64,
     pub inode: u64,
     pub name: String,
     pub vmflags: Vec<String>,
@@ -39,7 +41,8 @@ fn parse_map_line(line: &str) -> Option<MapEntry> {
     let range = it.next()?;
     let perms = it.next()?.as_bytes();
     let offset = u64::from_str_radix(it.next()?, 16).ok()?;
-    let _dev = it.next()?;
+    let (major, minor) = it.next()?.split_once(':')?;
+    let dev = u64::from_str_radix(major, 16).ok()? << 32 | u64::from_str_radix(minor, 16).ok()?;
     let inode = it.next()?.parse().ok()?;
     let name = it.next().unwrap_or("").trim_start().to_string();
     let (s, e) = range.split_once('-')?;
@@ -55,6 +58,7 @@ fn parse_map_line(line: &str) -> Option<MapEntry> {
         exec: perms.get(2) == Some(&b'x'),
         shared: perms.get(3) == Some(&b's'),
         offset,
+        dev,
         inode,
         name,
         vmflags: Vec::new(),

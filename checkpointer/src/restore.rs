@@ -160,7 +160,7 @@ fn anon_mapped(img: &ProcessImage, objects: &[ShmObject]) -> Vec<ShmId> {
     objects
         .iter()
         .map(|o| o.id)
-        .filter(|&id| matches!(id, ShmId::Anon(_)) && maps_object(img, id))
+        .filter(|&id| id.is_anonymous() && maps_object(img, id))
         .collect()
 }
 
@@ -348,7 +348,7 @@ fn prepare_pages(
                 .iter()
                 .filter_map(|o| match o.id {
                     ShmId::Sysv(_) => Some(ShmPlan::of(o, pages_offset, -1)),
-                    ShmId::Anon(_) => anon
+                    ShmId::Anon(_) | ShmId::Unlinked { .. } => anon
                         .iter()
                         .position(|&a| a == o.id)
                         .map(|k| ShmPlan::of(o, pages_offset, exe_fd + 1 + k as RawFd)),
@@ -805,7 +805,9 @@ fn build_plan(
                     )));
                 }
                 match id {
-                    ShmId::Anon(_) => (shm_fd(id).ok_or_else(missing)?, offset),
+                    ShmId::Anon(_) | ShmId::Unlinked { .. } => {
+                        (shm_fd(id).ok_or_else(missing)?, offset)
+                    }
                     ShmId::Sysv(shmid) => {
                         flags |= VMA_SYSV;
                         if offset == 0 {

@@ -2,6 +2,10 @@
 //! segments (`shmget`), captured once each with their contents, whatever maps them (the image's
 //! mappings name them: `Backing::Shm`). POSIX shared memory and shared mappings of files are
 //! files in the sandbox's tmpfs mounts (`/dev/shm` among them): [`crate::files`] carries them.
+//! A file unlinked while mapped shared (a POSIX semaphore after `sem_unlink`, as Python's
+//! `multiprocessing` locks are) has no name left: it is an object of its own
+//! (`ShmId::Unlinked`, by device and inode), captured like shared anonymous memory and
+//! restored as such (its mappings then show `/dev/zero (deleted)`).
 //!
 //! Identity: an anonymous object by the inode of its shmem file (the inode number `maps`
 //! shows; the object cannot be freed, nor its number reused, while we hold a descriptor of it),
@@ -60,6 +64,14 @@ pub fn object_of(m: &MapEntry) -> Option<ShmId> {
     // "/SYSV%08x (deleted)", the inode being the shmid.
     if m.name.starts_with("/SYSV") && m.name.ends_with(" (deleted)") {
         return i32::try_from(m.inode).ok().map(ShmId::Sysv);
+    }
+    // A file unlinked while mapped shared: "/dev/shm/sem.XXXXXX (deleted)" (a POSIX semaphore
+    // after `sem_unlink`, as Python's multiprocessing locks are), a temporary file.
+    if m.name.starts_with('/') && m.name.ends_with(" (deleted)") && m.inode != 0 {
+        return Some(ShmId::Unlinked {
+            dev: m.dev,
+            ino: m.inode,
+        });
     }
     None
 }
@@ -216,8 +228,10 @@ impl ShmTracker {
             .iter()
             .flat_map(|&(p, maps)| maps.iter().map(move |m| (p, m)))
         {
-            let Some(id @ ShmId::Anon(ino)) = object_of(m) else {
-                continue;
+            let (id, ino) = match object_of(m) {
+                Some(id @ ShmId::Anon(ino)) => (id, ino),
+                Some(id @ ShmId::Unlinked { ino, .. }) => (id, ino),
+                _ => continue,
             };
             if found.contains_key(&id) {
                 continue;
@@ -435,7 +449,7 @@ pub fn make_all(
     for o in objects {
         match (o.id, &o.sysv) {
             (ShmId::Sysv(id), Some(sv)) => make_sysv(id, o, sv, pages)?,
-            (ShmId::Anon(_), None) if o.fd >= 0 => {
+            (id, None) if id.is_anonymous() && o.fd >= 0 => {
                 let fd = make_anon(o, pages)?;
                 // SAFETY: moving our fresh descriptor to its planned number.
                 let r = unsafe { libc::dup2(fd, o.fd) };

@@ -259,6 +259,19 @@ pub enum ShmId {
     Anon(u64),
     /// A System V segment, by its `shmid` (kept at restore).
     Sysv(i32),
+    /// A file that was unlinked while mapped shared (a POSIX semaphore or shared memory object
+    /// after `sem_unlink` or `shm_unlink`, a temporary file), by the device and inode it had at
+    /// capture. Nothing can open it by name any more, so it comes back as shared anonymous
+    /// memory holding its contents.
+    Unlinked { dev: u64, ino: u64 },
+}
+
+impl ShmId {
+    /// An object that comes back as shared anonymous memory (everything but a System V
+    /// segment).
+    pub fn is_anonymous(self) -> bool {
+        matches!(self, ShmId::Anon(_) | ShmId::Unlinked { .. })
+    }
 }
 
 /// A shared memory object and its contents.
@@ -1663,7 +1676,7 @@ impl ProcessImage {
             }
             match (o.id, &o.sysv) {
                 (ShmId::Sysv(id), Some(_)) if id >= 0 => {}
-                (ShmId::Anon(_), None) => {}
+                (id, None) if id.is_anonymous() => {}
                 _ => return bad(format!("shared memory {:?} is described wrongly", o.id)),
             }
             if o.fresh && self.base_epoch.is_none() {
@@ -2430,6 +2443,45 @@ pub(crate) mod tests {
             name: String::new(),
         });
         ck
+    }
+
+    /// An unlinked file's object (`ShmId::Unlinked`) is anonymous memory to the format: valid
+    /// without System V details, refused with them, and kept apart from an anonymous object
+    /// with the same inode number.
+    #[test]
+    fn unlinked_objects_are_anonymous_and_distinct() {
+        let mut ck = with_member_shm();
+        let unlinked = ShmId::Unlinked { dev: 27, ino: 9 };
+        assert!(unlinked.is_anonymous() && ShmId::Anon(9).is_anonymous());
+        assert!(!ShmId::Sysv(9).is_anonymous());
+        assert_ne!(unlinked, ShmId::Anon(9));
+        ck.image.shm[0].id = unlinked;
+        ck.image.tree[0].image.vmas[1].backing = Backing::Shm {
+            id: unlinked,
+            offset: 0,
+        };
+        ck.validate().unwrap();
+        let back = Checkpoint::from_bytes(ck.to_bytes()).unwrap();
+        assert_eq!(back.image.shm, ck.image.shm);
+        let mut c = ck.clone();
+        c.image.tree[0].image.vmas[1].backing = Backing::Shm {
+            id: ShmId::Anon(9),
+            offset: 0,
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("which is not in the image"), "{err}");
+        ck.image.shm[0].sysv = Some(SysvShm {
+            key: 0,
+            mode: 0o600,
+            uid: 0,
+            gid: 0,
+            cuid: 0,
+            cgid: 0,
+            removed: false,
+            locked: false,
+        });
+        let err = ck.validate().unwrap_err().to_string();
+        assert!(err.contains("is described wrongly"), "{err}");
     }
 
     #[test]

@@ -15,7 +15,8 @@
  *   zombie-core     a child that dumped core (SIGABRT, core file in /dev/shm) and is never reaped
  *   orphan          a grandchild process (pauses forever) whose parent, our child, exited: it
  *                   is reparented to the sandbox's init, so it is no child of the service
- *   shm-unlinked    a POSIX shared memory object mapped and then unlinked (shm_unlink)
+ *   unlinked-private  a POSIX shared memory object mapped privately (MAP_PRIVATE) and then
+ *                   unlinked (shm_unlink); one mapped shared is captured
  *   sysv-tail       a System V attachment whose first page was unmapped
  *   memfd           an open memfd
  *   pending-signal  SIGUSR1 blocked and pending
@@ -58,7 +59,7 @@ int main(int argc, char **argv) {
             mode = argv[i];
     }
     if (!mode) {
-        fprintf(stderr, "usage: %s [--port N] none|unixsock|shared-epoll|zombie-core|orphan|shm-unlinked|sysv-tail|memfd|pending-signal|inotify-queued\n", argv[0]);
+        fprintf(stderr, "usage: %s [--port N] none|unixsock|shared-epoll|zombie-core|orphan|unlinked-private|sysv-tail|memfd|pending-signal|inotify-queued\n", argv[0]);
         return 2;
     }
 
@@ -128,10 +129,10 @@ int main(int argc, char **argv) {
         close(p[1]);
         if (waitpid(child, NULL, 0) < 0) die("waitpid");
         snprintf(detail, sizeof detail, "grandchild=%d", (int)grandchild);
-    } else if (strcmp(mode, "shm-unlinked") == 0) {
+    } else if (strcmp(mode, "unlinked-private") == 0) {
         int fd = shm_open("/bad-shm", O_RDWR | O_CREAT, 0600);
         if (fd < 0 || ftruncate(fd, 4096) < 0) die("shm_open");
-        char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) die("mmap");
         strcpy(p, "shared");
         close(fd);

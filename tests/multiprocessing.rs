@@ -1,0 +1,129 @@
+//! A Python `multiprocessing` service (issue 8): Debian's python3 running
+//! `tests/programs/mpserver.py` from `gramine-manifests/python-mp.manifest`, a UDP server whose
+//! work goes to a `multiprocessing.Pool` of two forked workers. The three processes share the
+//! pool's pipes and its locks (POSIX semaphores: files in /dev/shm unlinked at once and mapped
+//! shared by every process); the main process runs the pool's three threads; each worker
+//! keeps a running total of the numbers it was given.
+//!
+//! Work is done, `tardi snapshot` taken, more work done (which the restore must forget), the
+//! sandbox killed and `tardi restore`d: the same worker PIDs serve the next work, through the
+//! same pipes and locks, and the workers' totals go on from what they held at the snapshot
+//! (their sum is the sum of every number handed out before the snapshot and after the
+//! restore).
+
+mod common;
+
+use common::programs;
+use common::tardi::{Running, Scratch};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const PORT: u16 = 7600;
+
+/// The shipped manifest with the script's directory mounted from this checkout and a unique
+/// sandbox name.
+fn manifest(dir: &Path, name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shipped = root.join("gramine-manifests/python-mp.manifest");
+    let text = std::fs::read_to_string(&shipped).unwrap();
+    let (uri, name_line) = (r#"uri = "file:/srv/mp""#, r#"name = "python-mp""#);
+    assert!(
+        text.contains(uri) && text.contains(name_line),
+        "{} changed: update this test",
+        shipped.display()
+    );
+    let programs = root.join("tests/programs");
+    let text = text
+        .replace(
+            uri,
+            &format!("uri = {:?}", format!("file:{}", programs.display())),
+        )
+        .replace(name_line, &format!("name = {name:?}"));
+    let p = dir.join(format!("{name}.manifest"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn ask(r: &Running, cmd: &str) -> String {
+    programs::request(
+        SocketAddr::new(r.address.into(), PORT),
+        cmd,
+        Duration::from_secs(20),
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{cmd} to {}: {e}\n--- log ---\n{}",
+            r.name,
+            std::fs::read_to_string(&r.log).unwrap_or_default()
+        )
+    })
+}
+
+/// `work n`: (tasks served in all, each worker's total).
+fn work(r: &Running, n: u64) -> (u64, BTreeMap<String, u64>) {
+    let reply = ask(r, &format!("work {n}"));
+    let mut served = None;
+    let mut totals = BTreeMap::new();
+    for f in reply.split_whitespace() {
+        match f.split_once('=') {
+            Some(("served", v)) => served = v.parse().ok(),
+            Some(("workers", v)) => {
+                for w in v.split(',') {
+                    let (p, t) = w.split_once(':').expect("PID:TOTAL");
+                    totals.insert(p.to_string(), t.parse().unwrap());
+                }
+            }
+            _ => {}
+        }
+    }
+    (served.unwrap_or_else(|| panic!("work: {reply}")), totals)
+}
+
+fn sum_to(n: u64) -> u64 {
+    n * (n + 1) / 2
+}
+
+#[test]
+fn a_multiprocessing_pool_survives_snapshot_and_restore() {
+    let scratch = Scratch::new("mp");
+    let name = format!("mp-{}", std::process::id() % 10000);
+    let m = manifest(&scratch.0, &name);
+    let cur = Running::run(&m).expect("tardi run");
+    programs::wait_ready(
+        SocketAddr::new(cur.address.into(), PORT),
+        Duration::from_secs(30),
+    )
+    .expect("ready");
+    let pids = ask(&cur, "pids");
+    let (served, totals) = work(&cur, 20);
+    assert_eq!(served, 20);
+    assert_eq!(totals.values().sum::<u64>(), sum_to(20), "{totals:?}");
+
+    let file = scratch.0.join("mp.tardi");
+    cur.snapshot(&file)
+        .expect("snapshot of a multiprocessing pool");
+    // Work done after the snapshot: the restore must not have it.
+    assert_eq!(work(&cur, 5).0, 25);
+    let log = cur.log.clone();
+    cur.stop();
+
+    let restored = Running::restore_or_log(&file, &log);
+    assert_eq!(ask(&restored, "pids"), pids, "the same workers");
+    let (served, after) = work(&restored, 10);
+    assert_eq!(
+        served, 30,
+        "20 tasks before the snapshot, 10 after the restore"
+    );
+    assert_eq!(
+        after.values().sum::<u64>(),
+        sum_to(20) + sum_to(10),
+        "the workers' totals go on from the snapshot: {totals:?} then {after:?}"
+    );
+    assert!(
+        after.keys().all(|p| pids.contains(p.as_str())),
+        "results come from the pool's workers {pids}: {after:?}"
+    );
+    restored.stop();
+}

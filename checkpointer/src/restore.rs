@@ -301,11 +301,6 @@ fn prepare_tree(
     if img.tree.is_empty() {
         return prepare_pages(img, pages, pages_offset, host_path, hold);
     }
-    if hold {
-        return Err(RestoreError::Invalid(
-            "held restores of process trees are not supported yet".into(),
-        ));
-    }
     let decode = |p: &Prepared| -> Result<ChildPlan> {
         postcard::from_bytes(&p.payload).map_err(|e| io::Error::other(e).into())
     };
@@ -346,14 +341,14 @@ fn prepare_tree(
         let off = pages_offset.checked_add(m.data_off).ok_or_else(|| {
             RestoreError::Invalid(format!("process {}: page data out of range", me.pid))
         })?;
-        let prep = prepare_pages(me, pages.try_clone()?, off, host_path, false)?;
+        let prep = prepare_pages(me, pages.try_clone()?, off, host_path, hold)?;
         let mut plan = decode(&prep)?;
         plan.ppid = m.ppid;
         plan.max_tid = max_tid;
         plans.push(plan);
         members.push(prep);
     }
-    let mut root = prepare_pages(img, pages, pages_offset, host_path, false)?;
+    let mut root = prepare_pages(img, pages, pages_offset, host_path, hold)?;
     let mut plan = decode(&root)?;
     plan.max_tid = max_tid;
     for m in &members {
@@ -1259,9 +1254,47 @@ fn finish_one(prep: Prepared, pid: Pid, timeout: Duration) -> Result<FinishStats
     })
 }
 
+/// A process of a restore held before running ([`finish_held_tree`]).
+#[derive(Debug, Clone, Copy)]
+pub struct HeldProcess {
+    /// Its PID in the sandbox.
+    pub pid: i32,
+    /// Its host PID.
+    pub host: Pid,
+    /// The restorer's range `(start, end)` in it (see [`finish_held`]).
+    pub blob: (u64, u64),
+}
+
+/// [`finish_held`] for every process of a tree (the main one first, whose host PID is `pid`;
+/// the others in the checkpoint's order), each held stopped before running.
+pub fn finish_held_tree(
+    mut prep: Prepared,
+    pid: Pid,
+    timeout: Duration,
+) -> Result<Vec<HeldProcess>> {
+    let members = std::mem::take(&mut prep.members);
+    let t0 = Instant::now();
+    let mut out = vec![HeldProcess {
+        pid: prep.pid,
+        host: pid,
+        blob: finish_held(prep, pid, timeout)?,
+    }];
+    for m in members {
+        let left = timeout.saturating_sub(t0.elapsed());
+        let host = host_pid(pid, m.pid, left)?;
+        out.push(HeldProcess {
+            pid: m.pid,
+            host,
+            blob: finish_held(m, host, timeout.saturating_sub(t0.elapsed()))?,
+        });
+    }
+    Ok(out)
+}
+
 /// For a restore prepared with `hold`: waits for the report and for the process to stop
 /// itself. Returns the restorer's range `(start, end)`, the one mapping that differs from the
 /// source. Resume with SIGCONT (the restorer blob then stays mapped: for comparisons only).
+/// The main process only: the other processes of a tree are [`finish_held_tree`]'s.
 pub fn finish_held(prep: Prepared, pid: Pid, timeout: Duration) -> Result<(u64, u64)> {
     let (base, total) = wait_report(prep, pid, timeout)?;
     let deadline = Instant::now() + timeout;

@@ -431,3 +431,24 @@ except Exception as e:
     let out = std::fs::read_to_string(&result).unwrap_or_else(|_| "no result".into());
     assert_eq!(out.trim(), "ok 1000", "the client: {out}");
 }
+
+/// A process tree (`forktree.c`: a main process, three children and a grandchild, in groups
+/// and sessions of their own): `--verify` compares every process of the image built from the
+/// chain with its live process, then a held restore of it with the live tree, process by
+/// process (`docs/PROCESS-TREES.md`, phase 2).
+#[test]
+fn profile_a_process_tree_verifies() {
+    let scratch = Scratch::new("profile-tree");
+    let bin = programs::build("forktree");
+    let name = format!("prof-tree-{}", std::process::id() % 10000);
+    // The grandchild's port: profiling starts once the whole tree is there.
+    let text = format!(
+        "libos.entrypoint = {bin:?}\nloader.argv = [\"forktree\"]\n\n\
+         [tardi]\nname = \"{name}\"\nports = [\"udp:7304\"]\n"
+    );
+    let manifest = scratch.0.join(format!("{name}.manifest"));
+    std::fs::write(&manifest, text).unwrap();
+    let (epochs, s) = profile_json(&scratch.0, &manifest, &["--duration", "1s", "--verify"]);
+    assert!(epochs.len() >= 10, "only {} epochs in 1 s", epochs.len());
+    assert_eq!(s["verified"], true, "verification failed: {s}");
+}

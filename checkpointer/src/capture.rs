@@ -47,6 +47,11 @@ pub enum CaptureError {
         "cannot checkpoint: {0}, and they stayed queued; queued inotify events cannot be carried into a checkpoint"
     )]
     QueuedEvents(String),
+    /// The epoch loop's process tree changed in a way its chain cannot carry (see
+    /// `docs/PROCESS-TREES.md`: processes that appear or exit between epochs come later; a
+    /// member that maps shared memory).
+    #[error("{0}; the chain must restart with a full checkpoint")]
+    TreeChanged(String),
 }
 
 type Result<T> = std::result::Result<T, CaptureError>;
@@ -320,8 +325,13 @@ pub struct MetaCache {
     /// and the path lookups under `/proc/PID/task/TID` cost more than the read.
     status_files: HashMap<String, std::fs::File>,
     /// The layout-call count ([`crate::syscount::LAYOUT`], which counts `clone` and `fork`)
-    /// when the service was last seen without child processes.
+    /// when the process's children were last checked (none, or `children`).
     childless_at: Option<u64>,
+    /// The epoch loop: the children (host PIDs, sorted) the process had when the chain began
+    /// (none for a single process); other children refuse the capture
+    /// ([`CaptureError::TreeChanged`]). Unset: any child is refused as a process tree (a
+    /// single process's one-shot checkpoint, which is then retried as a tree).
+    pub(crate) children: Option<Vec<Pid>>,
     /// The values read from `stat`, `cwd` and `exe`, with the (layout, descriptor) call counts
     /// when they were read: the `stat` fields kept (code, data, stack, arguments, environment)
     /// change only through `execve`, `brk` and `prctl(PR_SET_MM*)`, the executable through
@@ -487,7 +497,7 @@ fn capture_meta_once(
     let layout_calls = counts.map(|c| c.0);
     if !cache.tree && (refresh || layout_calls.is_none() || layout_calls != cache.childless_at) {
         cache.childless_at = None;
-        check_supported(proc, &st.tids)?;
+        check_supported(proc, &st.tids, cache.children.as_deref())?;
         cache.childless_at = layout_calls;
     }
     // Signals pending now (say the SIGSEGV of a write a thread just made, or the SIGSYS of a
@@ -1044,12 +1054,23 @@ pub(crate) fn group_and_session(proc: &Proc) -> Result<(i32, i32)> {
 }
 
 /// Process-level state this checkpointer cannot restore yet: refuse it by name rather than
-/// produce a checkpoint that restores into something different.
-fn check_supported(proc: &Proc, tids: &[Pid]) -> Result<()> {
-    let children: Vec<String> = children_of(proc, tids)
-        .iter()
-        .map(|c| c.to_string())
-        .collect();
+/// produce a checkpoint that restores into something different. `known`: the children the
+/// epoch loop's chain began with (see [`MetaCache::children`]).
+fn check_supported(proc: &Proc, tids: &[Pid], known: Option<&[Pid]>) -> Result<()> {
+    let mut now = children_of(proc, tids);
+    if let Some(known) = known {
+        now.sort_unstable();
+        if now != known {
+            return Err(CaptureError::TreeChanged(format!(
+                "process {} (host PID) has children {now:?}, the chain began with {known:?}: \
+                 processes that appear or exit between epochs are not supported by the epoch \
+                 loop yet",
+                proc.pid
+            )));
+        }
+        return Ok(());
+    }
+    let children: Vec<String> = now.iter().map(|c| c.to_string()).collect();
     if !children.is_empty() {
         return Err(CaptureError::Unsupported(format!(
             "the service has child processes (host PIDs {}); {CHILDREN_REFUSED}",

@@ -265,9 +265,12 @@ pub enum ChainState {
     /// in which case the next call fails the same way.
     Intact,
     /// This loop cannot continue the chain: its thread is gone (or `start` failed), so there is
-    /// no loop left to carry anything or to take a full checkpoint with [`Epochs::request_full`].
-    /// A new loop ([`Epochs::start`], with its own full checkpoint) is needed before any backup
-    /// can continue. The running loop itself never breaks the chain (see the module doc).
+    /// no loop left to carry anything or to take a full checkpoint with [`Epochs::request_full`];
+    /// or the service's process tree is no longer the one the chain began with (a process
+    /// appeared or exited: [`CaptureError::TreeChanged`], every later epoch fails the same
+    /// way). A new loop ([`Epochs::start`], with its own full checkpoint) is needed before any
+    /// backup can continue. Otherwise the running loop never breaks the chain (see the module
+    /// doc).
     Broken,
     /// The service exited or was killed (its process is gone, or only a zombie is left).
     ServiceGone,
@@ -295,7 +298,9 @@ impl EpochError {
     pub fn chain(&self) -> ChainState {
         match self {
             EpochError::ServiceGone(_) => ChainState::ServiceGone,
-            EpochError::Gone(_) => ChainState::Broken,
+            EpochError::Gone(_) | EpochError::Capture(CaptureError::TreeChanged(_)) => {
+                ChainState::Broken
+            }
             _ => ChainState::Intact,
         }
     }
@@ -451,8 +456,9 @@ enum Cmd {
 
 type Reply = Result<EpochOutput>;
 
-/// A running epoch loop on one process (host PID). Drop or [`Epochs::stop`] ends it and removes
-/// write tracking from the process.
+/// A running epoch loop on one process (host PID) and its descendants, if it has any (a
+/// process tree: see `docs/PROCESS-TREES.md`). Drop or [`Epochs::stop`] ends it and removes
+/// write tracking from every process.
 pub struct Epochs {
     tx: mpsc::Sender<Cmd>,
     rx: mpsc::Receiver<Reply>,
@@ -689,9 +695,10 @@ fn exited_within(pidfd: &OwnedFd, timeout: Duration) -> bool {
     r > 0 && p.revents & (libc::POLLIN | libc::POLLHUP) != 0
 }
 
-/// The loop's state, owned by the epoch thread.
-struct EpochLoop<'p> {
-    proc: &'p Proc,
+/// The loop's state, owned by the epoch thread: one process's (its tracker, caches, twins,
+/// ...) and, for a process tree, one more of these per other process ([`EpochLoop::members`]).
+struct EpochLoop {
+    proc: Proc,
     cfg: EpochConfig,
     /// The last checkpoint's metadata: the next one leaves out what did not change.
     meta_carry: tardi_image::store::MetaCarry,
@@ -749,6 +756,31 @@ struct EpochLoop<'p> {
     pidfd: OwnedFd,
     /// Test support: fail the next epoch here.
     fail: Option<FailPoint>,
+    /// A process tree: the other processes, parents before their children, each with its own
+    /// state (whose hook, trigger and failure point are unused: the main process's loop drives
+    /// every pause). Empty for a single process, which pays nothing for it.
+    members: Vec<TreeMember>,
+}
+
+/// A process of a tree other than the main one, in the epoch loop.
+struct TreeMember {
+    /// Its PID and its parent's in the sandbox.
+    pid: i32,
+    ppid: i32,
+    lp: EpochLoop,
+}
+
+/// Shared memory in a process other than the main one is refused (the restore cannot map it
+/// into a member yet).
+fn refuse_member_shm(img: &ProcessImage) -> std::result::Result<(), CaptureError> {
+    if img.shm.is_empty() {
+        return Ok(());
+    }
+    Err(CaptureError::Unsupported(format!(
+        "process {} uses shared memory: shared memory outside the main process is not supported \
+         in a process tree yet",
+        img.pid
+    )))
 }
 
 /// What a pause took from the tracker (the tracker will not report it again) and no delivered
@@ -787,17 +819,155 @@ struct Precopy {
     took: Duration,
 }
 
-impl<'p> EpochLoop<'p> {
+/// What the first pause needs of a process, made before it (loading the call counter takes a
+/// while).
+struct FirstPrep {
+    pagemap: std::fs::File,
+    buf: Vec<u8>,
+    fd_calls: Option<crate::syscount::SyscallCounter>,
+}
+
+impl FirstPrep {
+    fn new(proc: &Proc, copy: bool) -> std::result::Result<FirstPrep, CaptureError> {
+        let pid = proc.pid;
+        let pagemap = proc
+            .open_file("pagemap", libc::O_RDONLY)
+            .map_err(proc_err(pid, "pagemap"))?;
+        // As for a one-shot full checkpoint: fault the copy buffer in before the pause.
+        let buf = if copy {
+            capture::prefaulted_buffer(capture::estimate_private_bytes(proc))
+        } else {
+            Vec::new()
+        };
+        // Before the pause (loading the program takes a while): without it, every pause
+        // reads every descriptor.
+        let fd_calls = crate::syscount::SyscallCounter::new(pid, &crate::syscount::CHANGE_GROUPS)
+            .inspect_err(|e| tracing::debug!("descriptors read every pause: {e}"))
+            .ok();
+        Ok(FirstPrep {
+            pagemap,
+            buf,
+            fd_calls,
+        })
+    }
+}
+
+/// What the first pause captured of one process.
+struct First {
+    tracker: Box<dyn Tracker>,
+    cache: MetaCache,
+    maps: Vec<MapEntry>,
+    armed: Vec<(u64, u64)>,
+    image: ProcessImage,
+    data: Vec<u8>,
+    files: Vec<capture::PendingFile>,
+    exe: capture::PendingFile,
+    dirs: DirTracker,
+    shm: crate::shm::ShmTracker,
+}
+
+/// The first pause's work on one stopped process: arms tracking and, with `copy`, captures its
+/// memory. `children`: its children (host PIDs, sorted), which the chain begins with.
+fn first_capture(
+    proc: &Proc,
+    st: &mut Stopped,
+    cfg: &EpochConfig,
+    prep: FirstPrep,
+    copy: bool,
+    children: Vec<Pid>,
+) -> Result<First> {
+    let pid = proc.pid;
+    let FirstPrep {
+        pagemap,
+        buf,
+        fd_calls,
+    } = prep;
+    let maps = proc.smaps().map_err(proc_err(pid, "smaps"))?;
+    let mut cache = MetaCache::default();
+    cache.calls = fd_calls;
+    cache.children = Some(children);
+    let (mut tracker, maps): (Box<dyn Tracker>, _) = match cfg.tracker {
+        TrackerKind::Uffd => (Box::new(UffdTracker::new(st, &maps, pagemap)?), maps),
+        TrackerKind::Mprotect => {
+            let mut t = MprotectTracker::new(st, proc, &maps, pagemap)?;
+            cache.own_filter = true;
+            t.begin(st)?;
+            // The agent's own mappings are new.
+            let maps = t.layout(proc.smaps().map_err(proc_err(pid, "smaps"))?);
+            (Box::new(t), maps)
+        }
+    };
+    let mut meta = capture::capture_meta(proc, st, &maps, &mut cache, true)?;
+    tracker.threads(&meta.threads, &maps);
+    tracker.patch_image(&mut meta);
+    let mut exe = capture::PendingFile::exe(&meta.exe.path);
+    exe.open(proc)?;
+    // The memory first: arming may split the kernel's mappings the capture names files by.
+    // (The agent pages the commit writes are in the first incremental checkpoint.)
+    let mut dirs = DirTracker::new(cfg.private_dirs.clone());
+    let mut shm = crate::shm::ShmTracker::default();
+    let ((mut image, data), files) = if copy {
+        capture::full_memory(proc, &maps, meta, buf, &mut shm)?
+    } else {
+        // Nothing copied; the objects' pages are known from here on all the same.
+        shm.capture(proc, &maps, true, true, &mut Vec::new())?;
+        ((meta, Vec::new()), Vec::new())
+    };
+    // Walked either way: the tracker reports changes from this state on.
+    let tree = dirs.changes_mapped(&maps).map_err(EpochError::Files)?;
+    if copy {
+        image.private_files = tree;
+    }
+    let mut armed = Vec::new();
+    for m in maps.iter().filter(|m| trackable(m)) {
+        tracker.arm(m.start, m.end)?;
+        armed.push((m.start, m.end));
+    }
+    tracker.commit(st, &armed, &maps)?;
+    Ok(First {
+        tracker,
+        cache,
+        maps,
+        armed,
+        image,
+        data,
+        files,
+        exe,
+        dirs,
+        shm,
+    })
+}
+
+/// Resumes the processes of a tree stopped in `sts` (parents first): children first, so that no
+/// parent runs while a child it might signal is still held. The first error is returned.
+fn resume_all(sts: Vec<Stopped>) -> std::result::Result<(), crate::ptrace::PtraceError> {
+    let mut resumed = Ok(());
+    for st in sts.into_iter().rev() {
+        let r = st.resume();
+        if resumed.is_ok() {
+            resumed = r;
+        }
+    }
+    resumed
+}
+
+impl EpochLoop {
     /// The first pause: arms tracking and, with `copy`, captures the full checkpoint 0 (without,
     /// the returned checkpoint has the metadata only, no memory: see [`Epochs::start_tracking`]).
+    ///
+    /// A process tree (`docs/PROCESS-TREES.md`) is listed before the pause (each process is
+    /// prepared as the main one is) and again once stopped, top-down; a process that appeared or
+    /// exited in between starts the pause over. Every process is captured in this one pause;
+    /// the checkpoint lists the others as members of the main process's image, with the open
+    /// file descriptions they share.
     fn start(
-        proc: &'p Proc,
+        root: &Proc,
         cfg: EpochConfig,
         hooks: EpochHooks,
         trigger: Trigger,
         copy: bool,
-    ) -> Result<(EpochLoop<'p>, EpochOutput)> {
-        let pid = proc.pid;
+    ) -> Result<(EpochLoop, EpochOutput)> {
+        let pid = root.pid;
         let pidfd = crate::sys::pidfd_open(pid).map_err(|e| gone_or(pid, e))?;
         let gone = |e: EpochError| {
             if exited(&pidfd) {
@@ -806,82 +976,90 @@ impl<'p> EpochLoop<'p> {
                 e
             }
         };
-        let codec = PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?;
+        // The other processes carry no private directories: the main one does.
+        let member_cfg = EpochConfig {
+            private_dirs: Vec::new(),
+            ..cfg.clone()
+        };
         let mut hook = hooks.on_pause;
         let mut attempt = 0u32;
-        let (st, r, t0, quiesce) = loop {
-            let pagemap = proc
-                .open_file("pagemap", libc::O_RDONLY)
-                .map_err(proc_err(pid, "pagemap"))
-                .map_err(|e| gone(e.into()))?;
-            // As for a one-shot full checkpoint: fault the copy buffer in before the pause.
-            let buf = if copy {
-                capture::prefaulted_buffer(capture::estimate_private_bytes(proc))
-            } else {
-                Vec::new()
-            };
-            // Before the pause (loading the program takes a while): without it, every pause
-            // reads every descriptor.
-            let fd_calls =
-                crate::syscount::SyscallCounter::new(pid, &crate::syscount::CHANGE_GROUPS)
-                    .inspect_err(|e| tracing::debug!("descriptors read every pause: {e}"))
-                    .ok();
+        let (sts, r, t0, quiesce, procs, parents) = loop {
+            let listed = crate::tree::list_members(root).map_err(|e| gone(e.into()))?;
+            let (mut procs, mut parents) = (
+                vec![root.try_clone().map_err(|e| gone_or(pid, e))?],
+                vec![0],
+            );
+            for (p, parent) in listed {
+                procs.push(p);
+                parents.push(parent);
+            }
+            let mut preps = Vec::with_capacity(procs.len());
+            for p in &procs {
+                preps.push(FirstPrep::new(p, copy).map_err(|e| gone(e.into()))?);
+            }
             let t0 = Instant::now();
-            let mut st = Stopped::stop(proc)
-                .map_err(CaptureError::from)
-                .map_err(|e| gone(e.into()))?;
-            if st.tids.is_empty() {
+            let mut sts: Vec<Stopped> = Vec::with_capacity(procs.len());
+            let mut found = Vec::new();
+            // Zombies are refused when the tree is listed (`list_members`); one that appeared
+            // since makes the tree differ (`same`), and is refused at the next listing.
+            let mut zombies = Vec::new();
+            let stopped = crate::tree::stop_all(root, &mut found, &mut zombies, &mut sts);
+            let same = zombies.is_empty()
+                && found.len() + 1 == procs.len()
+                && found
+                    .iter()
+                    .zip(&procs[1..])
+                    .zip(&parents[1..])
+                    .all(|((f, p), parent)| f.0.pid == p.pid && f.1 == *parent);
+            if let Err(e) = stopped {
+                let _ = resume_all(sts);
+                return Err(gone(e.into()));
+            }
+            if sts.iter().any(|s| s.tids.is_empty()) {
+                let _ = resume_all(sts);
                 return Err(EpochError::ServiceGone(format!(
-                    "process {pid} has no threads"
+                    "process {pid} (or one of its children) has no threads"
                 )));
             }
+            if !same {
+                let _ = resume_all(sts);
+                if attempt < 20 {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(u64::from(attempt)));
+                    continue;
+                }
+                return Err(CaptureError::Unsupported(
+                    "the process tree kept changing while it was being stopped".into(),
+                )
+                .into());
+            }
             let quiesce = t0.elapsed();
+            let children = |i: usize| -> Vec<Pid> {
+                let mut c: Vec<Pid> = (1..procs.len())
+                    .filter(|&j| parents[j] == i)
+                    .map(|j| procs[j].pid)
+                    .collect();
+                c.sort_unstable();
+                c
+            };
             let r = (|| -> Result<_> {
-                let maps = proc.smaps().map_err(proc_err(pid, "smaps"))?;
-                let mut cache = MetaCache::default();
-                cache.calls = fd_calls;
-                let (mut tracker, maps): (Box<dyn Tracker>, _) = match cfg.tracker {
-                    TrackerKind::Uffd => {
-                        (Box::new(UffdTracker::new(&mut st, &maps, pagemap)?), maps)
-                    }
-                    TrackerKind::Mprotect => {
-                        let mut t = MprotectTracker::new(&mut st, proc, &maps, pagemap)?;
-                        cache.own_filter = true;
-                        t.begin(&mut st)?;
-                        // The agent's own mappings are new.
-                        let maps = t.layout(proc.smaps().map_err(proc_err(pid, "smaps"))?);
-                        (Box::new(t), maps)
-                    }
-                };
-                let mut meta = capture::capture_meta(proc, &mut st, &maps, &mut cache, true)?;
-                tracker.threads(&meta.threads, &maps);
-                tracker.patch_image(&mut meta);
-                let mut exe = capture::PendingFile::exe(&meta.exe.path);
-                exe.open(proc)?;
-                // The memory first: arming may split the kernel's mappings the capture names
-                // files by. (The agent pages the commit writes are in the first incremental
-                // checkpoint.)
-                let mut dirs = DirTracker::new(cfg.private_dirs.clone());
-                let mut shm = crate::shm::ShmTracker::default();
-                let (mut ck, files) = if copy {
-                    capture::full_memory(proc, &maps, meta, buf, &mut shm)?
-                } else {
-                    // Nothing copied; the objects' pages are known from here on all the same.
-                    shm.capture(proc, &maps, true, true, &mut Vec::new())?;
-                    ((meta, Vec::new()), Vec::new())
-                };
-                // Walked either way: the tracker reports changes from this state on.
-                let tree = dirs.changes_mapped(&maps).map_err(EpochError::Files)?;
-                if copy {
-                    ck.0.private_files = tree;
+                let mut firsts = Vec::with_capacity(procs.len());
+                for (i, ((p, st), prep)) in procs.iter().zip(sts.iter_mut()).zip(preps).enumerate()
+                {
+                    let cfg = if i == 0 { &cfg } else { &member_cfg };
+                    firsts.push(first_capture(p, st, cfg, prep, copy, children(i))?);
                 }
-                let mut armed = Vec::new();
-                for m in maps.iter().filter(|m| trackable(m)) {
-                    tracker.arm(m.start, m.end)?;
-                    armed.push((m.start, m.end));
+                // A tree: the open file descriptions its processes share, and each process's
+                // group and session (the single process keeps what its creator gave it).
+                let mut groups = Vec::new();
+                if procs.len() > 1 {
+                    let refs: Vec<&Proc> = procs.iter().collect();
+                    groups = crate::tree::find_shared(&refs)?;
+                    for (p, f) in procs.iter().zip(firsts.iter_mut()) {
+                        (f.image.pgid, f.image.sid) = capture::group_and_session(p)?;
+                    }
                 }
-                tracker.commit(&mut st, &armed, &maps)?;
-                Ok((tracker, cache, maps, armed, ck, files, exe, dirs, shm))
+                Ok((firsts, groups))
             })();
             // A signal that kept arriving while the process was read (see
             // `capture::capture_meta`): resume, let it be delivered, and start over. Only with
@@ -894,11 +1072,11 @@ impl<'p> EpochLoop<'p> {
             {
                 attempt += 1;
                 drop(r);
-                let _ = st.resume();
+                let _ = resume_all(sts);
                 std::thread::sleep(Duration::from_millis(u64::from(attempt)));
                 continue;
             }
-            break (st, r, t0, quiesce);
+            break (sts, r, t0, quiesce, procs, parents);
         };
         if r.is_ok() {
             trigger.clear();
@@ -906,21 +1084,114 @@ impl<'p> EpochLoop<'p> {
                 h(0);
             }
         }
-        let resumed = st.resume();
+        let resumed = resume_all(sts);
         let pause = t0.elapsed();
-        let (tracker, cache, maps, armed, (mut image, data), files, exe, dirs, shm) =
-            r.map_err(gone)?;
+        let (firsts, groups) = r.map_err(gone)?;
         resumed
             .map_err(CaptureError::from)
             .map_err(|e| gone(e.into()))?;
-        let mut data = data;
-        image.files = files
-            .into_iter()
-            .map(|f| f.identify(proc))
-            .collect::<std::result::Result<_, _>>()?;
-        image.exe = exe.identify(proc)?;
-        capture::drop_zero_pages(&mut image, &mut data);
 
+        // After the pause: identify each process's files, then lay the tree out.
+        let mut loops: Vec<EpochLoop> = Vec::with_capacity(procs.len());
+        let mut images: Vec<(ProcessImage, Vec<u8>)> = Vec::with_capacity(procs.len());
+        for (i, (proc, f)) in procs.into_iter().zip(firsts).enumerate() {
+            let First {
+                tracker,
+                cache,
+                maps,
+                armed,
+                mut image,
+                mut data,
+                files,
+                exe,
+                dirs,
+                shm,
+            } = f;
+            image.files = files
+                .into_iter()
+                .map(|f| f.identify(&proc))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| gone(e.into()))?;
+            image.exe = exe.identify(&proc).map_err(|e| gone(e.into()))?;
+            capture::drop_zero_pages(&mut image, &mut data);
+            let lp_pidfd = if i == 0 {
+                pidfd.try_clone().map_err(|e| gone_or(pid, e))?
+            } else {
+                crate::sys::pidfd_open(proc.pid).map_err(|e| gone_or(proc.pid, e))?
+            };
+            let codec = PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?;
+            let (cfg, hook, trigger) = if i == 0 {
+                (cfg.clone(), hook.take(), trigger.clone())
+            } else {
+                (member_cfg.clone(), None, Trigger::default())
+            };
+            loops.push(EpochLoop {
+                twins: TwinStore::new(cfg.twin_budget),
+                rng: 0x9E37_79B9_7F4A_7C15 ^ proc.pid as u64,
+                maps_file: proc.open_file("maps", libc::O_RDONLY).ok(),
+                proc,
+                cfg,
+                tracker,
+                armed,
+                prev_maps: maps,
+                layout_seen: None,
+                prev_cow: Vec::new(),
+                layout_missed: 0,
+                cache,
+                codecs: vec![codec],
+                streak: Vec::new(),
+                hot: Vec::new(),
+                file_refs: HashMap::new(),
+                contents: crate::track::has_contents(),
+                cool: HashSet::new(),
+                void: Vec::new(),
+                epoch: 0,
+                base: 0,
+                last_resume: Instant::now(),
+                buf: Vec::new(),
+                dirs,
+                shm,
+                pre: None,
+                last_dirty: u64::MAX,
+                prebuf: Vec::new(),
+                carry: Carry::default(),
+                hook,
+                trigger,
+                pidfd: lp_pidfd,
+                fail: None,
+                meta_carry: Default::default(),
+                members: Vec::new(),
+            });
+            images.push((image, data));
+        }
+        let mut it = images.into_iter();
+        let (mut image, mut data) = it.next().expect("the main process is always captured");
+        if it.len() > 0 {
+            let mut rest: Vec<(ProcessImage, Vec<u8>)> = it.collect();
+            let hosts: Vec<Pid> = loops.iter().map(|l| l.proc.pid).collect();
+            let mut refs: Vec<&mut ProcessImage> = rest.iter_mut().map(|(i, _)| i).collect();
+            crate::tree::share(&mut image, &mut refs, &hosts, groups)?;
+            crate::tree::check_groups((image.pid, image.pgid, image.sid), None)?;
+            let mut pids = vec![image.pid];
+            for (k, ((img, d), parent)) in rest.into_iter().zip(&parents[1..]).enumerate() {
+                let parent_img = if *parent == 0 {
+                    &image
+                } else {
+                    &image.tree[*parent - 1].image
+                };
+                crate::tree::check_groups((img.pid, img.pgid, img.sid), Some(parent_img))?;
+                refuse_member_shm(&img)?;
+                loops[k + 1].meta_carry = tardi_image::store::MetaCarry::after(&img);
+                image.tree.push(Member {
+                    ppid: pids[*parent],
+                    data_off: data.len() as u64,
+                    data_len: d.len() as u64,
+                    image: img,
+                });
+                pids.push(image.tree[k].image.pid);
+                data.extend_from_slice(&d);
+            }
+        }
         let stats = EpochStats {
             epoch: 0,
             pause_us: pause.as_micros() as u64,
@@ -929,43 +1200,14 @@ impl<'p> EpochLoop<'p> {
             encoded_bytes: data.len() as u64,
             ..Default::default()
         };
+        let mut loops = loops.into_iter();
+        let mut lp = loops.next().expect("the main process has a loop");
+        lp.meta_carry = tardi_image::store::MetaCarry::after(&image);
+        lp.members = loops
+            .zip(image.tree.iter().map(|m| (m.image.pid, m.ppid)))
+            .map(|(lp, (pid, ppid))| TreeMember { pid, ppid, lp })
+            .collect();
         let ck = Checkpoint::full(0, image, data);
-        let lp = EpochLoop {
-            proc,
-            twins: TwinStore::new(cfg.twin_budget),
-            cfg,
-            tracker,
-            armed,
-            prev_maps: maps,
-            layout_seen: None,
-            prev_cow: Vec::new(),
-            layout_missed: 0,
-            maps_file: proc.open_file("maps", libc::O_RDONLY).ok(),
-            cache,
-            codecs: vec![codec],
-            streak: Vec::new(),
-            hot: Vec::new(),
-            file_refs: HashMap::new(),
-            contents: crate::track::has_contents(),
-            cool: HashSet::new(),
-            void: Vec::new(),
-            epoch: 0,
-            base: 0,
-            last_resume: Instant::now(),
-            rng: 0x9E37_79B9_7F4A_7C15 ^ pid as u64,
-            buf: Vec::new(),
-            dirs,
-            shm,
-            pre: None,
-            last_dirty: u64::MAX,
-            prebuf: Vec::new(),
-            carry: Carry::default(),
-            hook,
-            trigger,
-            pidfd,
-            fail: None,
-            meta_carry: tardi_image::store::MetaCarry::after(&ck.image),
-        };
         let out = EpochOutput {
             incremental: ck,
             full: None,
@@ -1001,7 +1243,7 @@ impl<'p> EpochLoop<'p> {
             if exited(&self.pidfd) {
                 return EndedBy::Interval; // the stop reports it
             }
-            if cap > 0 && elapsed >= min && self.tracker.count_written(&self.armed, cap) >= cap {
+            if cap > 0 && elapsed >= min && self.count_written(cap) >= cap {
                 return EndedBy::Cap;
             }
             if let Some(end) = end {
@@ -1024,6 +1266,18 @@ impl<'p> EpochLoop<'p> {
             };
             self.trigger.wait(step.min(left));
         }
+    }
+
+    /// Pages written since the last pause (by every process of a tree), counted up to `cap`.
+    fn count_written(&mut self, cap: u64) -> u64 {
+        let mut n = self.tracker.count_written(&self.armed, cap);
+        for m in &mut self.members {
+            if n >= cap {
+                break;
+            }
+            n += m.lp.tracker.count_written(&m.lp.armed, cap - n);
+        }
+        n
     }
 
     /// When waiting output ends the open epoch: [`EpochConfig::min_interval`] after the resume,
@@ -1081,7 +1335,7 @@ impl<'p> EpochLoop<'p> {
             .collect();
         let buf = std::mem::take(&mut self.prebuf);
         let mut fresh = Precopy::default();
-        match copy_ranges(self.proc, &want, buf) {
+        match copy_ranges(&self.proc, &want, buf) {
             Ok((runs, data)) => {
                 for r in &runs {
                     for p in 0..r.len / PAGE {
@@ -1114,9 +1368,58 @@ impl<'p> EpochLoop<'p> {
         self.pre = Some(fresh);
     }
 
+    /// Pre-copies (see [`EpochLoop::precopy`]) when it pays and can be trusted.
+    fn maybe_precopy(&mut self) {
+        // With swap active, "present" cannot tell a zapped page from a swapped one (see
+        // `crate::track::has_contents`), which the pre-copy relies on: no pre-copy then.
+        if self.cfg.precopy
+            && self.last_dirty >= self.cfg.precopy_min_pages
+            && self.tracker.precopy_capable()
+            && self.contents == PAGE_IS_PRESENT
+        {
+            self.precopy();
+        }
+    }
+
+    /// A process of the tree that is gone: the chain cannot go on (see
+    /// [`CaptureError::TreeChanged`]).
+    fn member_gone(m: &TreeMember, how: &str) -> EpochError {
+        CaptureError::TreeChanged(format!(
+            "process {} (host PID {}) of the tree {how}: processes that appear or exit between \
+             epochs are not supported by the epoch loop yet",
+            m.pid, m.lp.proc.pid
+        ))
+        .into()
+    }
+
+    /// Stops every other process of a tree (parents first) into `sts`; whatever was stopped
+    /// is there on failure too, for the caller to resume.
+    fn stop_members(&self, sts: &mut Vec<Stopped>) -> Result<()> {
+        for m in &self.members {
+            match Stopped::stop(&m.lp.proc) {
+                Ok(st) if !st.tids.is_empty() => sts.push(st),
+                r => {
+                    if exited(&m.lp.pidfd) {
+                        return Err(Self::member_gone(m, "exited"));
+                    }
+                    return Err(match r {
+                        Err(e) => CaptureError::from(e).into(),
+                        Ok(_) => Self::member_gone(m, "has no threads left"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// One epoch (with `full`, a full checkpoint of the same pause too). With `hold`, the
     /// process stays stopped after the capture until a `Release` arrives on `cmds` (the reply
     /// is sent from here first).
+    ///
+    /// A process tree: every process is stopped (parents first), captured with its own state
+    /// and resumed (children first) in one pause; the checkpoint lists the other processes as
+    /// members of the main process's image, with the open file descriptions they share (see
+    /// `docs/PROCESS-TREES.md`).
     fn next(
         &mut self,
         hold: bool,
@@ -1130,26 +1433,31 @@ impl<'p> EpochLoop<'p> {
                 self.proc.pid
             ))));
         }
-        let ended_by = self.wait();
-        // With swap active, "present" cannot tell a zapped page from a swapped one (see
-        // `crate::track::has_contents`), which the pre-copy relies on: no pre-copy then.
-        if self.cfg.precopy
-            && self.last_dirty >= self.cfg.precopy_min_pages
-            && self.tracker.precopy_capable()
-            && self.contents == PAGE_IS_PRESENT
-        {
-            self.precopy();
+        if let Some(m) = self.members.iter().find(|m| exited(&m.lp.pidfd)) {
+            return Some(Err(Self::member_gone(m, "exited")));
         }
-        // The full checkpoint's copy buffer, faulted in before the pause.
-        let mut fullbuf =
-            full.then(|| capture::prefaulted_buffer(capture::estimate_private_bytes(self.proc)));
+        let ended_by = self.wait();
+        self.maybe_precopy();
+        for m in &mut self.members {
+            m.lp.maybe_precopy();
+        }
+        // The full checkpoint's copy buffers, faulted in before the pause.
+        let buffer = |p: &Proc| capture::prefaulted_buffer(capture::estimate_private_bytes(p));
+        let mut fullbuf = full.then(|| buffer(&self.proc));
+        let mut fullbufs: Vec<Option<Vec<u8>>> = self
+            .members
+            .iter()
+            .map(|m| full.then(|| buffer(&m.lp.proc)))
+            .collect();
         let interval = self.last_resume.elapsed();
         let mut attempt = 0u64;
-        // What this pause takes from the tracker, until a checkpoint holds it.
+        // What this pause takes from the tracker, until a checkpoint holds it (one per
+        // process).
         let mut journal = Carry::default();
-        let (st, t0, quiesce, captured) = loop {
+        let mut journals: Vec<Carry> = self.members.iter().map(|_| Carry::default()).collect();
+        let (st, msts, t0, quiesce, captured) = loop {
             let t0 = Instant::now();
-            let mut st = match Stopped::stop(self.proc) {
+            let mut st = match Stopped::stop(&self.proc) {
                 Ok(s) => s,
                 Err(e) => return Some(Err(self.classify(CaptureError::from(e).into()))),
             };
@@ -1160,12 +1468,27 @@ impl<'p> EpochLoop<'p> {
                     self.proc.pid
                 )))));
             }
+            let mut msts = Vec::with_capacity(self.members.len());
+            if let Err(e) = self.stop_members(&mut msts) {
+                let _ = resume_all(msts);
+                drop(st);
+                self.last_resume = Instant::now();
+                return Some(Err(self.classify(e)));
+            }
             let quiesce = t0.elapsed();
-            match self.capture(&mut st, &mut fullbuf, &mut journal) {
-                Ok(c) => break (st, t0, quiesce, Ok(c)),
+            let r = self.capture_tree(
+                &mut st,
+                &mut msts,
+                &mut fullbuf,
+                &mut fullbufs,
+                &mut journal,
+                &mut journals,
+            );
+            match r {
+                Ok(c) => break (st, msts, t0, quiesce, Ok(c)),
                 Err(e) => {
                     // Keep what was taken for the next attempt (or the next epoch).
-                    self.keep(std::mem::take(&mut journal));
+                    self.keep_all(&mut journal, &mut journals);
                     match e {
                         // A signal queued just as the threads stopped would be lost: let it be
                         // delivered and stop again (as a one-shot checkpoint does).
@@ -1174,10 +1497,11 @@ impl<'p> EpochLoop<'p> {
                             if attempt < 20 =>
                         {
                             attempt += 1;
+                            let _ = resume_all(msts);
                             let _ = st.resume();
                             std::thread::sleep(Duration::from_micros(200 * attempt));
                         }
-                        e => break (st, t0, quiesce, Err(e)),
+                        e => break (st, msts, t0, quiesce, Err(e)),
                     }
                 }
             }
@@ -1185,6 +1509,7 @@ impl<'p> EpochLoop<'p> {
         let c = match captured {
             Ok(c) => c,
             Err(e) => {
+                let _ = resume_all(msts);
                 drop(st); // resumes
                 self.last_resume = Instant::now();
                 return Some(Err(self.classify(e)));
@@ -1193,6 +1518,9 @@ impl<'p> EpochLoop<'p> {
         // The capture succeeded: this pause produces checkpoint `epoch`.
         self.epoch += 1;
         let epoch = self.epoch;
+        for m in &mut self.members {
+            m.lp.epoch = epoch;
+        }
         self.trigger.clear();
         let th = Instant::now();
         if let Some(h) = self.hook.as_mut() {
@@ -1201,7 +1529,7 @@ impl<'p> EpochLoop<'p> {
         let hook = th.elapsed();
         if hold {
             let r = self.finish(c, epoch, interval, quiesce, t0.elapsed(), ended_by);
-            let r = self.settle(r, journal);
+            let r = self.settle(r, journal, journals);
             let ok = r.is_ok();
             let _ = replies.send(r);
             if ok {
@@ -1212,24 +1540,81 @@ impl<'p> EpochLoop<'p> {
                 }
                 let _ = replies.send(Err(EpochError::Gone("released".into())));
             }
+            let _ = resume_all(msts);
             let _ = st.resume();
             self.last_resume = Instant::now();
             return None;
         }
         let tr = Instant::now();
-        let resumed = st.resume();
+        let members_resumed = resume_all(msts);
+        let resumed = st.resume().and(members_resumed);
         let pause = t0.elapsed();
         self.last_resume = Instant::now();
         if let Err(e) = resumed {
             // Number `epoch` is given out (the hook saw it) but not produced.
-            self.keep(journal);
+            self.keep_all(&mut journal, &mut journals);
             return Some(Err(self.classify(CaptureError::from(e).into())));
         }
         let mut c = c;
-        c.parts.resume = tr.elapsed();
-        c.parts.hook = hook;
+        c.main.parts.resume = tr.elapsed();
+        c.main.parts.hook = hook;
         let r = self.finish(c, epoch, interval, quiesce, pause, ended_by);
-        Some(self.settle(r, journal))
+        Some(self.settle(r, journal, journals))
+    }
+
+    /// The part inside the pause for every process (see [`EpochLoop::capture`]), each into its
+    /// own journal; for a tree, also the descriptions its processes share.
+    fn capture_tree(
+        &mut self,
+        st: &mut Stopped,
+        msts: &mut [Stopped],
+        fullbuf: &mut Option<Vec<u8>>,
+        fullbufs: &mut [Option<Vec<u8>>],
+        j: &mut Carry,
+        js: &mut [Carry],
+    ) -> Result<TreeCaptured> {
+        let main = self.capture(st, fullbuf, j)?;
+        let mut out = TreeCaptured {
+            main,
+            members: Vec::new(),
+            groups: Vec::new(),
+            ids: Vec::new(),
+        };
+        if self.members.is_empty() {
+            return Ok(out);
+        }
+        for (((m, st), buf), j) in self.members.iter_mut().zip(msts).zip(fullbufs).zip(js) {
+            let c = m.lp.capture(st, buf, j)?;
+            if !c.shm.0.is_empty() {
+                return Err(CaptureError::Unsupported(format!(
+                    "process {} uses shared memory: shared memory outside the main process is \
+                     not supported in a process tree yet",
+                    m.pid
+                ))
+                .into());
+            }
+            out.members.push(c);
+        }
+        let procs: Vec<&Proc> = std::iter::once(&self.proc)
+            .chain(self.members.iter().map(|m| &m.lp.proc))
+            .collect();
+        out.groups = crate::tree::find_shared(&procs)?;
+        // A full checkpoint records every process's group and session (the restore recreates
+        // them); incremental ones keep the full's.
+        if out.main.full.is_some() {
+            for p in procs {
+                out.ids.push(capture::group_and_session(p)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// What a pause took, for every process, joins its carry (see [`EpochLoop::keep`]).
+    fn keep_all(&mut self, journal: &mut Carry, journals: &mut [Carry]) {
+        self.keep(std::mem::take(journal));
+        for (m, j) in self.members.iter_mut().zip(journals) {
+            m.lp.keep(std::mem::take(j));
+        }
     }
 
     /// What a pause took joins the carry (its attempt, or its finish, failed).
@@ -1244,15 +1629,23 @@ impl<'p> EpochLoop<'p> {
     }
 
     /// After `finish`: a delivered checkpoint holds everything carried so far; a failed one
-    /// leaves it (and this pause's journal) to the next.
-    fn settle(&mut self, r: Result<EpochOutput>, journal: Carry) -> Result<EpochOutput> {
+    /// leaves it (and this pause's journals) to the next.
+    fn settle(
+        &mut self,
+        r: Result<EpochOutput>,
+        mut journal: Carry,
+        mut journals: Vec<Carry>,
+    ) -> Result<EpochOutput> {
         match r {
             Ok(out) => {
                 self.carry = Carry::default();
+                for m in &mut self.members {
+                    m.lp.carry = Carry::default();
+                }
                 Ok(out)
             }
             Err(e) => {
-                self.keep(journal);
+                self.keep_all(&mut journal, &mut journals);
                 Err(self.classify(e))
             }
         }
@@ -1383,14 +1776,14 @@ impl<'p> EpochLoop<'p> {
         self.layout_seen = None; // set again once this capture succeeds
         parts.layout = tl.elapsed();
         parts.layout_carried = layout_carried;
-        let mut meta = capture::capture_meta(self.proc, st, &maps, &mut self.cache, refresh)?;
+        let mut meta = capture::capture_meta(&self.proc, st, &maps, &mut self.cache, refresh)?;
         parts.meta = self.cache.times;
         self.tracker.threads(&meta.threads, &maps);
         self.tracker.patch_image(&mut meta);
         // Opened now: after the resume the process may be gone.
         let tx = Instant::now();
         let mut exe = capture::PendingFile::exe(&meta.exe.path);
-        exe.open(self.proc)?;
+        exe.open(&self.proc)?;
         parts.exe = tx.elapsed();
         // Nothing above changed tracking state: a failure there can be retried as it is. From
         // here on, what the tracker hands over goes into the journal `j` first.
@@ -1662,7 +2055,7 @@ impl<'p> EpochLoop<'p> {
         let (vmas, mut files) = describe_vmas(&maps)?;
         for f in &mut files {
             if !self.file_refs.contains_key(&(f.path.clone(), f.inode)) {
-                f.open(self.proc)?; // while stopped: after the resume the mapping may be gone
+                f.open(&self.proc)?; // while stopped: after the resume the mapping may be gone
             }
         }
         // (Before the commit: it may split or merge the kernel's mappings `map_files` names.)
@@ -1694,7 +2087,7 @@ impl<'p> EpochLoop<'p> {
             want.push((s, e - s, readable(s)));
         }
         let buf = std::mem::take(&mut self.buf);
-        let (runs, data) = copy_ranges(self.proc, &want, buf)?;
+        let (runs, data) = copy_ranges(&self.proc, &want, buf)?;
         let copy = tc.elapsed();
 
         // A full checkpoint of this same state, if one is wanted: every saved page of the
@@ -1704,12 +2097,12 @@ impl<'p> EpochLoop<'p> {
         let full = match fullbuf.take() {
             Some(buf) => {
                 let tf = Instant::now();
-                let (runs, mut data) = capture::copy_saved(self.proc, &maps, &vmas, buf)?;
+                let (runs, mut data) = capture::copy_saved(&self.proc, &maps, &vmas, buf)?;
                 let tree = DirTracker::new(self.cfg.private_dirs.clone())
                     .changes()
                     .map_err(EpochError::Files)?;
                 let shm = crate::shm::ShmTracker::default()
-                    .capture(self.proc, &maps, true, true, &mut data)?;
+                    .capture(&self.proc, &maps, true, true, &mut data)?;
                 Some(FullCapture {
                     runs,
                     data,
@@ -1732,7 +2125,7 @@ impl<'p> EpochLoop<'p> {
         let mut shm_data = Vec::new();
         let shm = self
             .shm
-            .capture(self.proc, &maps, !layout_carried, false, &mut shm_data)?;
+            .capture(&self.proc, &maps, !layout_carried, false, &mut shm_data)?;
         j.shm = true;
         self.fail_at(FailPoint::AfterCopy)?;
         self.prev_maps = maps;
@@ -1754,7 +2147,7 @@ impl<'p> EpochLoop<'p> {
         self.prev_cow = cow_list;
         Ok(Captured {
             meta,
-            exe,
+            exe: Some(exe),
             shm: (shm, shm_data),
             write_faults: self.tracker.write_faults(),
             runs,
@@ -1808,7 +2201,7 @@ impl<'p> EpochLoop<'p> {
     /// leaves the twins as the receivers' images are, and the caller carries the pages.
     fn finish(
         &mut self,
-        c: Captured,
+        c: TreeCaptured,
         epoch: u64,
         interval: Duration,
         quiesce: Duration,
@@ -1816,9 +2209,129 @@ impl<'p> EpochLoop<'p> {
         ended_by: EndedBy,
     ) -> Result<EpochOutput> {
         let te = Instant::now();
+        let TreeCaptured {
+            mut main,
+            mut members,
+            groups,
+            ids,
+        } = c;
+        // A member that maps shared memory (refused at the chain's start, `refuse_member_shm`)
+        // has mapped some since: the restore cannot map it into a member from an epoch chain.
+        if let Some(c) = members.iter().find(|c| !c.shm.0.is_empty()) {
+            return Err(CaptureError::TreeChanged(format!(
+                "process {} mapped shared memory, which the epoch loop does not support in a \
+                 process other than the main one yet",
+                c.meta.pid
+            ))
+            .into());
+        }
+        self.identify(&mut main)?;
+        for (m, c) in self.members.iter_mut().zip(&mut members) {
+            m.lp.identify(c)?;
+        }
+        // A tree: the descriptions its processes share move into the main image (before the
+        // encoding, whose carrying compares each process's descriptors with the last ones).
+        if !self.members.is_empty() {
+            let hosts: Vec<Pid> = std::iter::once(self.proc.pid)
+                .chain(self.members.iter().map(|m| m.lp.proc.pid))
+                .collect();
+            let mut refs: Vec<&mut ProcessImage> =
+                members.iter_mut().map(|c| &mut c.meta).collect();
+            crate::tree::share(&mut main.meta, &mut refs, &hosts, groups)?;
+        }
+        // Nothing fails from here on.
+        let mut out = self.encode(main, te, epoch, interval, quiesce, pause, ended_by);
+        if members.is_empty() {
+            return Ok(out);
+        }
+        if let (Some(f), Some(&(pgid, sid))) = (&mut out.full, ids.first()) {
+            (f.image.pgid, f.image.sid) = (pgid, sid);
+        }
+        for (i, (m, c)) in self.members.iter_mut().zip(members).enumerate() {
+            let o =
+                m.lp.encode(c, te, epoch, interval, quiesce, pause, ended_by);
+            let (st, s) = (&mut out.stats, &o.stats);
+            st.dirty_pages += s.dirty_pages;
+            st.fresh_pages += s.fresh_pages;
+            st.hot_pages += s.hot_pages;
+            st.raw_bytes += s.raw_bytes;
+            st.encoded_bytes += s.encoded_bytes;
+            st.zero_pages += s.zero_pages;
+            st.same_pages += s.same_pages;
+            st.delta_pages += s.delta_pages;
+            st.compressed_pages += s.compressed_pages;
+            st.raw_pages += s.raw_pages;
+            st.twin_bytes += s.twin_bytes;
+            st.precopy_pages += s.precopy_pages;
+            st.full_bytes += s.full_bytes;
+            st.layout_carried &= s.layout_carried;
+            st.fds_reused &= s.fds_reused;
+            let add = |ck: &mut Checkpoint, mut member: Checkpoint| {
+                if let Some(&(pgid, sid)) = ids.get(i + 1) {
+                    (member.image.pgid, member.image.sid) = (pgid, sid);
+                }
+                ck.image.tree.push(Member {
+                    ppid: m.ppid,
+                    data_off: ck.data.len() as u64,
+                    data_len: member.data.len() as u64,
+                    image: member.image,
+                });
+                ck.data.extend_from_slice(&member.data);
+            };
+            if let (Some(f), Some(mf)) = (&mut out.full, o.full) {
+                add(f, mf);
+            }
+            add(&mut out.incremental, o.incremental);
+        }
+        out.stats.encode_us = te.elapsed().as_micros() as u64;
+        Ok(out)
+    }
+
+    /// The part of `finish` that can fail, for one process: files identified (and the codecs
+    /// made). It changes no state of the loop but caches.
+    fn identify(&mut self, c: &mut Captured) -> Result<()> {
+        self.fail_at(FailPoint::AfterResume)?;
+        let files = std::mem::take(&mut c.files);
+        let mut refs = Vec::with_capacity(files.len());
+        for f in files {
+            let key = (f.path.clone(), f.inode);
+            let r = match self.file_refs.get(&key) {
+                Some(r) => r.clone(),
+                None => {
+                    let r = f.identify(&self.proc)?;
+                    self.file_refs.insert(key, r.clone());
+                    r
+                }
+            };
+            refs.push(r);
+        }
+        c.meta.files = refs;
+        if let Some(exe) = c.exe.take() {
+            c.meta.exe = exe.identify(&self.proc)?;
+        }
+        let workers = self.cfg.encode_workers.max(1);
+        while self.codecs.len() < workers {
+            self.codecs
+                .push(PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?);
+        }
+        Ok(())
+    }
+
+    /// The rest of `finish` for one process (nothing fails): encode its pages against the
+    /// twins, build its checkpoint `epoch` (and the full one of the same state, if taken).
+    #[allow(clippy::too_many_arguments)]
+    fn encode(
+        &mut self,
+        c: Captured,
+        te: Instant,
+        epoch: u64,
+        interval: Duration,
+        quiesce: Duration,
+        pause: Duration,
+        ended_by: EndedBy,
+    ) -> EpochOutput {
         let Captured {
             mut meta,
-            exe,
             shm,
             full,
             write_faults,
@@ -1826,7 +2339,6 @@ impl<'p> EpochLoop<'p> {
             cow,
             runs,
             data,
-            files,
             fresh,
             dirty,
             fresh_pages,
@@ -1834,28 +2346,8 @@ impl<'p> EpochLoop<'p> {
             scan,
             copy,
             parts: pp,
+            ..
         } = c;
-        self.fail_at(FailPoint::AfterResume)?;
-        let mut refs = Vec::with_capacity(files.len());
-        for f in files {
-            let key = (f.path.clone(), f.inode);
-            let r = match self.file_refs.get(&key) {
-                Some(r) => r.clone(),
-                None => {
-                    let r = f.identify(self.proc)?;
-                    self.file_refs.insert(key, r.clone());
-                    r
-                }
-            };
-            refs.push(r);
-        }
-        meta.files = refs;
-        meta.exe = exe.identify(self.proc)?;
-        let workers = self.cfg.encode_workers.max(1);
-        while self.codecs.len() < workers {
-            self.codecs
-                .push(PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?);
-        }
         // Nothing fails from here on.
 
         // The full checkpoint: this pause's metadata with all its memory and the whole tree.
@@ -2053,16 +2545,19 @@ impl<'p> EpochLoop<'p> {
             image: meta,
             data: out,
         };
-        Ok(EpochOutput {
+        EpochOutput {
             incremental: ck,
             full,
             stats: st,
-        })
+        }
     }
 
-    /// Removes write tracking (the process keeps running untracked).
+    /// Removes write tracking (the processes keep running untracked).
     fn disarm(&mut self) {
-        self.tracker.release(self.proc, &self.armed);
+        self.tracker.release(&self.proc, &self.armed);
+        for m in &mut self.members {
+            m.lp.disarm();
+        }
     }
 }
 
@@ -2095,9 +2590,21 @@ struct FullCapture {
     took: Duration,
 }
 
+/// What a pause captured of every process of a tree (of the single process: `members`,
+/// `groups` and `ids` empty).
+struct TreeCaptured {
+    main: Captured,
+    members: Vec<Captured>,
+    /// The open file descriptions several processes hold (`crate::tree::find_shared`).
+    groups: Vec<crate::tree::FileGroup>,
+    /// With a full checkpoint: every process's group and session, the main one's first.
+    ids: Vec<(i32, i32)>,
+}
+
 struct Captured {
     meta: ProcessImage,
-    exe: capture::PendingFile,
+    /// Identified (and taken) by `identify`.
+    exe: Option<capture::PendingFile>,
     /// The shared memory objects with the pages that changed, and those pages' bytes.
     shm: (Vec<ShmObject>, Vec<u8>),
     full: Option<FullCapture>,

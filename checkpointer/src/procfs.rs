@@ -108,6 +108,14 @@ impl Proc {
         })
     }
 
+    /// Another handle on the same `/proc/PID` directory.
+    pub fn try_clone(&self) -> io::Result<Proc> {
+        Ok(Proc {
+            pid: self.pid,
+            dir: self.dir.try_clone()?,
+        })
+    }
+
     /// A duplicate of the `/proc/PID` directory descriptor.
     pub fn dir_fd(&self) -> io::Result<OwnedFd> {
         self.dir.try_clone()

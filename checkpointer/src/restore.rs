@@ -393,13 +393,6 @@ fn prepare_tree(
     if img.tree.is_empty() && img.zombies.is_empty() {
         return prepare_pages(img, Scope::Single, pages, pages_offset, host_path, hold);
     }
-    if hold {
-        return Err(RestoreError::Invalid(
-            "held restores of process trees (or of a process with zombie children) are not \
-             supported yet"
-                .into(),
-        ));
-    }
     let decode = |p: &Prepared| -> Result<ChildPlan> {
         postcard::from_bytes(&p.payload).map_err(|e| io::Error::other(e).into())
     };
@@ -430,7 +423,7 @@ fn prepare_tree(
             root: img,
             rmid: removed_mapped(me, &img.shm),
         };
-        let prep = prepare_pages(me, scope, pages.try_clone()?, off, host_path, false)?;
+        let prep = prepare_pages(me, scope, pages.try_clone()?, off, host_path, hold)?;
         let mut plan = decode(&prep)?;
         plan.ppid = m.ppid;
         plan.max_tid = max_tid;
@@ -455,7 +448,7 @@ fn prepare_tree(
             .any(|(o, m)| o.id == ShmId::Sysv(id) && m.is_empty())
     }));
     let scope = Scope::Tree { root: img, rmid };
-    let mut root = prepare_pages(img, scope, pages, pages_offset, host_path, false)?;
+    let mut root = prepare_pages(img, scope, pages, pages_offset, host_path, hold)?;
     let mut plan = decode(&root)?;
     plan.max_tid = max_tid;
     for m in &members {
@@ -1571,9 +1564,47 @@ fn finish_one(prep: Prepared, pid: Pid, timeout: Duration) -> Result<FinishStats
     })
 }
 
+/// A process of a restore held before running ([`finish_held_tree`]).
+#[derive(Debug, Clone, Copy)]
+pub struct HeldProcess {
+    /// Its PID in the sandbox.
+    pub pid: i32,
+    /// Its host PID.
+    pub host: Pid,
+    /// The restorer's range `(start, end)` in it (see [`finish_held`]).
+    pub blob: (u64, u64),
+}
+
+/// [`finish_held`] for every process of a tree (the main one first, whose host PID is `pid`;
+/// the others in the checkpoint's order), each held stopped before running.
+pub fn finish_held_tree(
+    mut prep: Prepared,
+    pid: Pid,
+    timeout: Duration,
+) -> Result<Vec<HeldProcess>> {
+    let members = std::mem::take(&mut prep.members);
+    let t0 = Instant::now();
+    let mut out = vec![HeldProcess {
+        pid: prep.pid,
+        host: pid,
+        blob: finish_held(prep, pid, timeout)?,
+    }];
+    for m in members {
+        let left = timeout.saturating_sub(t0.elapsed());
+        let host = host_pid(pid, m.pid, left)?;
+        out.push(HeldProcess {
+            pid: m.pid,
+            host,
+            blob: finish_held(m, host, timeout.saturating_sub(t0.elapsed()))?,
+        });
+    }
+    Ok(out)
+}
+
 /// For a restore prepared with `hold`: waits for the report and for the process to stop
 /// itself. Returns the restorer's range `(start, end)`, the one mapping that differs from the
 /// source. Resume with SIGCONT (the restorer blob then stays mapped: for comparisons only).
+/// The main process only: the other processes of a tree are [`finish_held_tree`]'s.
 pub fn finish_held(prep: Prepared, pid: Pid, timeout: Duration) -> Result<(u64, u64)> {
     let (base, total) = wait_report(prep, pid, timeout)?;
     let deadline = Instant::now() + timeout;

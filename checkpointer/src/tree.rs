@@ -110,7 +110,8 @@ pub(crate) fn checkpoint_tree(
     let hosts: Vec<Pid> = std::iter::once(root.pid)
         .chain(members.iter().map(|(p, _)| p.pid))
         .collect();
-    share(&mut image, &mut images, &hosts, groups)?;
+    let mut refs: Vec<&mut ProcessImage> = images.iter_mut().map(|(i, _)| i).collect();
+    share(&mut image, &mut refs, &hosts, groups)?;
     let pids: Vec<i32> = std::iter::once(image.pid)
         .chain(images.iter().map(|(i, _)| i.pid))
         .collect();
@@ -150,7 +151,7 @@ pub(crate) fn checkpoint_tree(
 /// index, and each zombie child (read, not stopped: it has nothing left to stop) with its
 /// parent's index (its `ppid` is left 0 for the caller). Whatever was stopped is in `stopped`
 /// (in the order of `root` then `members`), also on failure, for the caller to resume.
-fn stop_all(
+pub(crate) fn stop_all(
     root: &Proc,
     members: &mut Vec<(Proc, usize)>,
     zombies: &mut Vec<(Zombie, usize)>,
@@ -228,13 +229,52 @@ fn zombie(proc: &Proc) -> Result<Zombie> {
     })
 }
 
+/// The descendants of `root` as they are now (not stopped: the epoch loop prepares each before
+/// its first pause, which lists them again with [`stop_all`]), in [`stop_all`]'s order, with
+/// their parent's index (0: `root`). A zombie is refused.
+pub(crate) fn list_members(root: &Proc) -> Result<Vec<(Proc, usize)>> {
+    let mut members: Vec<(Proc, usize)> = Vec::new();
+    let mut i = 0;
+    loop {
+        let p = if i == 0 { root } else { &members[i - 1].0 };
+        let tids = p.tids().map_err(proc_err(p.pid, "task"))?;
+        for c in children_of(p, &tids) {
+            let proc = open_member(root, c)?;
+            members.push((proc, i));
+        }
+        if i == members.len() {
+            return Ok(members);
+        }
+        i += 1;
+    }
+}
+
+/// `/proc` of the child `c` (a host PID) of a process of `root`'s tree; a zombie is refused.
+fn open_member(root: &Proc, c: Pid) -> Result<Proc> {
+    let proc = root
+        .open_other(c)
+        .map_err(proc_err(c, "its /proc directory"))?;
+    let state = proc
+        .stat_fields()
+        .map_err(proc_err(c, "stat"))?
+        .get(2)
+        .cloned()
+        .unwrap_or_default();
+    if state == "Z" {
+        return Err(CaptureError::Unsupported(format!(
+            "process {c} (host PID) exited and was not reaped yet: zombies are {NOT_YET}"
+        )));
+    }
+    Ok(proc)
+}
+
 /// A descriptor of the tree: (index of its process in the caller's list, its number).
 type Holder = (usize, i32);
 
 /// The descriptors of one file (device and inode) that processes of the tree hold, when more
 /// than one process holds it, grouped into open file descriptions: each description is its
 /// holders, (index of the process in the caller's list, descriptor number).
-struct FileGroup {
+pub(crate) struct FileGroup {
     /// `st_mode` of the file (its type tells a pipe, whose descriptions are its ends).
     mode: u32,
     descriptions: Vec<Vec<Holder>>,
@@ -244,7 +284,7 @@ struct FileGroup {
 /// than one process of the tree refer to, and groups their descriptors into open file
 /// descriptions with `kcmp(KCMP_FILE)` (only descriptors of one file are compared: one `kcmp`
 /// per descriptor and description of its file). Every process must be stopped.
-fn find_shared(procs: &[&Proc]) -> Result<Vec<FileGroup>> {
+pub(crate) fn find_shared(procs: &[&Proc]) -> Result<Vec<FileGroup>> {
     let mut by_file: HashMap<(u64, u64), (u32, Vec<Holder>)> = HashMap::new();
     for (i, p) in procs.iter().enumerate() {
         let fds = p.list("fd").map_err(proc_err(p.pid, "fd"))?;
@@ -276,8 +316,12 @@ fn find_shared(procs: &[&Proc]) -> Result<Vec<FileGroup>> {
                 None => descriptions.push(vec![(proc, fd)]),
             }
         }
+        descriptions.sort_unstable();
         groups.push(FileGroup { mode, descriptions });
     }
+    // In the order of their first holders: the same descriptions get the same entries from
+    // one capture to the next (the epoch loop then carries the holders' descriptors over).
+    groups.sort_unstable_by(|a, b| a.descriptions.cmp(&b.descriptions));
     Ok(groups)
 }
 
@@ -290,9 +334,9 @@ fn find_shared(procs: &[&Proc]) -> Result<Vec<FileGroup>> {
 /// that spans processes. A pipe's buffered bytes, which each process's capture read, are kept
 /// once. Refused by name: an epoll instance held by several processes (its interest list names
 /// descriptors of the process that added them).
-fn share(
+pub(crate) fn share(
     root: &mut ProcessImage,
-    members: &mut [(ProcessImage, Vec<u8>)],
+    members: &mut [&mut ProcessImage],
     hosts: &[Pid],
     groups: Vec<FileGroup>,
 ) -> Result<()> {
@@ -315,7 +359,7 @@ fn share(
     }
     // Unix sockets: groups of sockets connected to one another, by inode (a socket has one
     // description, so the descriptors of one inode are its holders).
-    let image_of = |i: usize| -> &ProcessImage { if i == 0 { &*root } else { &members[i - 1].0 } };
+    let image_of = |i: usize| -> &ProcessImage { if i == 0 { &*root } else { &*members[i - 1] } };
     let mut sockets: HashMap<u64, Vec<Holder>> = HashMap::new();
     for i in 0..nprocs {
         for f in &image_of(i).fds {
@@ -425,7 +469,7 @@ fn share(
             let image = if p == 0 {
                 &mut *root
             } else {
-                &mut members[p - 1].0
+                &mut *members[p - 1]
             };
             if let Some(f) = image.fds.iter_mut().find(|f| f.fd == fd) {
                 f.kind = FdKind::Shared(i as u32);
@@ -442,7 +486,10 @@ fn share(
 /// Refuses a group or session that phase 1 cannot recreate: a process leads its session (and
 /// then its group), or shares its parent's session, and leads its group or shares its
 /// parent's. The main process may also keep what the sandbox's init gave it.
-fn check_groups((pid, pgid, sid): (i32, i32, i32), parent: Option<&ProcessImage>) -> Result<()> {
+pub(crate) fn check_groups(
+    (pid, pgid, sid): (i32, i32, i32),
+    parent: Option<&ProcessImage>,
+) -> Result<()> {
     let refuse = |what: String| {
         Err(CaptureError::Unsupported(format!(
             "process {pid} {what}: {NOT_YET}"

@@ -11,6 +11,7 @@ use crate::image::Backing;
 use crate::procfs::Proc;
 use crate::store::Image;
 use crate::sys::Pid;
+use std::collections::BTreeMap;
 use std::io;
 use std::os::unix::fs::FileExt;
 
@@ -142,6 +143,101 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
                 }
             }
             at += len as u64;
+        }
+    }
+    Ok(diffs)
+}
+
+/// The host PID of every process of the tree under `root` (itself included), by its PID in
+/// the sandbox (the last number of `NSpid`).
+pub fn tree_pids(root: Pid) -> io::Result<BTreeMap<i32, Pid>> {
+    let mut out = BTreeMap::new();
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        let proc = Proc::open(p)?;
+        let status = proc.read_string("status")?;
+        let ns = crate::procfs::status_value(&status, "NSpid")
+            .and_then(|v| v.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("process {p}: no NSpid")))?;
+        out.insert(ns, p);
+        let tids = proc.tids()?;
+        todo.extend(crate::capture::children_of(&proc, &tids));
+    }
+    Ok(out)
+}
+
+/// The images of every process of `image`'s tree (the main process first), by PID in the
+/// sandbox.
+fn tree_images(image: &Image) -> Vec<(i32, &Image)> {
+    std::iter::once((image.meta.pid, image))
+        .chain(image.members().map(|(_, m)| (m.meta.pid, m)))
+        .collect()
+}
+
+/// [`compare_live`] for a process tree: the live tree under `root` (stopped) must have the
+/// image's processes, each with its image's memory. For a single process, [`compare_live`].
+pub fn compare_live_tree(root: Pid, image: &Image, limit: usize) -> io::Result<Vec<String>> {
+    if image.members().next().is_none() {
+        return compare_live(root, image, limit);
+    }
+    let live = tree_pids(root)?;
+    let images = tree_images(image);
+    let mut pids: Vec<i32> = images.iter().map(|i| i.0).collect();
+    pids.sort_unstable();
+    let have: Vec<i32> = live.keys().copied().collect();
+    if pids != have {
+        return Ok(vec![format!(
+            "processes {pids:?} in the image, {have:?} live"
+        )]);
+    }
+    let mut diffs = Vec::new();
+    for (pid, img) in images {
+        let left = limit.saturating_sub(diffs.len());
+        for d in compare_live(live[&pid], img, left)? {
+            diffs.push(format!("process {pid}: {d}"));
+        }
+        if diffs.len() >= limit {
+            break;
+        }
+    }
+    Ok(diffs)
+}
+
+/// [`compare_processes`] for every process of a tree: the live tree under `live_root`
+/// (stopped) against the restored one held in `held` ([`crate::restore::finish_held_tree`]),
+/// process by process (by PID in the sandbox), `image` giving each one's volatile bytes.
+pub fn compare_processes_tree(
+    live_root: Pid,
+    held: &[crate::restore::HeldProcess],
+    image: &Image,
+    limit: usize,
+) -> io::Result<Vec<String>> {
+    let live = tree_pids(live_root)?;
+    let images = tree_images(image);
+    let mut diffs = Vec::new();
+    if live.len() != held.len() {
+        diffs.push(format!(
+            "{} processes live, {} restored",
+            live.len(),
+            held.len()
+        ));
+        return Ok(diffs);
+    }
+    for h in held {
+        let (Some(&host), Some((_, img))) =
+            (live.get(&h.pid), images.iter().find(|i| i.0 == h.pid))
+        else {
+            diffs.push(format!("process {} was restored but is not live", h.pid));
+            continue;
+        };
+        let volatile = rseq_areas(img);
+        let left = limit.saturating_sub(diffs.len());
+        for d in compare_processes(host, h.host, h.blob, &volatile, left)? {
+            diffs.push(format!("process {}: {d}", h.pid));
+        }
+        if diffs.len() >= limit {
+            break;
         }
     }
     Ok(diffs)

@@ -147,13 +147,15 @@ pub struct ProcessImage {
     /// restored process then keeps what its creator gave it).
     pub pgid: i32,
     pub sid: i32,
-    /// Full checkpoints of a process tree only, in the main process's image: the other
-    /// processes, parents before their children (see `docs/PROCESS-TREES.md`). A member's
-    /// own image holds no tree (refused while decoding, so nesting cannot recurse).
+    /// A process tree's main image only: the other processes, parents before their children
+    /// (see `docs/PROCESS-TREES.md`), each of the checkpoint's kind (in an incremental
+    /// checkpoint, each incremental on the same base). A member's own image holds no tree
+    /// (refused while decoding, so nesting cannot recurse).
     #[serde(deserialize_with = "de_tree")]
     pub tree: Vec<Member>,
-    /// Full checkpoints of a process tree only, in the main process's image: the open file
-    /// descriptions that tie processes of the tree together, each once (see [`SharedFile`]).
+    /// A process tree's main image only: the open file descriptions that tie processes of
+    /// the tree together, each once (see [`SharedFile`]); listed whole in every checkpoint,
+    /// incremental ones included.
     /// A process's descriptor that is one of them is [`FdKind::Shared`] with its index here.
     pub shared_files: Vec<SharedFile>,
     /// Full checkpoints only, in the main process's image: the children of processes of the
@@ -1079,7 +1081,7 @@ impl ProcessImage {
     /// [`ProcessImage::validate`] of one process, without what belongs to the tree (a
     /// member's descriptors may name shared descriptions, which only the main process lists).
     /// A member's mappings of shared memory name `tree_shm`, the main process's objects.
-    fn validate_one(
+    pub(crate) fn validate_one(
         &self,
         data_len: u64,
         tree_shm: Option<&[ShmObject]>,
@@ -1316,10 +1318,11 @@ impl ProcessImage {
         self.private_files.validate(None).map_err(FormatError::Meta)
     }
 
-    /// The members of a tree (none in an incremental checkpoint or inside a member): each one's
-    /// data slice after the main process's data and the previous member's, inside the data;
-    /// its image valid against its slice; every PID and TID of the tree distinct; each parent
-    /// the main process or an earlier member; groups and sessions not negative.
+    /// The members of a tree (none inside a member): each one's data slice after the main
+    /// process's data and the previous member's, inside the data; its image valid against its
+    /// slice, of the same kind as the main process's (full, or incremental on the same base);
+    /// every PID and TID of the tree distinct; each parent the main process or an earlier
+    /// member; groups and sessions not negative.
     fn validate_tree(&self, data_len: u64) -> Result<(), FormatError> {
         fn bad<T>(m: String) -> Result<T, FormatError> {
             Err(FormatError::Meta(m))
@@ -1327,16 +1330,18 @@ impl ProcessImage {
         if self.tree.is_empty() {
             return Ok(());
         }
-        if self.base_epoch.is_some() {
-            return bad("an incremental checkpoint holds a process tree".into());
-        }
-        // Where the main process's data ends (runs and shared memory runs lie inside the
-        // data: checked above).
+        // Where the main process's data ends (runs, encoded pages and shared memory runs lie
+        // inside the data: checked above).
         let mut end = self
             .runs
             .iter()
             .chain(self.shm.iter().flat_map(|o| &o.runs))
             .map(|r| r.data_off.saturating_add(r.len))
+            .chain(
+                self.pages
+                    .iter()
+                    .map(|p| p.data_off.saturating_add(p.enc.encoded_len() as u64)),
+            )
             .max()
             .unwrap_or(0);
         let mut ids: Vec<i32> = std::iter::once(self.pid)
@@ -1348,10 +1353,33 @@ impl ProcessImage {
             if !img.tree.is_empty() {
                 return bad(format!("process {} holds processes of its own", img.pid));
             }
-            if img.base_epoch.is_some() {
-                return bad(format!("process {} is incremental", img.pid));
+            match (self.base_epoch, img.base_epoch) {
+                (None, Some(_)) => {
+                    return bad(format!(
+                        "process {} is incremental in a full checkpoint",
+                        img.pid
+                    ));
+                }
+                (Some(_), None) => {
+                    return bad(format!(
+                        "process {} is full in an incremental checkpoint",
+                        img.pid
+                    ));
+                }
+                (Some(a), Some(b)) if a != b => {
+                    return bad(format!(
+                        "process {} applies to epoch {b}, the main process to epoch {a}",
+                        img.pid
+                    ));
+                }
+                _ => {}
             }
-            if !img.private_files.dirs.is_empty() || !img.private_files.upsert.is_empty() {
+            let f = &img.private_files;
+            if !f.dirs.is_empty()
+                || !f.upsert.is_empty()
+                || !f.remove.is_empty()
+                || !f.owners.is_empty()
+            {
                 return bad(format!(
                     "process {} carries private files (the main process carries them)",
                     img.pid
@@ -1402,12 +1430,14 @@ impl ProcessImage {
 }
 
 impl ProcessImage {
-    /// The shared descriptions (a tree's main process only, in a full checkpoint): each one a
+    /// The shared descriptions (a tree's main process only): each one a
     /// valid descriptor that is neither itself a reference to a shared one nor an epoll
     /// instance (whose interest list names descriptor numbers of one process), held at least
     /// once; each holder a process of the tree and a descriptor of it that names this entry;
     /// every descriptor that names an entry listed among its holders (so no descriptor is
-    /// both private and shared, and none names an entry out of range).
+    /// both private and shared, and none names an entry out of range). In an incremental
+    /// checkpoint, a process whose descriptors are carried over from the base is checked by
+    /// the receiver, on the resolved descriptors.
     fn validate_shared(&self) -> Result<(), FormatError> {
         fn bad<T>(m: String) -> Result<T, FormatError> {
             Err(FormatError::Meta(m))
@@ -1432,9 +1462,6 @@ impl ProcessImage {
         }
         if self.shared_files.is_empty() {
             return Ok(());
-        }
-        if self.base_epoch.is_some() {
-            return bad("an incremental checkpoint lists shared descriptors".into());
         }
         if self.tree.is_empty() {
             return bad("a single process lists shared descriptors".into());
@@ -1465,7 +1492,11 @@ impl ProcessImage {
                         "shared description #{i} is held by process {pid}, which is not in the tree"
                     ));
                 };
+                // An incremental checkpoint may carry a process's descriptors over from its
+                // base: the receiver checks them once resolved (`store::Image::apply`).
+                let listed = !p.carried.fds;
                 match p.fds.iter().find(|f| f.fd == fd).map(|f| &f.kind) {
+                    _ if !listed => {}
                     Some(FdKind::Shared(j)) if *j as usize == i => {}
                     Some(FdKind::Shared(j)) => {
                         return bad(format!(
@@ -2305,9 +2336,12 @@ pub(crate) mod tests {
             ("process 5: no threads", |c| {
                 c.image.tree[0].image.threads.clear()
             }),
-            ("incremental checkpoint holds a process tree", |c| {
+            ("process 5 is full in an incremental checkpoint", |c| {
                 c.kind = Kind::Incremental { base: 6 };
                 c.image.base_epoch = Some(6);
+            }),
+            ("process 5 is incremental in a full checkpoint", |c| {
+                c.image.tree[0].image.base_epoch = Some(6);
             }),
             ("holds processes of its own", |c| {
                 let m = c.image.tree[0].clone();
@@ -2723,11 +2757,105 @@ pub(crate) mod tests {
                 "from_bytes: expected {want:?}, got {err:?}"
             );
         }
-        // An incremental checkpoint cannot list them (whatever else it holds).
+        // An incremental checkpoint of a single process cannot list them.
         let mut c = sample(Kind::Incremental { base: 6 });
+        c.image.runs.clear();
         c.image.shared_files = with_shared().image.shared_files;
         let err = c.validate().unwrap_err().to_string();
-        assert!(err.contains("incremental checkpoint lists shared"), "{err}");
+        assert!(err.contains("a single process lists shared"), "{err}");
+    }
+
+    /// [`with_shared`] as an incremental checkpoint on epoch 6: one page written in each
+    /// process (the main process's in the data first, the member's in its slice after it),
+    /// the member's descriptors carried over from the base.
+    fn incremental_tree() -> Checkpoint {
+        let mut ck = with_shared();
+        ck.kind = Kind::Incremental { base: 6 };
+        let page = |data_off| EncodedPage {
+            addr: 0x1000,
+            enc: PageEncoding::Raw,
+            data_off,
+        };
+        ck.image.base_epoch = Some(6);
+        ck.image.runs.clear();
+        ck.image.pages = vec![page(0)];
+        let mut m = ck.image.tree[0].clone();
+        m.data_off = 4096;
+        m.data_len = 4096;
+        m.image.base_epoch = Some(6);
+        m.image.runs.clear();
+        m.image.pages = vec![page(0)];
+        m.image.fds.clear();
+        m.image.carried.fds = true;
+        ck.image.tree[0] = m;
+        ck.data = vec![9; 8192];
+        ck
+    }
+
+    /// An incremental checkpoint of a tree: each member incremental on the same base, its
+    /// pages in its own slice after the main process's; descriptors carried over are left to
+    /// the receiver; everything else about the tree and its shared descriptions is checked as
+    /// in a full one.
+    #[test]
+    fn incremental_trees_roundtrip_and_inconsistent_ones_are_refused() {
+        let ck = incremental_tree();
+        ck.validate().unwrap();
+        let back = Checkpoint::from_bytes(ck.to_bytes()).unwrap();
+        assert_eq!(back.image.tree[0].image.pages, ck.image.tree[0].image.pages);
+        assert_eq!(back.image.shared_files, ck.image.shared_files);
+        // A holder whose descriptors are carried over is the receiver's to check.
+        let mut c = incremental_tree();
+        c.image.shared_files[0].holders.push((5, 8));
+        c.validate().unwrap();
+
+        type Break = fn(&mut Checkpoint);
+        let cases: Vec<(&str, Break)> = vec![
+            ("process 5 is full in an incremental checkpoint", |c| {
+                c.image.tree[0].image.base_epoch = None;
+                c.image.tree[0].image.carried.fds = false;
+            }),
+            (
+                "process 5 applies to epoch 5, the main process to epoch 6",
+                |c| c.image.tree[0].image.base_epoch = Some(5),
+            ),
+            ("overlaps another's", |c| c.image.tree[0].data_off = 0),
+            ("overlaps another's", |c| c.image.tree[0].data_len = 4097),
+            (
+                "process 5: page at 0x1000 lies outside the page data",
+                |c| c.image.tree[0].image.pages[0].data_off = 1,
+            ),
+            ("names shared description #3 of 3", |c| {
+                c.image.fds[0].kind = FdKind::Shared(3)
+            }),
+            ("lists holder (2, 3) twice", |c| {
+                c.image.shared_files[0].holders.push((2, 3))
+            }),
+            ("held by process 9, which is not in the tree", |c| {
+                c.image.shared_files[0].holders.push((9, 3))
+            }),
+            ("both private and shared", |c| {
+                c.image.fds[1].kind = FdKind::EventFd {
+                    count: 0,
+                    semaphore: false,
+                }
+            }),
+        ];
+        for (want, brk) in cases {
+            let mut c = incremental_tree();
+            brk(&mut c);
+            let err = c.validate().expect_err(want).to_string();
+            assert!(
+                err.contains(want),
+                "validate: expected {want:?}, got {err:?}"
+            );
+            let err = Checkpoint::from_bytes(c.to_bytes())
+                .expect_err(want)
+                .to_string();
+            assert!(
+                err.contains(want),
+                "from_bytes: expected {want:?}, got {err:?}"
+            );
+        }
     }
 
     #[test]

@@ -45,6 +45,47 @@ pub struct Image {
     /// The shared memory objects' pages by object and offset (all-zero pages absent;
     /// `meta.shm` lists the objects, without runs).
     shm: BTreeMap<ShmId, BTreeMap<u64, Box<[u8; PAGE_SIZE]>>>,
+    /// The other processes of a process tree, parents before their children: each its
+    /// parent's PID and its own image (with no members and an empty private tree). The main
+    /// process's `meta` keeps the tree's shared descriptions (`shared_files`); its `tree`
+    /// stays empty.
+    members: Vec<(i32, Image)>,
+}
+
+/// What an incremental checkpoint does to one process's image, decoded and checked, not yet
+/// applied ([`Image::stage`], [`Image::commit`]).
+struct Staged<'a> {
+    img: &'a ProcessImage,
+    /// The process's page data (a member's slice of the checkpoint's data).
+    data: &'a [u8],
+    /// The complete metadata after this checkpoint.
+    meta: ProcessImage,
+    /// The new layout, sorted: (start, end, anonymous).
+    layout: Vec<(u64, u64, bool)>,
+    shm_maps: Ranges,
+    reset: Ranges,
+    cow: Ranges,
+    file_private: Ranges,
+    /// The decoded pages (`None`: dropped).
+    pages: BTreeMap<u64, Option<Box<[u8; PAGE_SIZE]>>>,
+}
+
+impl Staged<'_> {
+    fn mapping(&self, addr: u64) -> Option<(u64, u64, bool)> {
+        let i = self.layout.partition_point(|v| v.0 <= addr);
+        i.checked_sub(1)
+            .map(|i| self.layout[i])
+            .filter(|v| addr < v.1)
+    }
+
+    /// Whether a page the image holds survives the new layout.
+    fn keep(&self, a: u64) -> bool {
+        self.mapping(a).is_some()
+            && !self.reset.contains(a)
+            && !self.shm_maps.contains(a)
+            // A page of a private file mapping without its own copy shows the file.
+            && (!self.file_private.contains(a) || self.cow.contains(a))
+    }
 }
 
 /// The pages of each object of `objects` after `runs` of `data` are laid over `base`'s (an
@@ -98,10 +139,9 @@ impl Image {
             source,
         };
         ck.validate().map_err(invalid)?;
-        if !ck.image.tree.is_empty() || !ck.image.zombies.is_empty() {
+        if !ck.image.zombies.is_empty() {
             return Err(invalid(FormatError::Meta(
-                "process trees (and zombie children) are not supported by a backup's image yet"
-                    .into(),
+                "zombie children are not supported by a backup's image yet".into(),
             )));
         }
         // A full checkpoint names its private directories if it has entries in them.
@@ -109,40 +149,59 @@ impl Image {
             .private_files
             .validate(Some(&[]))
             .map_err(|m| invalid(FormatError::Meta(m)))?;
+        let mut image = Image::of_process(ck.epoch, &ck.image, &ck.data)?;
+        for m in &ck.image.tree {
+            // In range: validate checked each member's slice.
+            let data = member_data(&ck.data, m).map_err(invalid)?;
+            let member = Image::of_process(ck.epoch, &m.image, data)?;
+            image.members.push((m.ppid, member));
+        }
+        Ok(image)
+    }
+
+    /// The image of one process of a full checkpoint (already validated), whose runs index
+    /// `data`.
+    fn of_process(epoch: u64, img: &ProcessImage, data: &[u8]) -> Result<Image, ApplyError> {
         let mut pages = BTreeMap::new();
-        for r in &ck.image.runs {
+        for r in &img.runs {
             for p in 0..r.len / PAGE {
                 // In range: validate checked data_off + len <= data.len().
-                let off = (r.data_off + p * PAGE) as usize;
-                let page = ck
-                    .data
-                    .get(off..)
-                    .and_then(|d| d.first_chunk::<PAGE_SIZE>())
-                    .ok_or_else(|| {
-                        invalid(FormatError::Meta(format!(
+                let page = usize::try_from(r.data_off + p * PAGE)
+                    .ok()
+                    .and_then(|off| data.get(off..)?.first_chunk::<PAGE_SIZE>())
+                    .ok_or_else(|| ApplyError::Invalid {
+                        epoch,
+                        source: FormatError::Meta(format!(
                             "page run at {:#x} lies outside the page data",
                             r.addr
-                        )))
+                        )),
                     })?;
                 pages.insert(r.addr + p * PAGE, Box::new(*page));
             }
         }
         let mut tree = Tree::default();
-        tree.apply(&ck.image.private_files);
-        let shm = shm_pages(&ck.image.shm, &ck.data, BTreeMap::new());
+        tree.apply(&img.private_files);
+        let shm = shm_pages(&img.shm, data, BTreeMap::new());
         Ok(Image {
             tree,
             shm,
-            epoch: ck.epoch,
-            meta: stored_meta(&ck.image),
+            epoch,
+            meta: stored_meta(img),
             pages,
             codec: PageCodec::new().map_err(ApplyError::Codec)?,
+            members: Vec::new(),
         })
     }
 
-    /// Number of saved pages.
+    /// The other processes of a process tree, parents before their children: each its
+    /// parent's PID and its image (empty for a single process).
+    pub fn members(&self) -> impl Iterator<Item = (i32, &Image)> {
+        self.members.iter().map(|(ppid, m)| (*ppid, m))
+    }
+
+    /// Number of saved pages (of every process of a tree).
     pub fn pages(&self) -> usize {
-        self.pages.len()
+        self.pages.len() + self.members.iter().map(|m| m.1.pages()).sum::<usize>()
     }
 
     /// The private directories' tree at this epoch.
@@ -189,7 +248,6 @@ impl Image {
         };
         ck.validate().map_err(invalid)?;
         let img = &ck.image;
-        let mut meta = resolved_meta(img, &self.meta).map_err(invalid)?;
         let dirs = &img.private_files.dirs;
         if !dirs.is_empty() && !self.tree.dirs.is_empty() && *dirs != self.tree.dirs {
             return Err(invalid(FormatError::Meta(format!(
@@ -200,6 +258,64 @@ impl Image {
         img.private_files
             .validate(Some(&self.tree.dirs))
             .map_err(|m| invalid(FormatError::Meta(m)))?;
+        let alone = img.tree.is_empty() && self.members.is_empty();
+        let root = self.stage(img, &ck.data, ck.epoch, alone)?;
+        // A tree: each member of the checkpoint applies to the same process of the image (one
+        // the checkpoint does not list is gone); then the resolved tree is checked whole, its
+        // shared descriptions against every process's resolved descriptors.
+        let mut members = Vec::with_capacity(img.tree.len());
+        for m in &img.tree {
+            let pid = m.image.pid;
+            let Some(i) = self.members.iter().position(|(_, b)| b.meta.pid == pid) else {
+                return Err(invalid(FormatError::Meta(format!(
+                    "process {pid} is not in the image: a process that appeared since the \
+                     base comes with a full checkpoint"
+                ))));
+            };
+            let data = member_data(&ck.data, m).map_err(invalid)?;
+            let staged = self.members[i].1.stage(&m.image, data, ck.epoch, false)?;
+            members.push((m.ppid, i, staged));
+        }
+        if !alone {
+            let mut whole = root.meta.clone();
+            whole.tree = members
+                .iter()
+                .map(|(ppid, _, st)| Member {
+                    ppid: *ppid,
+                    data_off: 0,
+                    data_len: 0,
+                    image: st.meta.clone(),
+                })
+                .collect();
+            whole.validate(0).map_err(invalid)?;
+        }
+
+        // Nothing can fail from here on.
+        let mut old = std::mem::take(&mut self.members);
+        let mut slots: Vec<Option<Image>> = old.drain(..).map(|(_, m)| Some(m)).collect();
+        for (ppid, i, staged) in members {
+            if let Some(mut m) = slots[i].take() {
+                m.commit(staged, ck.epoch);
+                self.members.push((ppid, m));
+            }
+        }
+        self.tree.apply(&img.private_files);
+        self.commit(root, ck.epoch);
+        Ok(())
+    }
+
+    /// Checks and decodes what the incremental checkpoint of one process (`img`, its pages in
+    /// `data`) does to this image, changing nothing. `alone`: a single process (its metadata
+    /// is checked whole here; a tree's is checked by the caller, once resolved).
+    fn stage<'a>(
+        &mut self,
+        img: &'a ProcessImage,
+        data: &'a [u8],
+        epoch: u64,
+        alone: bool,
+    ) -> Result<Staged<'a>, ApplyError> {
+        let invalid = |source| ApplyError::Invalid { epoch, source };
+        let meta = resolved_meta(img, &self.meta, alone).map_err(invalid)?;
 
         // The new layout (validated: sorted here, disjoint), and whether a page survives.
         let mut layout: Vec<(u64, u64, bool)> = meta
@@ -208,10 +324,6 @@ impl Image {
             .map(|v| (v.start, v.end, v.backing == Backing::Anon))
             .collect();
         layout.sort_unstable();
-        let mapping = |addr: u64| {
-            let i = layout.partition_point(|v| v.0 <= addr);
-            i.checked_sub(1).map(|i| layout[i]).filter(|v| addr < v.1)
-        };
         // Shared mappings hold no pages of their own (their object's are in `shm`).
         let shm_maps = Ranges::new(
             meta.vmas
@@ -219,33 +331,35 @@ impl Image {
                 .filter(|v| matches!(v.backing, Backing::Shm { .. }))
                 .map(|v| (v.start, v.end)),
         );
-        let reset = Ranges::new(img.reset.iter().copied());
-        let cow = Ranges::new(img.cow.iter().copied());
         let file_private = Ranges::new(
             meta.vmas
                 .iter()
                 .filter(|v| matches!(v.backing, Backing::File { .. }) && !v.shared)
                 .map(|v| (v.start, v.end)),
         );
-        let keep = |a: u64| {
-            mapping(a).is_some()
-                && !reset.contains(a)
-                && !shm_maps.contains(a)
-                // A page of a private file mapping without its own copy shows the file.
-                && (!file_private.contains(a) || cow.contains(a))
+        let mut st = Staged {
+            img,
+            data,
+            meta,
+            layout,
+            shm_maps,
+            reset: Ranges::new(img.reset.iter().copied()),
+            cow: Ranges::new(img.cow.iter().copied()),
+            file_private,
+            pages: BTreeMap::new(),
         };
 
         // Decode every page first, against what the image will hold for it once the layout
         // changes apply (or the page decoded just before, if listed twice). `None`: dropped.
         let zero = [0u8; PAGE_SIZE];
-        let mut staged: BTreeMap<u64, Option<Box<[u8; PAGE_SIZE]>>> = BTreeMap::new();
         for p in &img.pages {
-            let Some((_, _, anon)) = mapping(p.addr).filter(|_| !shm_maps.contains(p.addr)) else {
+            let Some((_, _, anon)) = st.mapping(p.addr).filter(|_| !st.shm_maps.contains(p.addr))
+            else {
                 continue; // outside the new layout (or shared memory's): gone
             };
             let bytes = usize::try_from(p.data_off)
                 .ok()
-                .and_then(|off| ck.data.get(off..)?.get(..p.enc.encoded_len()))
+                .and_then(|off| data.get(off..)?.get(..p.enc.encoded_len()))
                 .ok_or_else(|| {
                     invalid(FormatError::Meta(format!(
                         "page at {:#x} lies outside the page data",
@@ -253,29 +367,41 @@ impl Image {
                     )))
                 })?;
             if p.enc == PageEncoding::Zero && anon {
-                staged.insert(p.addr, None); // a fresh anonymous page reads as zero
+                st.pages.insert(p.addr, None); // a fresh anonymous page reads as zero
                 continue;
             }
-            let twin: &[u8; PAGE_SIZE] = match staged.get(&p.addr) {
+            let twin: &[u8; PAGE_SIZE] = match st.pages.get(&p.addr) {
                 Some(Some(page)) => page,
                 Some(None) => &zero,
-                None if keep(p.addr) => self.pages.get(&p.addr).map_or(&zero, |b| b),
+                None if st.keep(p.addr) => self.pages.get(&p.addr).map_or(&zero, |b| b),
                 None => &zero,
             };
             let mut out = Box::new([0u8; PAGE_SIZE]);
             self.codec
                 .decode_page(p.enc, Some(twin), bytes, &mut out)
                 .map_err(|source| ApplyError::Decode {
-                    epoch: ck.epoch,
+                    epoch,
                     addr: p.addr,
                     source,
                 })?;
-            staged.insert(p.addr, Some(out));
+            st.pages.insert(p.addr, Some(out));
         }
+        Ok(st)
+    }
 
-        // Nothing can fail from here on.
-        self.pages.retain(|&a, _| keep(a));
-        for (addr, page) in staged {
+    /// Applies what [`Image::stage`] prepared on this image (which it was staged against).
+    fn commit(&mut self, st: Staged<'_>, epoch: u64) {
+        self.pages.retain(|&a, _| st.keep(a));
+        let Staged {
+            img,
+            data,
+            mut meta,
+            file_private,
+            cow,
+            pages,
+            ..
+        } = st;
+        for (addr, page) in pages {
             match page {
                 // A page of a private file mapping with no copy of its own (not in `cow`) shows
                 // the file, whatever the checkpoint carried for it: a page a failed pause took
@@ -288,18 +414,17 @@ impl Image {
                 None => self.pages.remove(&addr),
             };
         }
-        // The epoch loop does not record the group and session: keep the full checkpoint's.
+        // The epoch loop records the group and session in full checkpoints only: keep the
+        // full checkpoint's.
         if meta.pgid == 0 && meta.sid == 0 {
             (meta.pgid, meta.sid) = (self.meta.pgid, self.meta.sid);
         }
         if meta.sandbox.is_empty() {
             meta.sandbox = std::mem::take(&mut self.meta.sandbox);
         }
-        self.tree.apply(&img.private_files);
-        self.shm = shm_pages(&img.shm, &ck.data, std::mem::take(&mut self.shm));
+        self.shm = shm_pages(&img.shm, data, std::mem::take(&mut self.shm));
         self.meta = meta;
-        self.epoch = ck.epoch;
-        Ok(())
+        self.epoch = epoch;
     }
 
     /// The image as a full checkpoint without its page data: the runs' `data_off` count in the
@@ -308,6 +433,23 @@ impl Image {
     /// contiguous copy [`Image::to_full`] makes, faulting in its buffer included, was ~40 ms of
     /// every takeover).
     pub fn full_meta(&self) -> Checkpoint {
+        let (mut ck, mut written) = self.process_full_meta();
+        // A tree: each member's pages follow, in its own slice (as `write_pages` writes them).
+        for (ppid, m) in &self.members {
+            let (member, len) = m.process_full_meta();
+            ck.image.tree.push(Member {
+                ppid: *ppid,
+                data_off: written,
+                data_len: len,
+                image: member.image,
+            });
+            written += len;
+        }
+        ck
+    }
+
+    /// [`Image::full_meta`] of this process alone, and the length of its page data.
+    fn process_full_meta(&self) -> (Checkpoint, u64) {
         let mut runs: Vec<PageRun> = Vec::new();
         let mut starts: Vec<u64> = self.meta.vmas.iter().map(|v| v.start).collect();
         starts.sort_unstable();
@@ -343,7 +485,7 @@ impl Image {
                 written += PAGE;
             }
         }
-        Checkpoint::full(self.epoch, image, Vec::new())
+        (Checkpoint::full(self.epoch, image, Vec::new()), written)
     }
 
     /// Every page, in address order, to `out` (the data of [`Image::full_meta`]'s runs).
@@ -361,7 +503,11 @@ impl Image {
                 write_all_vectored(out, &mut batch)?;
             }
         }
-        write_all_vectored(out, &mut batch)
+        write_all_vectored(out, &mut batch)?;
+        for (_, m) in &self.members {
+            m.write_pages(out)?;
+        }
+        Ok(())
     }
 
     /// The image as a full checkpoint (contiguous pages of one mapping coalesced into runs),
@@ -369,7 +515,7 @@ impl Image {
     pub fn to_full(&self) -> Checkpoint {
         let mut ck = self.full_meta();
         let shm: usize = self.shm.values().map(|p| p.len()).sum();
-        let mut data = Vec::with_capacity((self.pages.len() + shm) * PAGE_SIZE);
+        let mut data = Vec::with_capacity((self.pages() + shm) * PAGE_SIZE);
         self.write_pages(&mut data)
             .expect("writing to a Vec cannot fail");
         ck.data = data;
@@ -437,16 +583,36 @@ fn stored_meta(img: &ProcessImage) -> ProcessImage {
             .collect(),
         pgid: img.pgid,
         sid: img.sid,
-        // `Image::from_full` refuses trees.
+        // The members are images of their own (`Image::members`).
         tree: Vec::new(),
-        shared_files: Vec::new(),
+        shared_files: img.shared_files.clone(),
         zombies: Vec::new(),
     }
 }
 
+/// A member's slice of a checkpoint's page data.
+fn member_data<'a>(data: &'a [u8], m: &Member) -> Result<&'a [u8], FormatError> {
+    usize::try_from(m.data_off)
+        .ok()
+        .zip(usize::try_from(m.data_len).ok())
+        .and_then(|(off, len)| data.get(off..)?.get(..len))
+        .ok_or_else(|| {
+            FormatError::Meta(format!(
+                "the page data of process {} lies outside the data",
+                m.image.pid
+            ))
+        })
+}
+
 /// The full metadata of incremental checkpoint `img` applied to an image whose metadata is
 /// `base`: [`stored_meta`] with what `img` carried over ([`Carried`]) taken from `base`.
-fn resolved_meta(img: &ProcessImage, base: &ProcessImage) -> Result<ProcessImage, FormatError> {
+/// Checked as a full checkpoint's metadata would be: whole for a process `alone`, as one
+/// process for a process of a tree (whose shared descriptions are checked with the tree).
+fn resolved_meta(
+    img: &ProcessImage,
+    base: &ProcessImage,
+    alone: bool,
+) -> Result<ProcessImage, FormatError> {
     let mut meta = stored_meta(img);
     let c = &img.carried;
     if c.layout {
@@ -478,7 +644,11 @@ fn resolved_meta(img: &ProcessImage, base: &ProcessImage) -> Result<ProcessImage
     }
     // What came from the base was checked when the base was applied; checked again together,
     // as a full checkpoint's metadata would be.
-    meta.validate(0)?;
+    if alone {
+        meta.validate(0)?;
+    } else {
+        meta.validate_one(0, None)?;
+    }
     Ok(meta)
 }
 
@@ -881,6 +1051,193 @@ mod tests {
         let e = Checkpoint::from_bytes(full(m, vec![]).to_bytes()).unwrap_err();
         assert!(e.to_string().contains("full checkpoint leaves out"), "{e}");
         assert_eq!(img.epoch, 0);
+    }
+
+    /// Process `pid` (one thread) with one anonymous mapping at 0x1000-0x3000.
+    fn process(pid: i32) -> ProcessImage {
+        let mut m = meta(vec![anon(0x1000, 0x3000)]);
+        m.pid = pid;
+        m.threads[0].tid = pid;
+        m.max_tid = pid;
+        m
+    }
+
+    /// A descriptor of the shared description #0.
+    fn shared_fd(fd: i32) -> FdImage {
+        FdImage {
+            fd,
+            cloexec: false,
+            flags: 2,
+            kind: FdKind::Shared(0),
+        }
+    }
+
+    /// A full checkpoint of a tree: process 1 (pages 0x1000 = 1, 0x2000 = 2), its children 2
+    /// and 3 (page 0x1000 = 20 + PID); all three hold one shared description at descriptor 3.
+    fn full_tree() -> Checkpoint {
+        let mut root = process(1);
+        root.runs = vec![PageRun {
+            addr: 0x1000,
+            len: 0x2000,
+            data_off: 0,
+        }];
+        root.fds = vec![shared_fd(3)];
+        root.pgid = 1;
+        root.sid = 1;
+        root.shared_files = vec![SharedFile {
+            file: FdImage {
+                fd: 3,
+                cloexec: false,
+                flags: 2,
+                kind: FdKind::Path {
+                    path: "/log".into(),
+                    pos: 0,
+                    is_dir: false,
+                },
+            },
+            holders: vec![(1, 3), (2, 3), (3, 3)],
+        }];
+        let mut data = [vec![1u8; 4096], vec![2u8; 4096]].concat();
+        for pid in [2, 3] {
+            let mut m = process(pid);
+            m.runs = vec![PageRun {
+                addr: 0x1000,
+                len: 0x1000,
+                data_off: 0,
+            }];
+            m.fds = vec![shared_fd(3)];
+            (m.pgid, m.sid) = (pid, 1);
+            root.tree.push(Member {
+                ppid: 1,
+                data_off: data.len() as u64,
+                data_len: 4096,
+                image: m,
+            });
+            data.extend(vec![20 + pid as u8; 4096]);
+        }
+        Checkpoint::full(0, root, data)
+    }
+
+    /// An incremental checkpoint of [`full_tree`]'s processes `pids` (the main one and these
+    /// members), each with its page 0x2000 written raw as `10 × PID` and its descriptors
+    /// carried over.
+    fn incremental_tree(epoch: u64, pids: &[i32]) -> Checkpoint {
+        let page = EncodedPage {
+            addr: 0x2000,
+            enc: PageEncoding::Raw,
+            data_off: 0,
+        };
+        let inc = |pid: i32| {
+            let mut m = process(pid);
+            m.base_epoch = Some(epoch - 1);
+            m.pages = vec![page];
+            m.carried.fds = true;
+            m
+        };
+        let mut root = inc(1);
+        root.shared_files = full_tree().image.shared_files;
+        let mut data = vec![10u8; 4096];
+        for &pid in pids {
+            root.tree.push(Member {
+                ppid: 1,
+                data_off: data.len() as u64,
+                data_len: 4096,
+                image: inc(pid),
+            });
+            data.extend(vec![10 * pid as u8; 4096]);
+        }
+        Checkpoint {
+            epoch,
+            kind: Kind::Incremental { base: epoch - 1 },
+            image: root,
+            data,
+        }
+    }
+
+    fn member(img: &Image, pid: i32) -> &Image {
+        img.members()
+            .find(|m| m.1.meta.pid == pid)
+            .map(|m| m.1)
+            .unwrap_or_else(|| panic!("no member {pid}"))
+    }
+
+    /// A tree's image: each process's pages from its own slice, incremental checkpoints
+    /// applied per process (descriptors carried over resolved from each one's base, groups
+    /// and sessions kept from the full), a member the checkpoint no longer lists dropped; the
+    /// image's full checkpoint is a valid tree with the same pages.
+    #[test]
+    fn a_tree_is_applied_process_by_process() {
+        let mut img = Image::from_full(&full_tree()).unwrap();
+        assert_eq!(img.pages(), 4);
+        assert_eq!(member(&img, 3).page(0x1000).unwrap()[0], 23);
+        img.apply(&roundtrip(incremental_tree(1, &[2, 3]))).unwrap();
+        assert_eq!(img.page(0x1000).unwrap()[0], 1);
+        assert_eq!(img.page(0x2000).unwrap()[0], 10);
+        for pid in [2, 3] {
+            let m = member(&img, pid);
+            assert_eq!(m.page(0x1000).unwrap()[0], 20 + pid as u8, "process {pid}");
+            assert_eq!(m.page(0x2000).unwrap()[0], 10 * pid as u8, "process {pid}");
+            assert_eq!(
+                m.meta.fds,
+                vec![shared_fd(3)],
+                "process {pid}'s descriptors"
+            );
+            assert_eq!((m.meta.pgid, m.meta.sid), (pid, 1));
+        }
+        let full = Checkpoint::from_bytes(img.to_full().to_bytes()).expect("a valid tree");
+        assert_eq!(full.image.tree.len(), 2);
+        assert_eq!(full.image.shared_files.len(), 1);
+        let again = Image::from_full(&full).unwrap();
+        assert_eq!(
+            member(&again, 3).page(0x2000).unwrap()[0],
+            30,
+            "a member's pages in its slice"
+        );
+        // Process 3 is gone: the next checkpoint does not list it (nor holds its descriptor).
+        let mut ck = incremental_tree(2, &[2]);
+        ck.image.shared_files[0].holders.pop();
+        img.apply(&roundtrip(ck)).unwrap();
+        assert_eq!(img.members().count(), 1);
+        assert_eq!(img.pages(), 4);
+    }
+
+    /// What cannot apply to a tree's image is refused, the image unchanged: a member that is
+    /// not in it, a shared description whose holder's descriptors (carried over) do not name
+    /// it, a member's page that does not decode.
+    #[test]
+    fn a_tree_checkpoint_that_does_not_apply_is_refused_whole() {
+        let mut img = Image::from_full(&full_tree()).unwrap();
+        let pages = |img: &Image| {
+            let ck = img.to_full();
+            (ck.data, format!("{:?}", ck.image))
+        };
+        let before = pages(&img);
+        let e = img.apply(&incremental_tree(1, &[2, 3, 4])).unwrap_err();
+        assert!(
+            e.to_string().contains("process 4 is not in the image"),
+            "{e}"
+        );
+        let mut ck = incremental_tree(1, &[2, 3]);
+        ck.image.shared_files[0].holders.push((3, 4));
+        let e = img.apply(&ck).unwrap_err();
+        assert!(
+            e.to_string().contains("which has no such descriptor"),
+            "{e}"
+        );
+        let mut ck = incremental_tree(1, &[2, 3]);
+        ck.image.tree[1].image.pages[0].enc = PageEncoding::Compressed { len: 100 };
+        let e = img.apply(&ck).unwrap_err();
+        assert!(matches!(e, ApplyError::Decode { addr: 0x2000, .. }), "{e}");
+        assert_eq!(
+            pages(&img),
+            before,
+            "a refused checkpoint changed the image"
+        );
+        assert_eq!(img.epoch, 0);
+    }
+
+    fn roundtrip(ck: Checkpoint) -> Checkpoint {
+        Checkpoint::from_bytes(ck.to_bytes()).unwrap()
     }
 
     /// An object that shrank between two checkpoints keeps no page past its new end (found by

@@ -157,11 +157,22 @@ impl Service {
     /// (it stays mapped). The process resumes on SIGCONT; usually it is just torn down. Nothing is
     /// left running on error.
     pub fn restore_held(ck: &Checkpoint, config: SandboxConfig) -> Result<(Service, (u64, u64))> {
+        let (svc, held) = Service::restore_held_tree(ck, config)?;
+        Ok((svc, held[0].blob))
+    }
+
+    /// [`Service::restore_held`] of a process tree (or a single process): every process is
+    /// held stopped before running. Returns the service and, per process (the main one
+    /// first), its PID in the sandbox, its host PID and the range of its restorer's blob.
+    pub fn restore_held_tree(
+        ck: &Checkpoint,
+        config: SandboxConfig,
+    ) -> Result<(Service, Vec<restore::HeldProcess>)> {
         let prep = prepare(ck, &config, true)?;
         let sandbox = start_sandbox(&config, restore_start(&prep))?;
         let svc = Service::new(sandbox, config, "the restored service has no process")?;
-        match restore::finish_held(prep, svc.pid(), HELD_TIMEOUT) {
-            Ok(skip) => Ok((svc, skip)),
+        match restore::finish_held_tree(prep, svc.pid(), HELD_TIMEOUT) {
+            Ok(held) => Ok((svc, held)),
             Err(source) => Err(fail(svc, source)),
         }
     }

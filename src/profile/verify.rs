@@ -18,7 +18,7 @@ pub(super) fn verify(
     image: &Image,
     config: &SandboxConfig,
 ) -> anyhow::Result<Vec<String>> {
-    let diffs = tardi_checkpointer::verify::compare_live(pid, image, DIFF_LIMIT)
+    let diffs = tardi_checkpointer::verify::compare_live_tree(pid, image, DIFF_LIMIT)
         .context("comparing the image with the live process")?;
     if !diffs.is_empty() {
         return Ok(diffs
@@ -34,13 +34,11 @@ pub(super) fn verify(
         link_index: None,
         ..config.clone()
     };
-    let (sb2, skip) = Service::restore_held(&full, cfg2.clone())
+    let (sb2, held) = Service::restore_held_tree(&full, cfg2.clone())
         .context("restoring the image into a second sandbox")?;
     drop(full);
-    let volatile = tardi_checkpointer::verify::rseq_areas(image);
-    let r =
-        tardi_checkpointer::verify::compare_processes(pid, sb2.pid(), skip, &volatile, DIFF_LIMIT)
-            .context("comparing the restored process with the live one");
+    let r = tardi_checkpointer::verify::compare_processes_tree(pid, &held, image, DIFF_LIMIT)
+        .context("comparing the restored process with the live one");
     let torn = sb2.teardown();
     let diffs: Vec<String> = r?
         .into_iter()

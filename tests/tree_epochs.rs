@@ -1,0 +1,243 @@
+//! Process trees in the epoch loop (`docs/PROCESS-TREES.md`, "Phase 2, the epoch loop";
+//! `tests/programs/forktree.c`: a main process, three children and a grandchild, one with a
+//! second thread, in groups and sessions of their own). A chain of a full checkpoint of the
+//! whole tree and incremental ones, with each tracker, while the processes write memory
+//! between epochs (a new generation, in turn): every checkpoint parsed back and applied to a
+//! backup's image (`store::Image`); at intervals, with the tree held stopped, each process's
+//! image is compared with its live memory byte for byte, and so is the image built from a full
+//! checkpoint taken in the middle of the chain. Then the final image is restored in place of
+//! the original tree: every process comes back with its PID, parent, group, session and
+//! memory. A process that appears between epochs ends the chain (it must restart).
+
+mod common;
+
+use common::programs;
+use common::tardi::{Running, Scratch, manifest_for, write_chain};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tardi_checkpointer::epoch::{ChainState, EpochConfig, Epochs};
+use tardi_checkpointer::image::{Checkpoint, Kind};
+use tardi_checkpointer::store::Image;
+use tardi_checkpointer::track::TrackerKind;
+use tardi_checkpointer::verify::{compare_live_tree, compare_processes_tree, tree_pids};
+
+const PORT: u16 = 7300;
+const ROLES: u16 = 5;
+
+fn roundtrip(ck: &Checkpoint) -> Checkpoint {
+    Checkpoint::from_bytes(ck.to_bytes()).expect("a checkpoint parses back")
+}
+
+fn ask(r: &Running, role: u16, cmd: &str) -> String {
+    programs::request(
+        SocketAddr::new(r.address.into(), PORT + role),
+        cmd,
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{cmd} to role {role} of {}: {e}\n--- log ---\n{}",
+            r.name,
+            std::fs::read_to_string(&r.log).unwrap_or_default()
+        )
+    })
+}
+
+/// Every process's state line (PID, parent, group, session, generation, digest, TIDs).
+fn states(r: &Running) -> Vec<String> {
+    (0..ROLES).map(|role| ask(r, role, "state")).collect()
+}
+
+/// Restores `image` held into a second sandbox (the description `sandbox`, renamed) and
+/// compares each of its processes with the live tree under `live` (stopped).
+fn held_restore(image: &Image, sandbox: &[u8], name: &str, live: i32) -> Vec<String> {
+    let mut config: tardi_sandbox::SandboxConfig = serde_json::from_slice(sandbox).unwrap();
+    config.name = format!("{name}-v");
+    config.hostname = config.name.clone();
+    config.run_dir = std::path::Path::new(tardi_sandbox::RUN_ROOT).join(&config.name);
+    config.link_index = None;
+    config.init_exe = Some(common::tardi::tardi().into());
+    let (sb, held) = tardi_service::Service::restore_held_tree(&image.to_full(), config.clone())
+        .expect("held restore of the tree");
+    assert_eq!(held.len(), 5, "every process restored held");
+    let diffs = compare_processes_tree(live, &held, image, 20).unwrap();
+    let _ = sb.teardown();
+    let _ = std::fs::remove_dir_all(&config.run_dir);
+    diffs
+}
+
+fn tree_chain(tag: &str, tracker: TrackerKind) {
+    let bin = programs::build("forktree");
+    let scratch = Scratch::new(tag);
+    let name = format!("epochtree-{tag}-{}", std::process::id() % 10000);
+    let m = manifest_for(&scratch.0, &name, &bin, &[]);
+    let run = Running::run(&m).expect("tardi run");
+    for role in 0..ROLES {
+        programs::wait_ready(
+            SocketAddr::new(run.address.into(), PORT + role),
+            Duration::from_secs(10),
+        )
+        .expect("ready");
+    }
+    // The sandbox description comes from an ordinary snapshot.
+    let sandbox = run.snapshot_sandbox(&scratch.0.join("first.tardi"));
+
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(5),
+        tracker,
+        precopy_min_pages: 0, // pre-copy every epoch (userfaultfd), however few pages
+        ..Default::default()
+    };
+    let (mut ep, full, _) = Epochs::start(run.pid, cfg).expect("start epochs on a tree");
+    assert_eq!(
+        full.image.tree.len(),
+        4,
+        "four processes besides the main one"
+    );
+    assert!(
+        !full.image.shared_files.is_empty(),
+        "the tree shares its standard descriptors"
+    );
+    let mut image = Image::from_full(&roundtrip(&full)).unwrap();
+    let mut mid: Option<Image> = None;
+    let (epochs, full_at) = (40u64, 12u64);
+    let mut generation = 1;
+    let mut dirty = 0;
+    for i in 1..=epochs {
+        // One process writes a new generation (272 KiB) each epoch, in turn; every fourth
+        // epoch, all of them.
+        generation += 1;
+        let roles: Vec<u16> = if i % 4 == 0 {
+            (0..ROLES).collect()
+        } else {
+            vec![(i % ROLES as u64) as u16]
+        };
+        for &role in &roles {
+            assert_eq!(
+                ask(&run, role, &format!("gen {generation}")),
+                format!("gen={generation}")
+            );
+        }
+        let held = i % 10 == 0 || i == full_at;
+        if i == full_at {
+            ep.request_full();
+        }
+        let out = ep
+            .next_output(held)
+            .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        let ck = roundtrip(&out.incremental);
+        assert_eq!(ck.kind, Kind::Incremental { base: i - 1 }, "epoch {i}");
+        assert_eq!(ck.image.tree.len(), 4, "epoch {i}: every process listed");
+        dirty += out.stats.dirty_pages;
+        image
+            .apply(&ck)
+            .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        if let Some(m) = &mut mid {
+            m.apply(&ck)
+                .unwrap_or_else(|e| panic!("epoch {i}, on the full: {e}"));
+        }
+        if let Some(f) = out.full {
+            assert_eq!(f.image.tree.len(), 4, "the full lists every process");
+            mid = Some(Image::from_full(&roundtrip(&f)).expect("the full makes an image"));
+        }
+        if held && i == epochs {
+            // The last image, restored held into a second sandbox: every process as the live
+            // one, byte for byte (what `tardi profile --verify` does).
+            let diffs = held_restore(&image, &sandbox, &name, run.pid);
+            assert!(
+                diffs.is_empty(),
+                "the restored tree differs from the live one:\n{}",
+                diffs.join("\n")
+            );
+        }
+        if held {
+            let diffs = compare_live_tree(run.pid, &image, 20).unwrap();
+            assert!(
+                diffs.is_empty(),
+                "epoch {i}: the image differs from the live tree:\n{}",
+                diffs.join("\n")
+            );
+            if let Some(m) = &mid {
+                let diffs = compare_live_tree(run.pid, m, 20).unwrap();
+                assert!(
+                    diffs.is_empty(),
+                    "epoch {i}: the image from the full of epoch {full_at} differs:\n{}",
+                    diffs.join("\n")
+                );
+            }
+            ep.release();
+        }
+    }
+    assert!(
+        dirty > epochs * 60,
+        "the tree wrote {dirty} pages in {epochs} epochs: the test proves little"
+    );
+    ep.stop();
+    let before = states(&run);
+
+    // The chain's final image in place of the original tree.
+    let file = scratch.0.join("chain.tardi");
+    write_chain(&image, sandbox, &file);
+    let log = run.log.clone();
+    run.stop();
+    let restored = Running::restore_or_log(&file, &log);
+    assert_eq!(
+        states(&restored),
+        before,
+        "every process's PID, parent, group, session and memory after the restore"
+    );
+    restored.stop();
+}
+
+#[test]
+fn a_tree_through_a_chain_of_epochs_uffd() {
+    tree_chain("uffd", TrackerKind::Uffd);
+}
+
+#[test]
+fn a_tree_through_a_chain_of_epochs_mprotect() {
+    tree_chain("mprotect", TrackerKind::Mprotect);
+}
+
+/// A process that exits between two epochs (step 2 of the plan is not there yet) ends the
+/// chain with an error that says so; a child forked and reaped between two pauses changes
+/// nothing.
+#[test]
+fn a_process_that_exits_between_epochs_ends_the_chain() {
+    let bin = programs::build("forktree");
+    let scratch = Scratch::new("treechange");
+    let name = format!("epochtree-change-{}", std::process::id() % 10000);
+    let m = manifest_for(&scratch.0, &name, &bin, &[]);
+    let run = Running::run(&m).expect("tardi run");
+    for role in 0..ROLES {
+        programs::wait_ready(
+            SocketAddr::new(run.address.into(), PORT + role),
+            Duration::from_secs(10),
+        )
+        .expect("ready");
+    }
+    let (mut ep, _, _) = Epochs::start(run.pid, EpochConfig::default()).expect("start epochs");
+    // Forked, exited with status 5 and reaped before the next pause.
+    assert_eq!(
+        ask(&run, 1, "spawn").split_whitespace().nth(1),
+        Some("status=5")
+    );
+    ep.next()
+        .expect("a child gone before the pause changes nothing");
+    // Role 3 kept running: stop it for good (a process that exits).
+    let hosts = tree_pids(run.pid).unwrap();
+    let role3 = hosts[&states(&run)[3]
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("pid="))
+        .unwrap()
+        .parse::<i32>()
+        .unwrap()];
+    // SAFETY: kill takes no pointers.
+    unsafe { libc::kill(role3, libc::SIGKILL) };
+    std::thread::sleep(Duration::from_millis(100));
+    let e = ep.next().expect_err("a process exited");
+    assert_eq!(e.chain(), ChainState::Broken, "{e}");
+    assert!(e.to_string().contains("the chain must restart"), "{e}");
+    ep.stop();
+    run.stop();
+}

@@ -14,37 +14,12 @@
 mod common;
 
 use common::programs;
-use common::tardi::{Running, Scratch};
+use common::tardi::{Running, Scratch, python_manifest};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const PORT: u16 = 7600;
-
-/// The shipped manifest with the script's directory mounted from this checkout and a unique
-/// sandbox name.
-fn manifest(dir: &Path, name: &str) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let shipped = root.join("gramine-manifests/python-mp.manifest");
-    let text = std::fs::read_to_string(&shipped).unwrap();
-    let (uri, name_line) = (r#"uri = "file:/srv/mp""#, r#"name = "python-mp""#);
-    assert!(
-        text.contains(uri) && text.contains(name_line),
-        "{} changed: update this test",
-        shipped.display()
-    );
-    let programs = root.join("tests/programs");
-    let text = text
-        .replace(
-            uri,
-            &format!("uri = {:?}", format!("file:{}", programs.display())),
-        )
-        .replace(name_line, &format!("name = {name:?}"));
-    let p = dir.join(format!("{name}.manifest"));
-    std::fs::write(&p, text).unwrap();
-    p
-}
 
 fn ask(r: &Running, cmd: &str) -> String {
     programs::request(
@@ -89,7 +64,7 @@ fn sum_to(n: u64) -> u64 {
 fn a_multiprocessing_pool_survives_snapshot_and_restore() {
     let scratch = Scratch::new("mp");
     let name = format!("mp-{}", std::process::id() % 10000);
-    let m = manifest(&scratch.0, &name);
+    let m = python_manifest(&scratch.0, "python-mp", "/srv/mp", &name);
     let cur = Running::run(&m).expect("tardi run");
     programs::wait_ready(
         SocketAddr::new(cur.address.into(), PORT),

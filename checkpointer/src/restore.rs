@@ -1164,33 +1164,18 @@ fn make_tree(mut me: ChildPlan) -> (ChildPlan, Option<String>) {
             .iter()
             .filter(|m| m.ppid == me.pid && m.pid != me.pid)
         {
-            let tid = [m.pid as libc::pid_t];
-            let args = CloneArgs {
-                exit_signal: libc::SIGCHLD as u64,
-                set_tid: tid.as_ptr() as u64,
-                set_tid_size: 1,
-                ..CloneArgs::default()
-            };
-            // SAFETY: a fork-like clone3 (no CLONE_VM: the child has its own copy of this
-            // single-threaded process and returns here with 0); `args` and the one-element
-            // `set_tid` array are alive for the call.
-            let child = unsafe {
-                libc::syscall(
-                    libc::SYS_clone3,
-                    &args as *const CloneArgs,
-                    std::mem::size_of::<CloneArgs>(),
-                )
-            };
-            if child == 0 {
-                me = m.clone();
-                continue 'process;
-            }
-            if child < 0 {
-                let e = io::Error::last_os_error();
-                return (
-                    me,
-                    Some(format!("creating process {} with its PID: {e}", m.pid)),
-                );
+            match fork_with_pid(m.pid) {
+                Ok(0) => {
+                    me = m.clone();
+                    continue 'process;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    return (
+                        me,
+                        Some(format!("creating process {} with its PID: {e}", m.pid)),
+                    );
+                }
             }
         }
         let failed = make_zombies(&me, &zombies).err();
@@ -1221,28 +1206,11 @@ fn make_zombies(me: &ChildPlan, zombies: &[Zombie]) -> std::result::Result<(), S
         libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
     }
     for z in &mine {
-        let tid = [z.pid as libc::pid_t];
-        let args = CloneArgs {
-            exit_signal: libc::SIGCHLD as u64,
-            set_tid: tid.as_ptr() as u64,
-            set_tid_size: 1,
-            ..CloneArgs::default()
-        };
-        // SAFETY: a fork-like clone3 as in `make_tree`; the child only makes system calls
-        // and exits (`become_zombie`).
-        let child = unsafe {
-            libc::syscall(
-                libc::SYS_clone3,
-                &args as *const CloneArgs,
-                std::mem::size_of::<CloneArgs>(),
-            )
-        };
-        if child == 0 {
-            become_zombie(z);
-        }
-        if child < 0 {
-            let e = io::Error::last_os_error();
-            return Err(format!("creating zombie {} with its PID: {e}", z.pid));
+        // The child only makes system calls and exits.
+        match fork_with_pid(z.pid) {
+            Ok(0) => become_zombie(z),
+            Ok(_) => {}
+            Err(e) => return Err(format!("creating zombie {} with its PID: {e}", z.pid)),
         }
     }
     for z in &mine {
@@ -1328,6 +1296,33 @@ fn make_shared(p: &ChildPlan) -> std::result::Result<(), String> {
     let end = p.shared_base + p.shared_count as RawFd;
     fds::recreate(&p.make_shared, end, p.shared_base)
         .map_err(|e| format!("making a shared description: {e}"))
+}
+
+/// Forks the calling (single-threaded) process into a child with PID `pid` in the sandbox's
+/// PID namespace (`clone3` with `set_tid`, exit signal SIGCHLD): 0 in the child, the child's
+/// PID in the parent.
+fn fork_with_pid(pid: i32) -> io::Result<libc::c_long> {
+    let tid = [pid as libc::pid_t];
+    let args = CloneArgs {
+        exit_signal: libc::SIGCHLD as u64,
+        set_tid: tid.as_ptr() as u64,
+        set_tid_size: 1,
+        ..CloneArgs::default()
+    };
+    // SAFETY: a fork-like clone3 (no CLONE_VM: the child has its own copy of this
+    // single-threaded process and returns here with 0); `args` and the one-element `set_tid`
+    // array are alive for the call.
+    let child = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if child < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(child)
 }
 
 /// `struct clone_args` of `clone3(2)` (the fields up to `set_tid_size`).

@@ -165,16 +165,8 @@ pub(crate) fn stop_all(
             children_of(p, &stopped[i].tids)
         };
         for c in kids {
-            let proc = root
-                .open_other(c)
-                .map_err(proc_err(c, "its /proc directory"))?;
-            let state = proc
-                .stat_fields()
-                .map_err(proc_err(c, "stat"))?
-                .get(2)
-                .cloned()
-                .unwrap_or_default();
-            if state == "Z" {
+            let (proc, exited) = open_child(root, c)?;
+            if exited {
                 zombies.push((zombie(&proc)?, i));
                 continue;
             }
@@ -249,8 +241,9 @@ pub(crate) fn list_members(root: &Proc) -> Result<Vec<(Proc, usize)>> {
     }
 }
 
-/// `/proc` of the child `c` (a host PID) of a process of `root`'s tree; a zombie is refused.
-fn open_member(root: &Proc, c: Pid) -> Result<Proc> {
+/// `/proc` of the child `c` (a host PID) of a process of `root`'s tree, and whether it is a
+/// zombie (state `Z`).
+fn open_child(root: &Proc, c: Pid) -> Result<(Proc, bool)> {
     let proc = root
         .open_other(c)
         .map_err(proc_err(c, "its /proc directory"))?;
@@ -260,9 +253,16 @@ fn open_member(root: &Proc, c: Pid) -> Result<Proc> {
         .get(2)
         .cloned()
         .unwrap_or_default();
-    if state == "Z" {
+    Ok((proc, state == "Z"))
+}
+
+/// [`open_child`] for the epoch loop, which refuses a zombie.
+fn open_member(root: &Proc, c: Pid) -> Result<Proc> {
+    let (proc, exited) = open_child(root, c)?;
+    if exited {
         return Err(CaptureError::Unsupported(format!(
-            "process {c} (host PID) exited and was not reaped yet: zombies are {NOT_YET}"
+            "process {c} (host PID) exited and was not reaped yet: zombies are not supported by \
+             the epoch loop yet"
         )));
     }
     Ok(proc)

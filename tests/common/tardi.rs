@@ -250,22 +250,30 @@ impl Drop for Scratch {
 /// `gramine-manifests/python-kv.manifest` with the script's mount pointing at this checkout's
 /// `tests/programs` and a unique `tardi.name`, written into `dir`.
 pub fn kv_manifest(dir: &Path, name: &str) -> PathBuf {
+    python_manifest(dir, "python-kv", "/srv/kv", name)
+}
+
+/// `gramine-manifests/SHIPPED.manifest` (a Python service whose script is mounted from
+/// `mount` and whose `tardi.name` is SHIPPED) with that mount pointing at this checkout's
+/// `tests/programs` and the name `name`, written into `dir`.
+pub fn python_manifest(dir: &Path, shipped: &str, mount: &str, name: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let shipped = root.join("gramine-manifests/python-kv.manifest");
-    let text = std::fs::read_to_string(&shipped).unwrap();
+    let file = root.join(format!("gramine-manifests/{shipped}.manifest"));
+    let text = std::fs::read_to_string(&file).unwrap();
     let programs = root.join("tests/programs");
-    let (uri, name_line) = (r#"uri = "file:/srv/kv""#, r#"name = "python-kv""#);
+    let uri = format!("uri = \"file:{mount}\"");
+    let name_line = format!("name = {shipped:?}");
     assert!(
-        text.contains(uri) && text.contains(name_line),
+        text.contains(&uri) && text.contains(&name_line),
         "{} changed: update this test",
-        shipped.display()
+        file.display()
     );
     let text = text
         .replace(
-            uri,
+            &uri,
             &format!("uri = {:?}", format!("file:{}", programs.display())),
         )
-        .replace(name_line, &format!("name = {name:?}"));
+        .replace(&name_line, &format!("name = {name:?}"));
     let p = dir.join(format!("{name}.manifest"));
     std::fs::write(&p, text).unwrap();
     p

@@ -22,18 +22,7 @@ use std::time::Duration;
 const PORT: u16 = 7600;
 
 fn ask(r: &Running, cmd: &str) -> String {
-    programs::request(
-        SocketAddr::new(r.address.into(), PORT),
-        cmd,
-        Duration::from_secs(20),
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "{cmd} to {}: {e}\n--- log ---\n{}",
-            r.name,
-            std::fs::read_to_string(&r.log).unwrap_or_default()
-        )
-    })
+    r.ask_udp(PORT, cmd)
 }
 
 /// `work n`: (tasks served in all, each worker's total).

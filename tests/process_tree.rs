@@ -38,24 +38,7 @@ const PORT: u16 = 7300;
 const ROLES: u16 = 5;
 
 fn ask(r: &Running, role: u16, cmd: &str) -> String {
-    request(r, PORT + role, role, cmd)
-}
-
-/// `cmd` to the UDP port `port` of role `role`'s process; its reply (the service's log in the
-/// panic when there is none).
-fn request(r: &Running, port: u16, role: u16, cmd: &str) -> String {
-    programs::request(
-        SocketAddr::new(r.address.into(), port),
-        cmd,
-        Duration::from_secs(10),
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "{cmd} to role {role} of {}: {e}\n--- log ---\n{}",
-            r.name,
-            std::fs::read_to_string(&r.log).unwrap_or_default()
-        )
-    })
+    r.ask_udp(PORT + role, cmd)
 }
 
 fn fields(line: &str) -> BTreeMap<String, String> {
@@ -180,7 +163,7 @@ const PIPE_DATA: &str = "0123456789abcdefghij";
 
 /// A command to role `role` of sharedfds.
 fn ctl(r: &Running, role: u16, cmd: &str) -> String {
-    request(r, SHARED_PORT + 1 + role, role, cmd)
+    r.ask_udp(SHARED_PORT + 1 + role, cmd)
 }
 
 /// The host PID of every role (0, 1, 2), found among the main process's descendants by the
@@ -406,7 +389,7 @@ const SHM_OBJECTS: [(&str, &[u16]); 4] = [
 ];
 
 fn shm_ask(r: &Running, role: u16, cmd: &str) -> String {
-    request(r, SHM_PORT + role, role, cmd)
+    r.ask_udp(SHM_PORT + role, cmd)
 }
 
 /// Every process's state line with generation `generation` written by all.
@@ -533,7 +516,7 @@ const ZOMBIE_PORT: u16 = 7500;
 
 /// A command to role `role` (0: the main process, 1: its live child) of zombies.c.
 fn zctl(r: &Running, role: u16, cmd: &str) -> String {
-    request(r, ZOMBIE_PORT + role, role, cmd)
+    r.ask_udp(ZOMBIE_PORT + role, cmd)
 }
 
 /// Children that exited and were not reaped come back as zombies of the same parents, with

@@ -29,18 +29,7 @@ fn roundtrip(ck: &Checkpoint) -> Checkpoint {
 }
 
 fn ask(r: &Running, role: u16, cmd: &str) -> String {
-    programs::request(
-        SocketAddr::new(r.address.into(), PORT + role),
-        cmd,
-        Duration::from_secs(10),
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "{cmd} to role {role} of {}: {e}\n--- log ---\n{}",
-            r.name,
-            std::fs::read_to_string(&r.log).unwrap_or_default()
-        )
-    })
+    r.ask_udp(PORT + role, cmd)
 }
 
 /// Every process's state line (PID, parent, group, session, generation, digest, TIDs).

@@ -2282,6 +2282,23 @@ pub(crate) mod tests {
         }
     }
 
+    /// `c` is refused, with a message containing `want`, by `validate` and by `from_bytes` of
+    /// its encoding.
+    fn assert_refused(c: &Checkpoint, want: &str) {
+        let err = c.validate().expect_err(want).to_string();
+        assert!(
+            err.contains(want),
+            "validate: expected {want:?}, got {err:?}"
+        );
+        let err = Checkpoint::from_bytes(c.to_bytes())
+            .expect_err(want)
+            .to_string();
+        assert!(
+            err.contains(want),
+            "from_bytes: expected {want:?}, got {err:?}"
+        );
+    }
+
     /// A full checkpoint of `sample` with one member, pid 5, whose data follows the root's.
     fn with_member() -> Checkpoint {
         let mut ck = sample(Kind::Full);
@@ -2744,18 +2761,7 @@ pub(crate) mod tests {
         for (want, brk) in cases {
             let mut c = with_shared();
             brk(&mut c);
-            let err = c.validate().expect_err(want).to_string();
-            assert!(
-                err.contains(want),
-                "validate: expected {want:?}, got {err:?}"
-            );
-            let err = Checkpoint::from_bytes(c.to_bytes())
-                .expect_err(want)
-                .to_string();
-            assert!(
-                err.contains(want),
-                "from_bytes: expected {want:?}, got {err:?}"
-            );
+            assert_refused(&c, want);
         }
         // An incremental checkpoint of a single process cannot list them.
         let mut c = sample(Kind::Incremental { base: 6 });
@@ -2843,18 +2849,7 @@ pub(crate) mod tests {
         for (want, brk) in cases {
             let mut c = incremental_tree();
             brk(&mut c);
-            let err = c.validate().expect_err(want).to_string();
-            assert!(
-                err.contains(want),
-                "validate: expected {want:?}, got {err:?}"
-            );
-            let err = Checkpoint::from_bytes(c.to_bytes())
-                .expect_err(want)
-                .to_string();
-            assert!(
-                err.contains(want),
-                "from_bytes: expected {want:?}, got {err:?}"
-            );
+            assert_refused(&c, want);
         }
     }
 

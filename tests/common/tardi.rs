@@ -24,6 +24,23 @@ pub struct Running {
 }
 
 impl Running {
+    /// `cmd` as one UDP datagram to the service's `port`, and its reply (within 20 s); panics
+    /// with the service's log when none comes.
+    pub fn ask_udp(&self, port: u16, cmd: &str) -> String {
+        programs::request(
+            SocketAddr::new(self.address.into(), port),
+            cmd,
+            Duration::from_secs(20),
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "{cmd} to port {port} of {}: {e}\n--- log ---\n{}",
+                self.name,
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            )
+        })
+    }
+
     fn spawn(args: &[&str]) -> Result<Running, String> {
         let mut child = Command::new(tardi())
             .args(args)

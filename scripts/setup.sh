@@ -10,6 +10,7 @@ for pkg_bin in redis-server:/usr/bin/redis-server redis-tools:/usr/bin/redis-cli
                fonts-dejavu-core:/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf \
                protobuf-compiler:/usr/bin/protoc nftables:/usr/sbin/nft iptables:/usr/sbin/iptables-nft \
                memcached:/usr/bin/memcached nginx-light:/usr/sbin/nginx systemd:/usr/bin/systemd-analyze \
+               postgresql-15:/usr/lib/postgresql/15/bin/postgres postgresql-client-15:/usr/bin/psql \
                chromium:/usr/bin/chromium; do
   [ -e "${pkg_bin#*:}" ] || need+=("${pkg_bin%%:*}")
 done
@@ -22,7 +23,9 @@ fi
 # Debian starts a system redis on 127.0.0.1:6379 and a system nginx on port 80; Tardi's
 # sandboxes have their own network namespaces and do not need them stopped, but they waste
 # memory on a CI machine.
-if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server nginx 2>/dev/null || true; fi
+if command -v systemctl >/dev/null 2>&1; then
+  systemctl stop redis-server nginx postgresql 2>/dev/null || true
+fi
 if ! command -v cargo >/dev/null 2>&1; then
   [ -x "$HOME/.cargo/bin/cargo" ] || { echo "setup: no Rust toolchain (install rustup)"; exit 1; }
   export PATH="$HOME/.cargo/bin:$PATH"

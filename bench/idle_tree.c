@@ -1,12 +1,12 @@
 /*
  * idle_tree.c: a process tree for bench/tree_pause.sh (issue 8: what each extra idle process
  * adds to an epoch's pause). The main process answers UDP pings on PORT and writes one byte
- * per page of a 4 MiB region every millisecond-ish (a busy main process); it forks WORKERS
- * children first, each of which touches MB MiB of its own memory once and then sleeps in
- * pause() forever (an idle worker: nginx's or a pool's between requests). Nothing is shared
- * but stdio.
+ * per page of the first 4 MiB of a MAIN_MB MiB region every millisecond-ish (a busy main
+ * process); it forks WORKERS children first, each of which touches MB MiB of its own memory
+ * once and then sleeps in pause() forever (an idle worker: nginx's or a pool's between
+ * requests). Nothing is shared but stdio.
  *
- *   idle_tree [--port P] [--workers N] [--mb M]     (defaults 7700, 0, 4)
+ *   idle_tree [--port P] [--workers N] [--mb M] [--main-mb M]   (defaults 7700, 0, 4, 4)
  *
  * Build: cc -O2 -o idle_tree bench/idle_tree.c
  */
@@ -33,11 +33,12 @@ static char *region(size_t mb) {
 }
 
 int main(int argc, char **argv) {
-    int port = 7700, workers = 0, mb = 4;
+    int port = 7700, workers = 0, mb = 4, main_mb = 4;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--port") == 0) port = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--workers") == 0) workers = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--mb") == 0) mb = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--main-mb") == 0) main_mb = atoi(argv[i + 1]);
     }
     for (int w = 0; w < workers; w++) {
         pid_t c = fork();
@@ -50,7 +51,7 @@ int main(int argc, char **argv) {
             for (;;) pause();
         }
     }
-    char *mine = region(4);
+    char *mine = region(main_mb < 4 ? 4 : (size_t)main_mb);
     int s = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) < 0) {

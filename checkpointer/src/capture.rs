@@ -257,25 +257,27 @@ fn identify_file(proc: &Proc, f: std::fs::File, path: &str) -> Result<FileRef> {
     let m = f
         .metadata()
         .map_err(proc_err(pid, format!("mapped file {path}")))?;
-    let key = (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec());
-    if let Some(h) = HASHES.lock().unwrap().get_or_insert_default().get(&key) {
-        return Ok(FileRef {
-            path: path.to_string(),
-            size: m.size(),
-            hash: *h,
-        });
-    }
-    let hash = hash_file(f).map_err(proc_err(pid, format!("hashing {path}")))?;
-    HASHES
-        .lock()
-        .unwrap()
-        .get_or_insert_default()
-        .insert(key, hash);
+    let hash = cached_hash(f, &m).map_err(proc_err(pid, format!("hashing {path}")))?;
     Ok(FileRef {
         path: path.to_string(),
         size: m.size(),
         hash,
     })
+}
+
+/// The content hash of file `f` (whose metadata is `m`), hashed once per device, inode, size
+/// and modification time for the life of this process (a capture hashes a service's mapped
+/// files once, not every checkpoint; a tree's restore checks a library its processes all map
+/// once).
+pub(crate) fn cached_hash(f: std::fs::File, m: &std::fs::Metadata) -> io::Result<[u8; 32]> {
+    let key = (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec());
+    let lock = || HASHES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(h) = lock().get_or_insert_default().get(&key) {
+        return Ok(*h);
+    }
+    let hash = hash_file(f)?;
+    lock().get_or_insert_default().insert(key, hash);
+    Ok(hash)
 }
 
 pub(crate) fn hash_file(mut f: std::fs::File) -> io::Result<[u8; 32]> {

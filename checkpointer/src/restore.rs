@@ -702,7 +702,10 @@ fn verify_files(
         let host = host_path(&f.path).ok_or_else(|| err("not visible in the sandbox".into()))?;
         let file =
             std::fs::File::open(&host).map_err(|e| err(format!("{}: {e}", host.display())))?;
-        let hash = crate::capture::hash_file(file).map_err(|e| err(e.to_string()))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| err(format!("{}: {e}", host.display())))?;
+        let hash = crate::capture::cached_hash(file, &meta).map_err(|e| err(e.to_string()))?;
         if hash != f.hash {
             return Err(err(format!(
                 "{} differs from the checkpointed file (content hash mismatch)",

@@ -15,7 +15,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tardi_checkpointer::image::{Backing, Checkpoint, FdKind, ShmId, SocketState};
+use tardi_checkpointer::image::{Backing, FdKind, ShmId, SocketState};
 
 const PORT: u16 = 8080;
 
@@ -190,10 +190,7 @@ fn nginx_master_and_workers_survive_snapshot_and_restore() {
     );
 
     let file = scratch.0.join("nginx.tardi");
-    cur.snapshot(&file).expect("snapshot of nginx");
-    let image = Checkpoint::from_bytes(std::fs::read(&file).unwrap())
-        .unwrap()
-        .image;
+    let image = cur.snapshot_image(&file, "snapshot of nginx");
     assert_eq!(image.tree.len(), 2, "two workers besides the master");
     // The listening socket, one description held by all three.
     let listener = image

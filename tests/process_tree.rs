@@ -31,7 +31,6 @@ use common::tardi::{Running, Scratch};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tardi_checkpointer::image::Checkpoint;
 use tardi_checkpointer::sys::same_description;
 
 const PORT: u16 = 7300;
@@ -110,10 +109,7 @@ fn a_process_tree_survives_snapshot_and_restore() {
     check_shape(&before);
 
     let file = scratch.0.join("tree.tardi");
-    cur.snapshot(&file).expect("snapshot of a process tree");
-    let image = Checkpoint::from_bytes(std::fs::read(&file).unwrap())
-        .unwrap()
-        .image;
+    let image = cur.snapshot_image(&file, "snapshot of a process tree");
     assert_eq!(image.tree.len(), 4, "four processes besides the main one");
 
     // What the original tree holds one generation later: the restored one must match it.
@@ -303,11 +299,7 @@ fn descriptors_shared_by_a_tree_come_back_shared() {
     assert_eq!(ctl(&cur, 2, "qwrite 1 pre"), "sent=3");
 
     let file = scratch.0.join("shared.tardi");
-    cur.snapshot(&file)
-        .expect("snapshot of a tree sharing descriptors");
-    let image = Checkpoint::from_bytes(std::fs::read(&file).unwrap())
-        .unwrap()
-        .image;
+    let image = cur.snapshot_image(&file, "snapshot of a tree sharing descriptors");
     use tardi_checkpointer::image::{FdKind, SocketState};
     let listener = image
         .shared_files
@@ -469,11 +461,7 @@ fn shared_memory_of_a_tree_comes_back_shared() {
     check_shm_states(&before, "before the snapshot");
 
     let file = scratch.0.join("treeshm.tardi");
-    cur.snapshot(&file)
-        .expect("snapshot of a tree sharing memory");
-    let image = Checkpoint::from_bytes(std::fs::read(&file).unwrap())
-        .unwrap()
-        .image;
+    let image = cur.snapshot_image(&file, "snapshot of a tree sharing memory");
     use tardi_checkpointer::image::ShmId;
     let ids: Vec<ShmId> = image.shm.iter().map(|o| o.id).collect();
     assert_eq!(
@@ -558,11 +546,7 @@ fn zombies_come_back_to_be_reaped_with_their_status() {
     assert_eq!(child[0][4..], [killed, "9".into()], "D: {before:?}");
 
     let file = scratch.0.join("zombies.tardi");
-    cur.snapshot(&file)
-        .expect("snapshot of a tree with zombies");
-    let image = Checkpoint::from_bytes(std::fs::read(&file).unwrap())
-        .unwrap()
-        .image;
+    let image = cur.snapshot_image(&file, "snapshot of a tree with zombies");
     assert_eq!(image.tree.len(), 1, "one live process besides the main one");
     assert_eq!(image.zombies.len(), 4, "{:?}", image.zombies);
     let log = cur.log.clone();

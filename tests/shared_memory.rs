@@ -70,10 +70,7 @@ fn shared_memory_survives_a_restore() {
     let before = cur.ask(PORT, "state");
     check_source(&before);
     let file = scratch.0.join("s.tardi");
-    cur.snapshot(&file).expect("snapshot");
-    let image = Checkpoint::from_bytes(std::fs::read(&file).unwrap())
-        .unwrap()
-        .image;
+    let image = cur.snapshot_image(&file, "snapshot");
     let kinds: Vec<ShmId> = image.shm.iter().map(|o| o.id).collect();
     assert_eq!(
         kinds.iter().filter(|i| matches!(i, ShmId::Sysv(_))).count(),

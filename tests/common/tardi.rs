@@ -101,12 +101,21 @@ impl Running {
     /// the sandbox description the snapshot carries: what a chain of epochs taken outside
     /// `tardi` needs to be restored into a sandbox.
     pub fn snapshot_sandbox(&self, file: &Path) -> Vec<u8> {
+        self.snapshot_image(file, "snapshot").sandbox
+    }
+
+    /// [`Running::snapshot`] into `file` (panics naming `what` if it fails), and the image of
+    /// the checkpoint it wrote.
+    pub fn snapshot_image(
+        &self,
+        file: &Path,
+        what: &str,
+    ) -> tardi_checkpointer::image::ProcessImage {
         self.snapshot(file)
-            .unwrap_or_else(|e| panic!("snapshot of {}: {e}", self.name));
+            .unwrap_or_else(|e| panic!("{what} of {}: {e}", self.name));
         tardi_checkpointer::image::Checkpoint::from_bytes(std::fs::read(file).unwrap())
             .unwrap()
             .image
-            .sandbox
     }
 
     /// `tardi restore FILE`; panics with the error and the service log `log` (the log of the

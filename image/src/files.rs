@@ -15,7 +15,11 @@ use std::ops::Bound;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Entry {
     Dir { mode: u32 },
-    File { mode: u32, content: Vec<u8> },
+    File {
+        mode: u32,
+        #[serde(with = "crate::bytes")]
+        content: Vec<u8>,
+    },
     Symlink { target: String },
 }
 

@@ -113,6 +113,7 @@ pub struct ProcessImage {
     pub max_tid: i32,
     /// Opaque to the checkpointer: the caller's description of the sandbox (the CLI keeps the
     /// manifest here so `tardi restore FILE` needs nothing else).
+    #[serde(with = "crate::bytes")]
     pub sandbox: Vec<u8>,
     /// Incremental only: the epoch this checkpoint applies to.
     pub base_epoch: Option<u64>,
@@ -551,6 +552,7 @@ pub struct ThreadImage {
     pub comm: String,
     /// `struct user_regs_struct` as 27 words, as captured (no restart fix applied).
     pub regs: Vec<u64>,
+    #[serde(with = "crate::bytes")]
     pub xstate: Vec<u8>,
     pub sigmask: u64,
     pub robust_list: u64,
@@ -606,6 +608,7 @@ pub enum FdKind {
     Pipe {
         id: u64,
         write_end: bool,
+        #[serde(with = "crate::bytes")]
         buffered: Vec<u8>,
         capacity: u32,
     },

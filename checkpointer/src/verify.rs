@@ -410,18 +410,24 @@ fn merged_layout(maps: &[crate::procfs::MapEntry]) -> Vec<Shape> {
     let mut out: Vec<(Shape, u64)> = Vec::new();
     for m in maps {
         let file = m.inode != 0 && m.name.starts_with('/');
+        // A file unlinked while mapped shared comes back as shared anonymous memory, which is
+        // what a restore shows for it (see `crate::shm`).
+        let name = match crate::shm::object_of(m) {
+            Some(crate::image::ShmId::Unlinked { .. }) => "/dev/zero (deleted)",
+            _ => m.name.as_str(),
+        };
         if let Some((last, off)) = out.last_mut()
             && last.1 == m.start
             && last.2 == m.prot()
             && last.3 == m.shared
-            && last.4 == m.name
+            && last.4 == name
             && (!file || *off + (last.1 - last.0) == m.offset)
         {
             last.1 = m.end;
             continue;
         }
         out.push((
-            (m.start, m.end, m.prot(), m.shared, m.name.clone()),
+            (m.start, m.end, m.prot(), m.shared, name.to_string()),
             m.offset,
         ));
     }

@@ -91,3 +91,65 @@ fn a_multiprocessing_pool_survives_snapshot_and_restore() {
     );
     restored.stop();
 }
+
+/// `tardi profile --verify` on the pool while a client hands out work in a loop: the main
+/// process and both workers are tracked by the epoch loop, the pool's locks (files in
+/// /dev/shm unlinked while mapped shared by the three processes) once, in the main image; at
+/// the end the image built from the chain equals the held tree, the locks included, and so does
+/// a held restore of it (where each lock shows as shared anonymous memory).
+#[test]
+fn a_pool_profiled_under_load_verifies() {
+    let scratch = Scratch::new("mp-profile");
+    let name = format!("mp-prof-{}", std::process::id() % 10000);
+    let m = python_manifest(&scratch.0, "python-mp", "/srv/mp", &name);
+    let (client, served) = (scratch.0.join("load.py"), scratch.0.join("load.out"));
+    std::fs::write(
+        &client,
+        format!(
+            "import socket, sys, time\n\
+             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+             s.settimeout(5)\n\
+             while True:\n\
+             \x20   s.sendto(b'work 3', (sys.argv[1], {PORT}))\n\
+             \x20   try:\n\
+             \x20       print(s.recv(4096).decode(), flush=True)\n\
+             \x20   except OSError as e:\n\
+             \x20       print('error', e, flush=True)\n\
+             \x20   time.sleep(0.02)\n"
+        ),
+    )
+    .unwrap();
+    let load = format!(
+        "python3 {} {{address}} > {} 2>&1",
+        client.display(),
+        served.display()
+    );
+    let out = std::process::Command::new(common::tardi::tardi())
+        .args([
+            "profile",
+            m.to_str().unwrap(),
+            "--json",
+            "--duration",
+            "3s",
+            "--verify",
+            "--load",
+            &load,
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "tardi profile failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("no output")).unwrap();
+    assert_eq!(summary["verified"], true, "verification failed: {summary}");
+    let text = std::fs::read_to_string(&served).unwrap_or_default();
+    let ok = text.lines().filter(|l| l.starts_with("served=")).count();
+    assert!(ok >= 20, "the load while profiling: {ok} replies:\n{text}");
+}

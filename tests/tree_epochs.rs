@@ -188,6 +188,216 @@ fn a_tree_through_a_chain_of_epochs_mprotect() {
     tree_chain("mprotect", TrackerKind::Mprotect);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Shared memory mapped by the tree's processes (`tests/programs/treeshm.c`: a parent and two
+// children sharing an anonymous object, two System V segments, one attached only by the
+// children, and a /dev/shm object; each child with an anonymous object of its own).
+
+const SHM_PORT: u16 = 7500;
+const SHM_ROLES: u16 = 3;
+
+fn shm_ask(r: &Running, role: u16, cmd: &str) -> String {
+    programs::request(
+        SocketAddr::new(r.address.into(), SHM_PORT + role),
+        cmd,
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|e| panic!("{cmd} to role {role} of {}: {e}", r.name))
+}
+
+fn shm_states(r: &Running) -> Vec<String> {
+    (0..SHM_ROLES)
+        .map(|role| shm_ask(r, role, "state"))
+        .collect()
+}
+
+/// A chain of epochs over a tree whose processes share memory, written by every process
+/// between epochs: the objects are listed once, in the main image, in every checkpoint (the
+/// members' mappings name them); the receiver's image (and one built from a full checkpoint
+/// taken mid-chain) is compared with the live tree, shared memory included, with the tree held;
+/// the last image is restored held next to the live tree and compared with it, then restored
+/// in its place: every process sees the same objects, byte for byte.
+fn tree_shm_chain(tag: &str, tracker: TrackerKind) {
+    let bin = programs::build("treeshm");
+    let scratch = Scratch::new(tag);
+    let name = format!("epshm-{tag}-{}", std::process::id() % 10000);
+    let m = common::tardi::manifest_with_tmp(&scratch.0, &name, &bin);
+    let run = Running::run(&m).expect("tardi run");
+    for role in 0..SHM_ROLES {
+        programs::wait_ready(
+            SocketAddr::new(run.address.into(), SHM_PORT + role),
+            Duration::from_secs(10),
+        )
+        .expect("ready");
+    }
+    let sandbox = run.snapshot_sandbox(&scratch.0.join("first.tardi"));
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(5),
+        tracker,
+        private_dirs: vec!["/tmp".into(), "/dev/shm".into()],
+        ..Default::default()
+    };
+    let (mut ep, full, _) = Epochs::start(run.pid, cfg).expect("start epochs on a tree");
+    assert_eq!(full.image.tree.len(), 2, "two children");
+    assert_eq!(
+        full.image.shm.len(),
+        5,
+        "each object once, in the main image: two segments, the shared anonymous object and \
+         each child's own: {:?}",
+        full.image.shm.iter().map(|o| o.id).collect::<Vec<_>>()
+    );
+    assert!(full.image.tree.iter().all(|m| m.image.shm.is_empty()));
+    let mut image = Image::from_full(&roundtrip(&full)).unwrap();
+    let mut mid: Option<Image> = None;
+    let (epochs, full_at) = (24u64, 6u64);
+    let mut generation = 1;
+    let mut shm_pages = 0;
+    for i in 1..=epochs {
+        // One process writes a new generation into every object it maps each epoch, in turn;
+        // every fourth epoch, all of them (and a marker through one of them).
+        generation += 1;
+        let roles: Vec<u16> = if i % 4 == 0 {
+            (0..SHM_ROLES).collect()
+        } else {
+            vec![(i % SHM_ROLES as u64) as u16]
+        };
+        for &role in &roles {
+            assert_eq!(
+                shm_ask(&run, role, &format!("gen {generation}")),
+                format!("gen={generation}")
+            );
+        }
+        if i % 4 == 0 {
+            let writer = (i / 4 % SHM_ROLES as u64) as u16;
+            let obj = ["anon", "sv1", "posix"][(i / 4 % 3) as usize];
+            assert_eq!(
+                shm_ask(&run, writer, &format!("poke {obj} {obj}-{i}-by-{writer}")),
+                "poked"
+            );
+        }
+        let held = i % 8 == 0 || i == full_at;
+        if i == full_at {
+            ep.request_full();
+        }
+        let out = ep
+            .next_output(held)
+            .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        let ck = roundtrip(&out.incremental);
+        assert_eq!(ck.kind, Kind::Incremental { base: i - 1 }, "epoch {i}");
+        assert_eq!(ck.image.shm.len(), 5, "epoch {i}: every object listed");
+        assert!(
+            ck.image.tree.iter().all(|m| m.image.shm.is_empty()),
+            "epoch {i}: the members list none"
+        );
+        shm_pages += ck
+            .image
+            .shm
+            .iter()
+            .flat_map(|o| &o.runs)
+            .map(|r| r.len / 4096)
+            .sum::<u64>();
+        image
+            .apply(&ck)
+            .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        if let Some(m) = &mut mid {
+            m.apply(&ck)
+                .unwrap_or_else(|e| panic!("epoch {i}, on the full: {e}"));
+        }
+        if let Some(f) = out.full {
+            assert_eq!(f.image.shm.len(), 5, "the full lists every object");
+            mid = Some(Image::from_full(&roundtrip(&f)).expect("the full makes an image"));
+        }
+        if held && i == epochs {
+            let mut config: tardi_sandbox::SandboxConfig =
+                serde_json::from_slice(&sandbox).unwrap();
+            config.name = format!("{name}-v");
+            config.hostname = config.name.clone();
+            config.run_dir = std::path::Path::new(tardi_sandbox::RUN_ROOT).join(&config.name);
+            config.link_index = None;
+            config.init_exe = Some(common::tardi::tardi().into());
+            let (sb, restored) =
+                tardi_service::Service::restore_held_tree(&image.to_full(), config.clone())
+                    .expect("held restore of the tree");
+            assert_eq!(restored.len(), 3, "every process restored held");
+            let diffs = compare_processes_tree(run.pid, &restored, &image, 20).unwrap();
+            let _ = sb.teardown();
+            let _ = std::fs::remove_dir_all(&config.run_dir);
+            assert!(
+                diffs.is_empty(),
+                "the restored tree differs from the live one:\n{}",
+                diffs.join("\n")
+            );
+        }
+        if held {
+            let diffs = compare_live_tree(run.pid, &image, 20).unwrap();
+            assert!(
+                diffs.is_empty(),
+                "epoch {i}: the image differs from the live tree:\n{}",
+                diffs.join("\n")
+            );
+            if let Some(m) = &mid {
+                let diffs = compare_live_tree(run.pid, m, 20).unwrap();
+                assert!(
+                    diffs.is_empty(),
+                    "epoch {i}: the image from the full of epoch {full_at} differs:\n{}",
+                    diffs.join("\n")
+                );
+            }
+            ep.release();
+        }
+    }
+    assert!(
+        shm_pages >= epochs * 2,
+        "{shm_pages} pages of shared memory in {epochs} epochs: the test proves little"
+    );
+    ep.stop();
+    let before = shm_states(&run);
+    assert!(
+        before.iter().all(|s| s.contains(" ok=1 ")),
+        "every process wrote the last generation: {before:?}"
+    );
+
+    let file = scratch.0.join("chain.tardi");
+    write_chain(&image, sandbox, &file);
+    let log = run.log.clone();
+    run.stop();
+    let restored = Running::restore_or_log(&file, &log);
+    assert_eq!(
+        shm_states(&restored),
+        before,
+        "every process's objects, byte for byte, and the segments' ids and attachments"
+    );
+    for (obj, roles) in [
+        ("anon", [0, 1, 2]),
+        ("posix", [0, 1, 2]),
+        ("sv1", [0, 1, 2]),
+    ] {
+        let text = format!("{obj}-after");
+        assert_eq!(
+            shm_ask(&restored, 2, &format!("poke {obj} {text}")),
+            "poked"
+        );
+        for role in roles {
+            assert_eq!(
+                shm_ask(&restored, role, &format!("peek {obj}")),
+                format!("{obj}={text}"),
+                "role {role} sees what role 2 wrote into {obj}: one object after the restore"
+            );
+        }
+    }
+    restored.stop();
+}
+
+#[test]
+fn a_tree_sharing_memory_through_a_chain_of_epochs_uffd() {
+    tree_shm_chain("shm-uffd", TrackerKind::Uffd);
+}
+
+#[test]
+fn a_tree_sharing_memory_through_a_chain_of_epochs_mprotect() {
+    tree_shm_chain("shm-mprotect", TrackerKind::Mprotect);
+}
+
 /// A process that exits between two epochs (step 2 of the plan is not there yet) ends the
 /// chain with an error that says so; a child forked and reaped between two pauses changes
 /// nothing.

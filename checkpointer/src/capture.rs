@@ -184,16 +184,20 @@ pub(crate) fn identify_exe(proc: &Proc, path: &str) -> Result<FileRef> {
 /// A full checkpoint's image and page data, and the mapped files still to identify.
 pub(crate) type FullMemory = ((ProcessImage, Vec<u8>), Vec<PendingFile>);
 
-/// Memory of a full checkpoint for a stopped process whose metadata is `meta`.
+/// Memory of a full checkpoint for a stopped process whose metadata is `meta`, with its
+/// shared memory objects captured by `shm` (`None`: a process of a tree other than the main
+/// one, whose objects the main process's tracker captures for the whole tree).
 pub(crate) fn full_memory(
     proc: &Proc,
     maps: &[MapEntry],
     mut meta: ProcessImage,
     buf: Vec<u8>,
-    shm: &mut crate::shm::ShmTracker,
+    shm: Option<&mut crate::shm::ShmTracker>,
 ) -> Result<FullMemory> {
     let (vmas, runs, mut data, files) = capture_memory(proc, maps, buf)?;
-    meta.shm = shm.capture(proc, maps, true, true, &mut data)?;
+    if let Some(shm) = shm {
+        meta.shm = shm.capture(proc, maps, true, true, &mut data)?;
+    }
     meta.vmas = vmas;
     meta.runs = runs;
     Ok(((meta, data), files))

@@ -770,19 +770,6 @@ struct TreeMember {
     lp: EpochLoop,
 }
 
-/// Shared memory in a process other than the main one is refused (the restore cannot map it
-/// into a member yet).
-fn refuse_member_shm(img: &ProcessImage) -> std::result::Result<(), CaptureError> {
-    if img.shm.is_empty() {
-        return Ok(());
-    }
-    Err(CaptureError::Unsupported(format!(
-        "process {} uses shared memory: shared memory outside the main process is not supported \
-         in a process tree yet",
-        img.pid
-    )))
-}
-
 /// What a pause took from the tracker (the tracker will not report it again) and no delivered
 /// checkpoint holds yet. Built up during a pause (its journal); if the pause or its finish
 /// fails, it joins [`EpochLoop::carry`], which the next pause takes as input: its pages are
@@ -868,6 +855,8 @@ struct First {
 
 /// The first pause's work on one stopped process: arms tracking and, with `copy`, captures its
 /// memory. `children`: its children (host PIDs, sorted), which the chain begins with.
+/// `own_shm`: a single process, which captures its shared memory objects itself (those of a
+/// tree are captured once for all its processes, by the caller: see [`EpochLoop::start`]).
 fn first_capture(
     proc: &Proc,
     st: &mut Stopped,
@@ -875,6 +864,7 @@ fn first_capture(
     prep: FirstPrep,
     copy: bool,
     children: Vec<Pid>,
+    own_shm: bool,
 ) -> Result<First> {
     let pid = proc.pid;
     let FirstPrep {
@@ -907,10 +897,12 @@ fn first_capture(
     let mut dirs = DirTracker::new(cfg.private_dirs.clone());
     let mut shm = crate::shm::ShmTracker::default();
     let ((mut image, data), files) = if copy {
-        capture::full_memory(proc, &maps, meta, buf, &mut shm)?
+        capture::full_memory(proc, &maps, meta, buf, own_shm.then_some(&mut shm))?
     } else {
         // Nothing copied; the objects' pages are known from here on all the same.
-        shm.capture(proc, &maps, true, true, &mut Vec::new())?;
+        if own_shm {
+            shm.capture(proc, &maps, true, true, &mut Vec::new())?;
+        }
         ((meta, Vec::new()), Vec::new())
     };
     // Walked either way: the tracker reports changes from this state on.
@@ -1044,10 +1036,33 @@ impl EpochLoop {
             };
             let r = (|| -> Result<_> {
                 let mut firsts = Vec::with_capacity(procs.len());
+                let alone = procs.len() == 1;
                 for (i, ((p, st), prep)) in procs.iter().zip(sts.iter_mut()).zip(preps).enumerate()
                 {
                     let cfg = if i == 0 { &cfg } else { &member_cfg };
-                    firsts.push(first_capture(p, st, cfg, prep, copy, children(i))?);
+                    firsts.push(first_capture(p, st, cfg, prep, copy, children(i), alone)?);
+                }
+                // A tree's shared memory objects: each once, whichever processes map it, by the
+                // main process's tracker, into its image and data (members' mappings name them,
+                // as in a full checkpoint of a tree: `crate::tree`).
+                if !alone {
+                    let mut shm = std::mem::take(&mut firsts[0].shm);
+                    let mut data = std::mem::take(&mut firsts[0].data);
+                    let each: Vec<(&Proc, &[MapEntry])> = procs
+                        .iter()
+                        .zip(&firsts)
+                        .map(|(p, f)| (p, f.maps.as_slice()))
+                        .collect();
+                    let objects = if copy {
+                        shm.capture_of(&each, true, true, &mut data)?
+                    } else {
+                        shm.capture_of(&each, true, true, &mut Vec::new())?;
+                        Vec::new()
+                    };
+                    drop(each);
+                    let f = &mut firsts[0];
+                    (f.shm, f.data) = (shm, data);
+                    f.image.shm = objects;
                 }
                 // A tree: the open file descriptions its processes share, and each process's
                 // group and session (the single process keeps what its creator gave it).
@@ -1180,7 +1195,6 @@ impl EpochLoop {
                     &image.tree[*parent - 1].image
                 };
                 crate::tree::check_groups((img.pid, img.pgid, img.sid), Some(parent_img))?;
-                refuse_member_shm(&img)?;
                 loops[k + 1].meta_carry = tardi_image::store::MetaCarry::after(&img);
                 image.tree.push(Member {
                     ppid: pids[*parent],
@@ -1573,28 +1587,58 @@ impl EpochLoop {
         j: &mut Carry,
         js: &mut [Carry],
     ) -> Result<TreeCaptured> {
-        let main = self.capture(st, fullbuf, j)?;
+        let alone = self.members.is_empty();
+        let main = self.capture(st, fullbuf, j, alone)?;
         let mut out = TreeCaptured {
             main,
             members: Vec::new(),
             groups: Vec::new(),
             ids: Vec::new(),
         };
-        if self.members.is_empty() {
+        if alone {
             return Ok(out);
         }
         for (((m, st), buf), j) in self.members.iter_mut().zip(msts).zip(fullbufs).zip(js) {
-            let c = m.lp.capture(st, buf, j)?;
-            if !c.shm.0.is_empty() {
-                return Err(CaptureError::Unsupported(format!(
-                    "process {} uses shared memory: shared memory outside the main process is \
-                     not supported in a process tree yet",
-                    m.pid
-                ))
-                .into());
-            }
-            out.members.push(c);
+            out.members.push(m.lp.capture(st, buf, j, false)?);
         }
+        // The tree's shared memory objects, each once whichever processes map it, by the main
+        // process's tracker over every process's layout (each capture left its own in
+        // `prev_maps`); listed again when any process's layout was read again. Their pages
+        // that changed go into the main process's data (members' mappings name them).
+        let relist = std::iter::once(&out.main)
+            .chain(&out.members)
+            .any(|c| !c.parts.layout_carried);
+        let each: Vec<(&Proc, &[MapEntry])> =
+            std::iter::once((&self.proc, self.prev_maps.as_slice()))
+                .chain(
+                    self.members
+                        .iter()
+                        .map(|m| (&m.lp.proc, m.lp.prev_maps.as_slice())),
+                )
+                .collect();
+        // The private directories, with the files any process maps shared read by content.
+        let tw = Instant::now();
+        let mapped: Vec<MapEntry> = each
+            .iter()
+            .flat_map(|(_, maps)| maps.iter())
+            .filter(|m| m.shared)
+            .cloned()
+            .collect();
+        out.main.meta.private_files = self
+            .dirs
+            .changes_mapped(&mapped)
+            .map_err(EpochError::Files)?;
+        out.main.parts.walk = tw.elapsed();
+        j.walked = true;
+        let mut shm_data = Vec::new();
+        let objects = self.shm.capture_of(&each, relist, false, &mut shm_data)?;
+        j.shm = true;
+        out.main.shm = (objects, shm_data);
+        // A full checkpoint of the same pause lists them whole (in the main process's data).
+        if let Some(f) = &mut out.main.full {
+            f.shm = crate::shm::ShmTracker::default().capture_of(&each, true, true, &mut f.data)?;
+        }
+        drop(each);
         let procs: Vec<&Proc> = std::iter::once(&self.proc)
             .chain(self.members.iter().map(|m| &m.lp.proc))
             .collect();
@@ -1743,6 +1787,7 @@ impl EpochLoop {
         st: &mut Stopped,
         fullbuf: &mut Option<Vec<u8>>,
         j: &mut Carry,
+        alone: bool,
     ) -> Result<Captured> {
         let pid = self.proc.pid;
         self.tracker.begin(st)?;
@@ -2101,8 +2146,12 @@ impl EpochLoop {
                 let tree = DirTracker::new(self.cfg.private_dirs.clone())
                     .changes()
                     .map_err(EpochError::Files)?;
-                let shm = crate::shm::ShmTracker::default()
-                    .capture(&self.proc, &maps, true, true, &mut data)?;
+                let shm = if alone {
+                    crate::shm::ShmTracker::default()
+                        .capture(&self.proc, &maps, true, true, &mut data)?
+                } else {
+                    Vec::new()
+                };
                 Some(FullCapture {
                     runs,
                     data,
@@ -2116,17 +2165,25 @@ impl EpochLoop {
 
         meta.vmas = vmas;
         // Files last, still inside the pause: consistent with the memory just copied.
-        let tw = Instant::now();
-        meta.private_files = self.dirs.changes_mapped(&maps).map_err(EpochError::Files)?;
-        parts.walk = tw.elapsed();
-        j.walked = true;
+        // A tree's: by the caller, once every process's layout is read (files mapped shared by
+        // any of them are read by content: `capture_tree`).
+        if alone {
+            let tw = Instant::now();
+            meta.private_files = self.dirs.changes_mapped(&maps).map_err(EpochError::Files)?;
+            parts.walk = tw.elapsed();
+            j.walked = true;
+        }
         // Shared memory, compared by content (nothing to do for a process that has none and
-        // made no layout call: see `crate::shm`).
+        // made no layout call: see `crate::shm`). A tree's: by the caller, once for all its
+        // processes (`capture_tree`).
         let mut shm_data = Vec::new();
-        let shm = self
-            .shm
-            .capture(&self.proc, &maps, !layout_carried, false, &mut shm_data)?;
-        j.shm = true;
+        let shm = if alone {
+            j.shm = true;
+            self.shm
+                .capture(&self.proc, &maps, !layout_carried, false, &mut shm_data)?
+        } else {
+            Vec::new()
+        };
         self.fail_at(FailPoint::AfterCopy)?;
         self.prev_maps = maps;
         // The pre-copied pages join the checkpoint (their bytes are moved over after the
@@ -2215,16 +2272,6 @@ impl EpochLoop {
             groups,
             ids,
         } = c;
-        // A member that maps shared memory (refused at the chain's start, `refuse_member_shm`)
-        // has mapped some since: the restore cannot map it into a member from an epoch chain.
-        if let Some(c) = members.iter().find(|c| !c.shm.0.is_empty()) {
-            return Err(CaptureError::TreeChanged(format!(
-                "process {} mapped shared memory, which the epoch loop does not support in a \
-                 process other than the main one yet",
-                c.meta.pid
-            ))
-            .into());
-        }
         self.identify(&mut main)?;
         for (m, c) in self.members.iter_mut().zip(&mut members) {
             m.lp.identify(c)?;

@@ -28,8 +28,9 @@
 //! a process that has shared memory. Pages that changed (or became holes: sent as zeros) go
 //! into the checkpoint, raw.
 //!
-//! In a process tree (a full checkpoint, `crate::tree`) the objects of every process are
-//! captured together, each once ([`ShmTracker::capture_of`]): an anonymous object is the same
+//! In a process tree (a full checkpoint, `crate::tree`, and every pause of the epoch loop, by
+//! the main process's tracker) the objects of every process are captured together, each once
+//! ([`ShmTracker::capture_of`]): an anonymous object is the same
 //! shmem file (the same inode) in every process that inherited its mapping, a System V segment
 //! is the IPC namespace's whoever attached it.
 //!

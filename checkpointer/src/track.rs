@@ -290,6 +290,9 @@ pub struct UffdTracker {
     buf: Vec<PageRegion>,
 }
 
+/// `userfaultfd(2)`'s flag for a descriptor that handles faults from user mode only.
+const UFFD_USER_MODE_ONLY: u64 = 1;
+
 impl UffdTracker {
     /// Creates the userfaultfd inside the stopped process and enables async write-protection.
     pub fn new(
@@ -299,13 +302,28 @@ impl UffdTracker {
     ) -> Result<Self, TrackError> {
         let leader = st.tids[0];
         let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
-        let (fd, _, _) = st.inject(
+        let (mut fd, _, _) = st.inject(
             maps,
             leader,
             libc::SYS_userfaultfd,
             [flags, 0, 0, 0, 0, 0],
             0,
         )?;
+        // A process without CAP_SYS_PTRACE (nginx's workers, which run as another user) gets
+        // EPERM unless `vm.unprivileged_userfaultfd` is set; it may still have one that handles
+        // faults from user mode only. That is enough here: with asynchronous write-protection
+        // the kernel resolves every write fault itself, from user or kernel mode alike, without
+        // ever asking the userfaultfd (`do_wp_page` and the PTE-marker path never call
+        // `handle_userfault` for an async context), and nothing else is registered.
+        if fd == -i64::from(libc::EPERM) {
+            (fd, _, _) = st.inject(
+                maps,
+                leader,
+                libc::SYS_userfaultfd,
+                [flags | UFFD_USER_MODE_ONLY, 0, 0, 0, 0, 0],
+                0,
+            )?;
+        }
         if fd < 0 {
             return Err(TrackError::Create(-fd));
         }

@@ -5,7 +5,9 @@
 //! What is compared: the layout (every mapping's range, protection, sharing, name; neighbours
 //! that agree in everything merged, as the process cannot tell them apart), then the
 //! contents of every private mapping page by page: the image's page if it has one, else what a
-//! restore would show there (zeros for anonymous memory, the file's bytes for a file mapping).
+//! restore would show there (zeros for anonymous memory, the file's bytes for a file mapping),
+//! and every mapping of a shared memory object against the object's pages, which the main
+//! process's image holds for a whole tree ([`compare_live_shm`]).
 
 use crate::image::Backing;
 use crate::procfs::Proc;
@@ -39,15 +41,18 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
                 m.end,
                 m.prot(),
                 m.shared,
-                (m.inode != 0 && m.name.starts_with('/')).then_some(m.offset),
+                // (A System V segment's inode is its id, which may be 0.)
+                (m.inode != 0 && m.name.starts_with('/') || crate::shm::object_of(m).is_some())
+                    .then_some(m.offset),
             )
         })
         .collect();
     let img: Vec<_> = vmas
         .iter()
         .map(|v| {
+            // (`maps` shows a shared memory object's mappings with their offset in it too.)
             let off = match v.backing {
-                Backing::File { offset, .. } => Some(offset),
+                Backing::File { offset, .. } | Backing::Shm { offset, .. } => Some(offset),
                 _ => None,
             };
             (v.start, v.end, v.prot, v.shared, off)
@@ -175,9 +180,88 @@ fn tree_images(image: &Image) -> Vec<(i32, &Image)> {
         .collect()
 }
 
+/// The mappings of shared memory objects (`Backing::Shm`) of every process of the tree under
+/// `root` (stopped; a single process alone) against the objects' pages, which the main
+/// process's image holds for the whole tree: byte for byte, what a restore would map there
+/// (a page the image does not hold reads as zeros).
+pub fn compare_live_shm(root: Pid, image: &Image, limit: usize) -> io::Result<Vec<String>> {
+    let live = if image.members().next().is_none() {
+        BTreeMap::from([(image.meta.pid, root)])
+    } else {
+        tree_pids(root)?
+    };
+    let zero = [0u8; PAGE];
+    let mut diffs = Vec::new();
+    for (pid, img) in tree_images(image) {
+        let Some(&host) = live.get(&pid) else {
+            diffs.push(format!("process {pid} is in the image, not live"));
+            continue;
+        };
+        let mem = Proc::open(host)?.open_file("mem", libc::O_RDONLY)?;
+        for v in &img.meta.vmas {
+            let Backing::Shm { id, offset } = v.backing else {
+                continue;
+            };
+            let Some(size) = image.meta.shm.iter().find(|o| o.id == id).map(|o| o.size) else {
+                diffs.push(format!(
+                    "process {pid}: mapping at {:#x} names shared memory {id:?}, not in the image",
+                    v.start
+                ));
+                continue;
+            };
+            let pages = image.shm_pages(id);
+            let mut at = v.start;
+            while at < v.end {
+                let off = offset + (at - v.start);
+                // Past the object's end the mapping cannot be read (SIGBUS): nothing to compare.
+                if off >= size {
+                    break;
+                }
+                let mut live_page = [0u8; PAGE];
+                if mem.read_exact_at(&mut live_page, at).is_err() {
+                    // The object's last, partial page: read what can be.
+                    let n = (size - off).min(PAGE as u64) as usize;
+                    live_page.fill(0);
+                    if mem.read_exact_at(&mut live_page[..n], at).is_err() {
+                        diffs.push(format!(
+                            "process {pid}: shared memory {id:?} at {at:#x} is unreadable"
+                        ));
+                        break;
+                    }
+                }
+                let expected = pages.and_then(|p| p.get(&off)).map_or(&zero, |b| &**b);
+                if live_page != *expected {
+                    push_diff(
+                        &mut diffs,
+                        at,
+                        &format!("process {pid}: shared memory {id:?} offset {off:#x}"),
+                        &live_page,
+                        expected,
+                    );
+                    if diffs.len() >= limit {
+                        return Ok(diffs);
+                    }
+                }
+                at += PAGE as u64;
+            }
+        }
+    }
+    Ok(diffs)
+}
+
 /// [`compare_live`] for a process tree: the live tree under `root` (stopped) must have the
 /// image's processes, each with its image's memory. For a single process, [`compare_live`].
+/// Then the shared memory objects every process maps ([`compare_live_shm`]).
 pub fn compare_live_tree(root: Pid, image: &Image, limit: usize) -> io::Result<Vec<String>> {
+    let mut diffs = compare_live_tree_private(root, image, limit)?;
+    if diffs.is_empty() {
+        diffs = compare_live_shm(root, image, limit)?;
+    }
+    Ok(diffs)
+}
+
+/// [`compare_live_tree`] without the shared memory objects.
+fn compare_live_tree_private(root: Pid, image: &Image, limit: usize) -> io::Result<Vec<String>> {
     if image.members().next().is_none() {
         return compare_live(root, image, limit);
     }
@@ -326,18 +410,24 @@ fn merged_layout(maps: &[crate::procfs::MapEntry]) -> Vec<Shape> {
     let mut out: Vec<(Shape, u64)> = Vec::new();
     for m in maps {
         let file = m.inode != 0 && m.name.starts_with('/');
+        // A file unlinked while mapped shared comes back as shared anonymous memory, which is
+        // what a restore shows for it (see `crate::shm`).
+        let name = match crate::shm::object_of(m) {
+            Some(crate::image::ShmId::Unlinked { .. }) => "/dev/zero (deleted)",
+            _ => m.name.as_str(),
+        };
         if let Some((last, off)) = out.last_mut()
             && last.1 == m.start
             && last.2 == m.prot()
             && last.3 == m.shared
-            && last.4 == m.name
+            && last.4 == name
             && (!file || *off + (last.1 - last.0) == m.offset)
         {
             last.1 = m.end;
             continue;
         }
         out.push((
-            (m.start, m.end, m.prot(), m.shared, m.name.clone()),
+            (m.start, m.end, m.prot(), m.shared, name.to_string()),
             m.offset,
         ));
     }
@@ -370,6 +460,7 @@ fn push_diff(diffs: &mut Vec<String>, addr: u64, name: &str, live: &[u8], image:
 
 /// Compares two stopped processes — a live one and one restored from its checkpoint and held
 /// before running (see [`crate::restore::finish_held`]) — mapping by mapping and byte by byte.
+/// Private memory and shared memory objects are compared; files mapped shared are not.
 /// `skip` is the restorer's own range in the restored process. The vDSO set is skipped (the
 /// kernel's, with live clock data), and so are the bytes in `volatile`: the threads' rseq areas
 /// ([`rseq_areas`]), which the kernel rewrites with the CPU a thread last ran on.
@@ -406,7 +497,11 @@ pub fn compare_processes(
     let (mut x, mut y) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
     for m in am
         .iter()
-        .filter(|m| !m.shared && !matches!(m.name.as_str(), "[vvar]" | "[vvar_vclock]" | "[vdso]"))
+        // Shared memory objects too (each process's view of them), not files mapped shared.
+        .filter(|m| {
+            (!m.shared || crate::shm::object_of(m).is_some())
+                && !matches!(m.name.as_str(), "[vvar]" | "[vvar_vclock]" | "[vdso]")
+        })
     {
         let mut at = m.start;
         while at < m.end {

@@ -14,13 +14,17 @@ use std::ops::Bound;
 /// One entry of a private directory tree, as a checkpoint carries it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Entry {
-    Dir { mode: u32 },
+    Dir {
+        mode: u32,
+    },
     File {
         mode: u32,
         #[serde(with = "crate::bytes")]
         content: Vec<u8>,
     },
-    Symlink { target: String },
+    Symlink {
+        target: String,
+    },
 }
 
 /// What a checkpoint says about the private directories: entries to create or replace, then

@@ -259,7 +259,7 @@ impl Image {
             .validate(Some(&self.tree.dirs))
             .map_err(|m| invalid(FormatError::Meta(m)))?;
         let alone = img.tree.is_empty() && self.members.is_empty();
-        let root = self.stage(img, &ck.data, ck.epoch, alone)?;
+        let root = self.stage(img, &ck.data, ck.epoch, alone, None)?;
         // A tree: each member of the checkpoint applies to the same process of the image (one
         // the checkpoint does not list is gone); then the resolved tree is checked whole, its
         // shared descriptions against every process's resolved descriptors.
@@ -273,7 +273,12 @@ impl Image {
                 ))));
             };
             let data = member_data(&ck.data, m).map_err(invalid)?;
-            let staged = self.members[i].1.stage(&m.image, data, ck.epoch, false)?;
+            // Its mappings of shared memory name the main process's objects (listed in every
+            // checkpoint of the tree).
+            let staged =
+                self.members[i]
+                    .1
+                    .stage(&m.image, data, ck.epoch, false, Some(&img.shm))?;
             members.push((m.ppid, i, staged));
         }
         if !alone {
@@ -306,16 +311,18 @@ impl Image {
 
     /// Checks and decodes what the incremental checkpoint of one process (`img`, its pages in
     /// `data`) does to this image, changing nothing. `alone`: a single process (its metadata
-    /// is checked whole here; a tree's is checked by the caller, once resolved).
+    /// is checked whole here; a tree's is checked by the caller, once resolved). `tree_shm`: a
+    /// member of a tree, whose mappings of shared memory name these (the main process's).
     fn stage<'a>(
         &mut self,
         img: &'a ProcessImage,
         data: &'a [u8],
         epoch: u64,
         alone: bool,
+        tree_shm: Option<&[ShmObject]>,
     ) -> Result<Staged<'a>, ApplyError> {
         let invalid = |source| ApplyError::Invalid { epoch, source };
-        let meta = resolved_meta(img, &self.meta, alone).map_err(invalid)?;
+        let meta = resolved_meta(img, &self.meta, alone, tree_shm).map_err(invalid)?;
 
         // The new layout (validated: sorted here, disjoint), and whether a page survives.
         let mut layout: Vec<(u64, u64, bool)> = meta
@@ -607,11 +614,13 @@ fn member_data<'a>(data: &'a [u8], m: &Member) -> Result<&'a [u8], FormatError> 
 /// The full metadata of incremental checkpoint `img` applied to an image whose metadata is
 /// `base`: [`stored_meta`] with what `img` carried over ([`Carried`]) taken from `base`.
 /// Checked as a full checkpoint's metadata would be: whole for a process `alone`, as one
-/// process for a process of a tree (whose shared descriptions are checked with the tree).
+/// process for a process of a tree (whose shared descriptions are checked with the tree; a
+/// member's mappings of shared memory against `tree_shm`, the main process's objects).
 fn resolved_meta(
     img: &ProcessImage,
     base: &ProcessImage,
     alone: bool,
+    tree_shm: Option<&[ShmObject]>,
 ) -> Result<ProcessImage, FormatError> {
     let mut meta = stored_meta(img);
     let c = &img.carried;
@@ -647,7 +656,7 @@ fn resolved_meta(
     if alone {
         meta.validate(0)?;
     } else {
-        meta.validate_one(0, None)?;
+        meta.validate_one(0, tree_shm)?;
     }
     Ok(meta)
 }
@@ -1238,6 +1247,80 @@ mod tests {
 
     fn roundtrip(ck: Checkpoint) -> Checkpoint {
         Checkpoint::from_bytes(ck.to_bytes()).unwrap()
+    }
+
+    /// Process `pid` of `ck` (a [`full_tree`] or an [`incremental_tree`]) mapping anonymous
+    /// shared memory object 9 (one page) at 0x10000, which the main process lists with page 0
+    /// holding `fill` (in the main process's part of the checkpoint's data).
+    fn tree_shm(ck: &mut Checkpoint, pid: i32, fill: u8) {
+        let member = &mut ck
+            .image
+            .tree
+            .iter_mut()
+            .find(|m| m.image.pid == pid)
+            .unwrap()
+            .image;
+        member.vmas.push(Vma {
+            start: 0x10000,
+            end: 0x11000,
+            prot: 3,
+            shared: true,
+            flags: 0,
+            backing: Backing::Shm {
+                id: ShmId::Anon(9),
+                offset: 0,
+            },
+            name: "/dev/zero (deleted)".into(),
+        });
+        // The main process's data comes first: the page goes before the members' slices.
+        let at = ck.image.tree.iter().map(|m| m.data_off).min().unwrap();
+        for m in &mut ck.image.tree {
+            m.data_off += 0x1000;
+        }
+        ck.image.shm = vec![ShmObject {
+            id: ShmId::Anon(9),
+            size: 0x1000,
+            sysv: None,
+            runs: vec![PageRun {
+                addr: 0,
+                len: 0x1000,
+                data_off: at,
+            }],
+            fresh: false,
+        }];
+        let at = at as usize;
+        ck.data.splice(at..at, vec![fill; 0x1000]);
+    }
+
+    /// A tree's shared memory through a chain: a member's mappings name the objects the main
+    /// process lists in every checkpoint (its pages in the main process's data), full or
+    /// incremental; the image's full checkpoint lays them out again. A member whose mapping
+    /// names an object the main process does not list is refused, the image unchanged.
+    #[test]
+    fn a_members_shared_memory_is_the_main_processs() {
+        let mut full = full_tree();
+        tree_shm(&mut full, 2, 7);
+        let mut img = Image::from_full(&roundtrip(full)).unwrap();
+        let page = |img: &Image| img.shm_pages(ShmId::Anon(9)).unwrap()[&0][0];
+        assert_eq!(page(&img), 7);
+        let mut ck = incremental_tree(1, &[2, 3]);
+        tree_shm(&mut ck, 2, 8);
+        img.apply(&roundtrip(ck)).unwrap();
+        assert_eq!(
+            page(&img),
+            8,
+            "the object's page, from the main process's data"
+        );
+        assert_eq!(member(&img, 2).page(0x2000).unwrap()[0], 20);
+        let back = Checkpoint::from_bytes(img.to_full().to_bytes()).expect("a valid tree");
+        assert_eq!(page(&Image::from_full(&back).unwrap()), 8);
+        // The main process no longer lists it.
+        let mut ck = incremental_tree(2, &[2, 3]);
+        tree_shm(&mut ck, 2, 9);
+        ck.image.shm.clear();
+        let e = img.apply(&ck).unwrap_err();
+        assert!(e.to_string().contains("which is not in the image"), "{e}");
+        assert_eq!((img.epoch, page(&img)), (1, 8));
     }
 
     /// An object that shrank between two checkpoints keeps no page past its new end (found by

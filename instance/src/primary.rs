@@ -310,7 +310,15 @@ impl Primary {
             .map(|img| tcp_connections(&img.meta))
             .unwrap_or_default();
         let svc = match from {
-            None => Service::start(&target.manifest, &config)?,
+            None => {
+                let svc = Service::start(&target.manifest, &config)?;
+                // A service that forks its workers as it starts (nginx, PostgreSQL) is tracked
+                // once its tree stops changing: the epoch loop does not yet carry a process that
+                // appears between epochs (`docs/PROCESS-TREES.md`). Its output is held until
+                // then (the gate is up; nothing is decided before the first checkpoint).
+                svc.wait_settled(Duration::from_millis(300), Duration::from_secs(10));
+                svc
+            }
             Some(img) => {
                 let iface = ctx.opts.service_if.clone();
                 let fault = ctx.opts.fault_restore.as_deref();

@@ -3,6 +3,7 @@
 use crate::{Error, Result};
 use std::net::Ipv4Addr;
 use std::path::Path;
+use std::time::{Duration, Instant};
 use tardi_manifest::{Manifest, MountKind};
 use tardi_sandbox::{ExitInfo, Sandbox, SandboxConfig, Start};
 
@@ -135,6 +136,26 @@ impl Service {
         self.handle.other_processes()
     }
 
+    /// Waits until the service's process tree (its main process and their descendants, host
+    /// PIDs) has stayed the same for `quiet`, at most `limit`; returns the tree it settled on
+    /// (or the last one seen). A service that forks its workers once it has started (nginx's
+    /// master, PostgreSQL's postmaster) is then tracked from a tree that no longer changes: the
+    /// epoch loop does not yet carry a process that appears between epochs.
+    pub fn wait_settled(&self, quiet: Duration, limit: Duration) -> Vec<i32> {
+        let t0 = Instant::now();
+        let mut last = self.handle.tree_pids();
+        let mut since = Instant::now();
+        while t0.elapsed() < limit && since.elapsed() < quiet {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = self.handle.tree_pids();
+            if now != last {
+                last = now;
+                since = Instant::now();
+            }
+        }
+        last
+    }
+
     /// The sandbox's private directories (paths inside it): what a checkpoint walks.
     pub fn private_dirs(&self) -> Vec<String> {
         self.handle.private_dirs()
@@ -171,6 +192,31 @@ impl ServiceHandle {
     }
 
     /// See [`Service::other_processes`].
+    /// The service's main process and its descendants (host PIDs, sorted), from each
+    /// thread's `children` in `/proc`.
+    pub fn tree_pids(&self) -> Vec<i32> {
+        let mut all = vec![self.pid];
+        let mut i = 0;
+        while i < all.len() {
+            let p = all[i];
+            for t in std::fs::read_dir(format!("/proc/{p}/task"))
+                .into_iter()
+                .flatten()
+            {
+                let Ok(t) = t else { continue };
+                let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                all.extend(
+                    kids.split_whitespace()
+                        .filter_map(|k| k.parse::<i32>().ok()),
+                );
+            }
+            i += 1;
+        }
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
     pub fn other_processes(&self) -> Vec<i32> {
         // The init's children other than the service: processes it started before the service,
         // and orphans reparented to it (a double-forked daemon). The service's own children are

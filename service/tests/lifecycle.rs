@@ -1,5 +1,6 @@
 //! A service's lifecycle without checkpoints: start from a manifest, what a `Service` reports,
-//! the end of the service seen by `try_wait`, the sandbox-wide process check refusing a
+//! the end of the service seen by `try_wait`, waiting for a forking service's tree to settle,
+//! the sandbox-wide process check refusing a
 //! snapshot before pausing anything, a refused restore leaving nothing behind, teardown.
 //!
 //! Needs root (namespaces, veth). This binary is also the sandboxes' init, hence its own `main`
@@ -18,8 +19,12 @@ fn main() {
         return;
     }
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let tests: [(&str, fn()); 4] = [
+    let tests: [(&str, fn()); 5] = [
         ("start_report_and_teardown", start_report_and_teardown),
+        (
+            "wait_settled_waits_for_the_tree_to_stop_changing",
+            wait_settled_waits_for_the_tree_to_stop_changing,
+        ),
         (
             "try_wait_sees_the_service_exit",
             try_wait_sees_the_service_exit,
@@ -113,6 +118,25 @@ fn start_report_and_teardown() {
     svc.teardown().expect("teardown");
     assert!(!alive(pid) && !alive(init));
     assert!(!Path::new("/sys/class/net").join(&host_if).exists());
+}
+
+/// A service that forks two children, 200 ms apart, after it started: `wait_settled` returns
+/// the tree with both, not before the second appeared plus the quiet time (the instance
+/// starts tracking a fresh service from there: nginx forks its workers as it starts).
+fn wait_settled_waits_for_the_tree_to_stop_changing() {
+    let s = Scratch::new("settle");
+    let (m, config) = s.service("sleep 0.2; sleep 60 & sleep 0.2; sleep 60 & wait");
+    let svc = Service::start(&m, &config).expect("start");
+    let t0 = Instant::now();
+    let tree = svc.wait_settled(Duration::from_millis(300), Duration::from_secs(10));
+    let took = t0.elapsed();
+    assert_eq!(tree.len(), 3, "the shell and its two children: {tree:?}");
+    assert_eq!(tree, svc.handle().tree_pids());
+    assert!(
+        took >= Duration::from_millis(600),
+        "returned after {took:?}, before the second child and the quiet time"
+    );
+    svc.teardown().expect("teardown");
 }
 
 fn try_wait_sees_the_service_exit() {

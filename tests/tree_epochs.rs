@@ -12,11 +12,11 @@
 mod common;
 
 use common::programs;
-use common::tardi::{Running, Scratch, manifest_for, write_chain};
+use common::tardi::{Running, Scratch, manifest_for, manifest_with_tmp, write_chain};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tardi_checkpointer::epoch::{ChainState, EpochConfig, Epochs};
-use tardi_checkpointer::image::{Checkpoint, Kind};
+use tardi_checkpointer::image::{Checkpoint, FdKind, Kind};
 use tardi_checkpointer::store::Image;
 use tardi_checkpointer::track::TrackerKind;
 use tardi_checkpointer::verify::{compare_live_tree, compare_processes_tree, tree_pids};
@@ -437,6 +437,68 @@ fn a_process_that_exits_between_epochs_ends_the_chain() {
     let e = ep.next().expect_err("a process exited");
     assert_eq!(e.chain(), ChainState::Broken, "{e}");
     assert!(e.to_string().contains("the chain must restart"), "{e}");
+    ep.stop();
+    run.stop();
+}
+
+/// The open file descriptions a tree shares are looked up again after any process made a
+/// descriptor call (and kept while none did): `tests/programs/sharedfds.c`'s three processes
+/// share a file; after one of them closes its copy between epochs, the next checkpoint lists
+/// the file held by the other two only (kept from the lookup before, it would name a
+/// descriptor that process no longer has), and the chain goes on.
+#[test]
+fn descriptions_a_tree_shares_follow_a_close_between_epochs() {
+    let bin = programs::build("sharedfds");
+    let scratch = Scratch::new("treefds");
+    let name = format!("epochtree-fds-{}", std::process::id() % 10000);
+    let m = manifest_with_tmp(&scratch.0, &name, &bin);
+    let run = Running::run(&m).expect("tardi run");
+    const SHARED_PORT: u16 = 7400;
+    for role in 0..3 {
+        programs::wait_ready(
+            SocketAddr::new(run.address.into(), SHARED_PORT + 1 + role),
+            Duration::from_secs(10),
+        )
+        .expect("ready");
+    }
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(5),
+        ..Default::default()
+    };
+    let (mut ep, full, _) = Epochs::start(run.pid, cfg).expect("start epochs on a tree");
+    let mut image = Image::from_full(&roundtrip(&full)).unwrap();
+    // The holders of the file (the description whose descriptor is a regular file).
+    let file_holders = |ck: &Checkpoint| -> Vec<(i32, i32)> {
+        ck.image
+            .shared_files
+            .iter()
+            .find(|s| matches!(&s.file.kind, FdKind::Path { path, .. } if path.ends_with("sharedfds.log")))
+            .map(|s| s.holders.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        file_holders(&full).len(),
+        3,
+        "the file is shared by all three"
+    );
+    for i in 1..=20u64 {
+        if i == 10 {
+            assert_eq!(run.ask_udp(SHARED_PORT + 1 + 2, "closefile"), "file=-1");
+        }
+        let out = ep
+            .next_output(false)
+            .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        let ck = roundtrip(&out.incremental);
+        image
+            .apply(&ck)
+            .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        let holders = file_holders(&ck);
+        assert_eq!(
+            holders.len(),
+            if i < 10 { 3 } else { 2 },
+            "epoch {i}: {holders:?}"
+        );
+    }
     ep.stop();
     run.stop();
 }

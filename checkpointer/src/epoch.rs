@@ -760,6 +760,9 @@ struct EpochLoop {
     /// state (whose hook, trigger and failure point are unused: the main process's loop drives
     /// every pause). Empty for a single process, which pays nothing for it.
     members: Vec<TreeMember>,
+    /// A tree: the open file descriptions its processes shared at the last pause that looked
+    /// them up, kept while no process made a descriptor call since (see `capture_tree`).
+    shared_groups: Option<Vec<crate::tree::FileGroup>>,
 }
 
 /// A process of a tree other than the main one, in the epoch loop.
@@ -1176,6 +1179,7 @@ impl EpochLoop {
                 fail: None,
                 meta_carry: Default::default(),
                 members: Vec::new(),
+                shared_groups: None,
             });
             images.push((image, data));
         }
@@ -1642,7 +1646,23 @@ impl EpochLoop {
         let procs: Vec<&Proc> = std::iter::once(&self.proc)
             .chain(self.members.iter().map(|m| &m.lp.proc))
             .collect();
-        out.groups = crate::tree::find_shared(&procs)?;
+        // Which descriptions the processes share changes only with a descriptor call (open,
+        // close, dup, socket calls, recvmsg, ...: `syscount::DESCRIPTORS`) or a process that
+        // appears or exits (which ends the chain): while no process made one since the last
+        // lookup (each reused its descriptor table), the last lookup holds. A full checkpoint
+        // looks them up again.
+        let unchanged = out.main.full.is_none()
+            && std::iter::once(&out.main)
+                .chain(&out.members)
+                .all(|c| c.parts.meta.fds_reused);
+        out.groups = match (&self.shared_groups, unchanged) {
+            (Some(g), true) => g.clone(),
+            _ => {
+                let g = crate::tree::find_shared(&procs)?;
+                self.shared_groups = Some(g.clone());
+                g
+            }
+        };
         // A full checkpoint records every process's group and session (the restore recreates
         // them); incremental ones keep the full's.
         if out.main.full.is_some() {

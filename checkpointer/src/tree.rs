@@ -274,6 +274,7 @@ type Holder = (usize, i32);
 /// The descriptors of one file (device and inode) that processes of the tree hold, when more
 /// than one process holds it, grouped into open file descriptions: each description is its
 /// holders, (index of the process in the caller's list, descriptor number).
+#[derive(Clone)]
 pub(crate) struct FileGroup {
     /// `st_mode` of the file (its type tells a pipe, whose descriptions are its ends).
     mode: u32,

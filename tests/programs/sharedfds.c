@@ -26,6 +26,7 @@
  *   urecv N      -> "unix=BYTES": at most 5 bytes received on the pair's second end
  *   qwrite N TEXT -> writes TEXT into the second pipe (role 2): "sent=K"
  *   qread N      -> "q=BYTES": at most 5 bytes read from the second pipe (role 1)
+ *   closefile    -> closes this process's descriptor of the file: "file=-1"
  *
  * N makes those two commands unique: one equal to the last one (the client sent it again, its
  * reply late or lost) gets the last reply again instead of reading or writing twice.
@@ -104,6 +105,11 @@ static void *control(void *arg) {
             snprintf(out, sizeof out, "q=%s", k > 0 ? got : "");
         } else if (strcmp(buf, "off") == 0) {
             snprintf(out, sizeof out, "off=%ld", (long)lseek(file_fd, 0, SEEK_CUR));
+        } else if (strcmp(buf, "closefile") == 0) {
+            /* This process's copy of the shared file goes (the others keep theirs). */
+            if (file_fd >= 0) close(file_fd);
+            file_fd = -1;
+            snprintf(out, sizeof out, "file=-1");
         } else {
             snprintf(out, sizeof out, "unknown command");
         }

@@ -124,31 +124,7 @@ fn a_pool_profiled_under_load_verifies() {
         client.display(),
         served.display()
     );
-    let out = std::process::Command::new(common::tardi::tardi())
-        .args([
-            "profile",
-            m.to_str().unwrap(),
-            "--json",
-            "--duration",
-            "3s",
-            "--verify",
-            "--load",
-            &load,
-        ])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(
-        out.status.success(),
-        "tardi profile failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    let summary: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().expect("no output")).unwrap();
-    assert_eq!(summary["verified"], true, "verification failed: {summary}");
+    common::tardi::profile_verified(&m, &load, 3, &scratch.0);
     let text = std::fs::read_to_string(&served).unwrap_or_default();
     let ok = text.lines().filter(|l| l.starts_with("served=")).count();
     assert!(ok >= 20, "the load while profiling: {ok} replies:\n{text}");

@@ -290,55 +290,8 @@ fn nginx_profile_under_load_verifies() {
          done >> {}",
         log.display()
     );
-    let (out, err) = (scratch.0.join("stdout"), scratch.0.join("stderr"));
-    let mut child = std::process::Command::new(common::tardi::tardi())
-        .args([
-            "profile",
-            m.to_str().unwrap(),
-            "--json",
-            "--duration",
-            "3s",
-            "--verify",
-            "--load",
-            &load,
-        ])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::fs::File::create(&out).unwrap())
-        .stderr(std::fs::File::create(&err).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            // SAFETY: SIGTERM to our own child; tardi tears its sandbox down on it.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            std::thread::sleep(Duration::from_secs(5));
-            let _ = child.kill();
-            panic!("tardi profile on nginx still ran after 90 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (stdout, stderr) = (
-        std::fs::read_to_string(&out).unwrap_or_default(),
-        std::fs::read_to_string(&err).unwrap_or_default(),
-    );
-    assert!(
-        status.success(),
-        "tardi profile failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    let lines: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: not JSON: {l:?}")))
-        .collect();
-    let (summary, epochs) = lines.split_last().expect("no output");
-    assert_eq!(summary["summary"], true, "{stdout}");
-    assert_eq!(
-        summary["verified"], true,
-        "verification failed: {summary}\nstderr:\n{stderr}"
-    );
+    let lines = common::tardi::profile_verified(&m, &load, 3, &scratch.0);
+    let epochs = &lines[..lines.len() - 1];
     assert!(epochs.len() >= 10, "only {} epochs", epochs.len());
     let served = std::fs::read_to_string(&log).unwrap_or_default();
     let ok = served.lines().filter(|l| *l == "200").count();

@@ -55,6 +55,26 @@ fn held_restore(image: &Image, sandbox: &[u8], name: &str, live: i32) -> Vec<Str
     diffs
 }
 
+/// With the tree held stopped after epoch `i`: the receiver's image, and the one built from
+/// the full checkpoint of epoch `full_at` (`mid`, once there is one), equal every live process
+/// byte for byte.
+fn assert_images_match_live(live: i32, image: &Image, mid: Option<&Image>, i: u64, full_at: u64) {
+    let diffs = compare_live_tree(live, image, 20).unwrap();
+    assert!(
+        diffs.is_empty(),
+        "epoch {i}: the image differs from the live tree:\n{}",
+        diffs.join("\n")
+    );
+    if let Some(m) = mid {
+        let diffs = compare_live_tree(live, m, 20).unwrap();
+        assert!(
+            diffs.is_empty(),
+            "epoch {i}: the image from the full of epoch {full_at} differs:\n{}",
+            diffs.join("\n")
+        );
+    }
+}
+
 fn tree_chain(tag: &str, tracker: TrackerKind) {
     let bin = programs::build("forktree");
     let scratch = Scratch::new(tag);
@@ -140,20 +160,7 @@ fn tree_chain(tag: &str, tracker: TrackerKind) {
             );
         }
         if held {
-            let diffs = compare_live_tree(run.pid, &image, 20).unwrap();
-            assert!(
-                diffs.is_empty(),
-                "epoch {i}: the image differs from the live tree:\n{}",
-                diffs.join("\n")
-            );
-            if let Some(m) = &mid {
-                let diffs = compare_live_tree(run.pid, m, 20).unwrap();
-                assert!(
-                    diffs.is_empty(),
-                    "epoch {i}: the image from the full of epoch {full_at} differs:\n{}",
-                    diffs.join("\n")
-                );
-            }
+            assert_images_match_live(run.pid, &image, mid.as_ref(), i, full_at);
             ep.release();
         }
     }
@@ -329,20 +336,7 @@ fn tree_shm_chain(tag: &str, tracker: TrackerKind) {
             );
         }
         if held {
-            let diffs = compare_live_tree(run.pid, &image, 20).unwrap();
-            assert!(
-                diffs.is_empty(),
-                "epoch {i}: the image differs from the live tree:\n{}",
-                diffs.join("\n")
-            );
-            if let Some(m) = &mid {
-                let diffs = compare_live_tree(run.pid, m, 20).unwrap();
-                assert!(
-                    diffs.is_empty(),
-                    "epoch {i}: the image from the full of epoch {full_at} differs:\n{}",
-                    diffs.join("\n")
-                );
-            }
+            assert_images_match_live(run.pid, &image, mid.as_ref(), i, full_at);
             ep.release();
         }
     }

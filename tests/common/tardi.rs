@@ -304,3 +304,67 @@ pub fn python_manifest(dir: &Path, shipped: &str, mount: &str, name: &str) -> Pa
     std::fs::write(&p, text).unwrap();
     p
 }
+
+/// `tardi profile MANIFEST --json --duration SECSs --verify --load LOAD`, its output kept in
+/// `dir` (at most 90 s, then killed and failed): asserts it succeeded and verified, and returns
+/// its JSON lines (one per epoch, then the summary).
+pub fn profile_verified(
+    manifest: &Path,
+    load: &str,
+    secs: u32,
+    dir: &Path,
+) -> Vec<serde_json::Value> {
+    let (out, err) = (dir.join("profile.stdout"), dir.join("profile.stderr"));
+    let mut child = Command::new(tardi())
+        .args([
+            "profile",
+            manifest.to_str().unwrap(),
+            "--json",
+            "--duration",
+            &format!("{secs}s"),
+            "--verify",
+            "--load",
+            load,
+        ])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            // SAFETY: SIGTERM to our own child; tardi tears its sandbox down on it.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            std::thread::sleep(Duration::from_secs(5));
+            let _ = child.kill();
+            panic!(
+                "tardi profile of {} still ran after 90 s",
+                manifest.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (stdout, stderr) = (
+        std::fs::read_to_string(&out).unwrap_or_default(),
+        std::fs::read_to_string(&err).unwrap_or_default(),
+    );
+    assert!(
+        status.success(),
+        "tardi profile failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: not JSON: {l:?}")))
+        .collect();
+    let summary = lines.last().expect("no output");
+    assert_eq!(summary["summary"], true, "{stdout}");
+    assert_eq!(
+        summary["verified"], true,
+        "verification failed: {summary}\nstderr:\n{stderr}"
+    );
+    lines
+}

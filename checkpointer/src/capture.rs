@@ -1050,12 +1050,7 @@ pub(crate) fn group_and_session(proc: &Proc) -> Result<(i32, i32)> {
     let status = proc
         .read_string("status")
         .map_err(proc_err(proc.pid, "status"))?;
-    let last = |key: &str| -> i32 {
-        procfs::status_value(&status, key)
-            .and_then(|v| v.split_whitespace().last())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
+    let last = |key| procfs::status_ns_last(&status, key).unwrap_or(0);
     Ok((last("NSpgid"), last("NSsid")))
 }
 

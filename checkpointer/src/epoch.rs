@@ -247,6 +247,29 @@ pub struct EpochStats {
     pub full_bytes: u64,
 }
 
+impl EpochStats {
+    /// Adds what another process of the tree contributed to this pause: its pages and bytes
+    /// (the times are the pause's, shared); the layout and descriptors count as carried only
+    /// if every process's were.
+    fn add_member(&mut self, s: &EpochStats) {
+        self.dirty_pages += s.dirty_pages;
+        self.fresh_pages += s.fresh_pages;
+        self.hot_pages += s.hot_pages;
+        self.raw_bytes += s.raw_bytes;
+        self.encoded_bytes += s.encoded_bytes;
+        self.zero_pages += s.zero_pages;
+        self.same_pages += s.same_pages;
+        self.delta_pages += s.delta_pages;
+        self.compressed_pages += s.compressed_pages;
+        self.raw_pages += s.raw_pages;
+        self.twin_bytes += s.twin_bytes;
+        self.precopy_pages += s.precopy_pages;
+        self.full_bytes += s.full_bytes;
+        self.layout_carried &= s.layout_carried;
+        self.fds_reused &= s.fds_reused;
+    }
+}
+
 /// What one epoch produced ([`Epochs::next_output`]).
 #[derive(Debug)]
 pub struct EpochOutput {
@@ -2317,22 +2340,7 @@ impl EpochLoop {
         for (i, (m, c)) in self.members.iter_mut().zip(members).enumerate() {
             let o =
                 m.lp.encode(c, te, epoch, interval, quiesce, pause, ended_by);
-            let (st, s) = (&mut out.stats, &o.stats);
-            st.dirty_pages += s.dirty_pages;
-            st.fresh_pages += s.fresh_pages;
-            st.hot_pages += s.hot_pages;
-            st.raw_bytes += s.raw_bytes;
-            st.encoded_bytes += s.encoded_bytes;
-            st.zero_pages += s.zero_pages;
-            st.same_pages += s.same_pages;
-            st.delta_pages += s.delta_pages;
-            st.compressed_pages += s.compressed_pages;
-            st.raw_pages += s.raw_pages;
-            st.twin_bytes += s.twin_bytes;
-            st.precopy_pages += s.precopy_pages;
-            st.full_bytes += s.full_bytes;
-            st.layout_carried &= s.layout_carried;
-            st.fds_reused &= s.fds_reused;
+            out.stats.add_member(&o.stats);
             let add = |ck: &mut Checkpoint, mut member: Checkpoint| {
                 if let Some(&(pgid, sid)) = ids.get(i + 1) {
                     (member.image.pgid, member.image.sid) = (pgid, sid);

@@ -404,6 +404,14 @@ pub fn parse_smaps(text: &str) -> Vec<MapEntry> {
     out
 }
 
+/// The innermost PID namespace's number of a `status` line that lists one per namespace
+/// level (`NSpid`, `NSpgid`, `NSsid`: the last, the sandbox's); `None` when there is none.
+pub fn status_ns_last(text: &str, key: &str) -> Option<i32> {
+    status_value(text, key)
+        .and_then(|v| v.split_whitespace().last())
+        .and_then(|n| n.parse().ok())
+}
+
 /// The value of the `Key:\tvalue` line `key` of a `status` text, trimmed.
 pub fn status_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
     text.lines()

@@ -408,13 +408,7 @@ fn prepare_tree(
     let mut plans = Vec::with_capacity(img.tree.len());
     for m in &img.tree {
         let me = &m.image;
-        let &(_, ppgid, psid) = ids
-            .iter()
-            .find(|(pid, _, _)| *pid == m.ppid)
-            .ok_or_else(|| {
-                RestoreError::Invalid(format!("process {} has no parent {}", me.pid, m.ppid))
-            })?;
-        recreatable((me.pid, me.pgid, me.sid), (ppgid, psid))?;
+        recreatable_under(&ids, (me.pid, me.pgid, me.sid), m.ppid)?;
         ids.push((me.pid, me.pgid, me.sid));
         let off = pages_offset.checked_add(m.data_off).ok_or_else(|| {
             RestoreError::Invalid(format!("process {}: page data out of range", me.pid))
@@ -466,13 +460,7 @@ fn prepare_tree(
         )?;
     }
     for z in &img.zombies {
-        let &(_, ppgid, psid) = ids
-            .iter()
-            .find(|(pid, _, _)| *pid == z.ppid)
-            .ok_or_else(|| {
-                RestoreError::Invalid(format!("zombie {} has no parent {}", z.pid, z.ppid))
-            })?;
-        recreatable((z.pid, z.pgid, z.sid), (ppgid, psid))?;
+        recreatable_under(&ids, (z.pid, z.pgid, z.sid), z.ppid)?;
     }
     plan.zombies = img.zombies.clone();
     plan.members = plans;
@@ -481,10 +469,18 @@ fn prepare_tree(
     Ok(root)
 }
 
-/// Refuses a process (PID, group, session) that cannot be recreated under a parent of group
-/// and session `(ppgid, psid)`: one leads its session (and then its group) or shares its
-/// parent's, and leads its group or shares its parent's.
-fn recreatable((pid, pgid, sid): (i32, i32, i32), (ppgid, psid): (i32, i32)) -> Result<()> {
+/// Refuses a process (PID, group, session) that cannot be recreated under its parent `ppid`,
+/// one of `ids` (PID, group, session): one leads its session (and then its group) or shares
+/// its parent's, and leads its group or shares its parent's.
+fn recreatable_under(
+    ids: &[(i32, i32, i32)],
+    (pid, pgid, sid): (i32, i32, i32),
+    ppid: i32,
+) -> Result<()> {
+    let &(_, ppgid, psid) = ids
+        .iter()
+        .find(|(p, _, _)| *p == ppid)
+        .ok_or_else(|| RestoreError::Invalid(format!("process {pid} has no parent {ppid}")))?;
     let leads = sid == pid;
     if (leads && pgid != pid) || (!leads && sid != psid) || (pgid != pid && pgid != ppgid) {
         return Err(RestoreError::Invalid(format!(
@@ -1516,9 +1512,7 @@ fn host_pid(root: Pid, ns_pid: i32, timeout: Duration) -> Result<Pid> {
         let mut todo = vec![root];
         while let Some(p) = todo.pop() {
             let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
-            let ns = crate::procfs::status_value(&status, "NSpid")
-                .and_then(|v| v.split_whitespace().last())
-                .and_then(|n| n.parse::<i32>().ok());
+            let ns = crate::procfs::status_ns_last(&status, "NSpid");
             if ns == Some(ns_pid) {
                 return Ok(p);
             }

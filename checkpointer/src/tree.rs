@@ -186,12 +186,7 @@ pub(crate) fn stop_all(
 fn zombie(proc: &Proc) -> Result<Zombie> {
     let c = proc.pid;
     let status = proc.read_string("status").map_err(proc_err(c, "status"))?;
-    let last = |key: &str| -> i32 {
-        crate::procfs::status_value(&status, key)
-            .and_then(|v| v.split_whitespace().last())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
+    let last = |key| crate::procfs::status_ns_last(&status, key).unwrap_or(0);
     let uid = crate::procfs::status_value(&status, "Uid")
         .and_then(|v| v.split_whitespace().next())
         .and_then(|n| n.parse().ok())

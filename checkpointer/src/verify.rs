@@ -161,9 +161,7 @@ pub fn tree_pids(root: Pid) -> io::Result<BTreeMap<i32, Pid>> {
     while let Some(p) = todo.pop() {
         let proc = Proc::open(p)?;
         let status = proc.read_string("status")?;
-        let ns = crate::procfs::status_value(&status, "NSpid")
-            .and_then(|v| v.split_whitespace().last())
-            .and_then(|n| n.parse().ok())
+        let ns = crate::procfs::status_ns_last(&status, "NSpid")
             .ok_or_else(|| io::Error::other(format!("process {p}: no NSpid")))?;
         out.insert(ns, p);
         let tids = proc.tids()?;

@@ -192,28 +192,13 @@ impl ServiceHandle {
     }
 
     /// See [`Service::other_processes`].
-    /// The service's main process and its descendants (host PIDs, sorted), from each
-    /// thread's `children` in `/proc`.
+    /// The service's main process and its descendants (host PIDs, sorted; empty while a
+    /// process vanishes during the walk).
     pub fn tree_pids(&self) -> Vec<i32> {
-        let mut all = vec![self.pid];
-        let mut i = 0;
-        while i < all.len() {
-            let p = all[i];
-            for t in std::fs::read_dir(format!("/proc/{p}/task"))
-                .into_iter()
-                .flatten()
-            {
-                let Ok(t) = t else { continue };
-                let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-                all.extend(
-                    kids.split_whitespace()
-                        .filter_map(|k| k.parse::<i32>().ok()),
-                );
-            }
-            i += 1;
-        }
+        let mut all: Vec<i32> = tardi_checkpointer::verify::tree_pids(self.pid)
+            .map(|m| m.into_values().collect())
+            .unwrap_or_default();
         all.sort_unstable();
-        all.dedup();
         all
     }
 

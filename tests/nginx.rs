@@ -15,7 +15,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tardi_checkpointer::image::{Backing, FdKind, ShmId, SocketState};
+use tardi_checkpointer::image::{Backing, ShmId};
 
 const PORT: u16 = 8080;
 
@@ -193,13 +193,7 @@ fn nginx_master_and_workers_survive_snapshot_and_restore() {
     let image = cur.snapshot_image(&file, "snapshot of nginx");
     assert_eq!(image.tree.len(), 2, "two workers besides the master");
     // The listening socket, one description held by all three.
-    let listener = image
-        .shared_files
-        .iter()
-        .find(|s| {
-            matches!(&s.file.kind, FdKind::Socket(x) if matches!(x.state, SocketState::Listening { .. }))
-        })
-        .expect("the listening socket is shared");
+    let listener = common::tardi::shared_listener(&image);
     assert_eq!(listener.holders.len(), 3, "{:?}", listener.holders);
     // The master's shared zone (accept mutex, connection counters), mapped by the workers.
     let zone = image

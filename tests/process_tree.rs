@@ -300,14 +300,8 @@ fn descriptors_shared_by_a_tree_come_back_shared() {
 
     let file = scratch.0.join("shared.tardi");
     let image = cur.snapshot_image(&file, "snapshot of a tree sharing descriptors");
-    use tardi_checkpointer::image::{FdKind, SocketState};
-    let listener = image
-        .shared_files
-        .iter()
-        .find(|s| {
-            matches!(&s.file.kind, FdKind::Socket(x) if matches!(x.state, SocketState::Listening { .. }))
-        })
-        .expect("the listening socket is shared");
+    use tardi_checkpointer::image::FdKind;
+    let listener = common::tardi::shared_listener(&image);
     assert_eq!(listener.holders.len(), 3, "{:?}", listener.holders);
     let buffered: Vec<u8> = image
         .shared_files

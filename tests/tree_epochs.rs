@@ -37,9 +37,16 @@ fn states(r: &Running) -> Vec<String> {
     (0..ROLES).map(|role| ask(r, role, "state")).collect()
 }
 
-/// Restores `image` held into a second sandbox (the description `sandbox`, renamed) and
-/// compares each of its processes with the live tree under `live` (stopped).
-fn held_restore(image: &Image, sandbox: &[u8], name: &str, live: i32) -> Vec<String> {
+/// Restores `image` held into a second sandbox (the description `sandbox`, renamed), checks
+/// that its `processes` processes came back, and compares each with the live tree under
+/// `live` (stopped).
+fn held_restore(
+    image: &Image,
+    sandbox: &[u8],
+    name: &str,
+    live: i32,
+    processes: usize,
+) -> Vec<String> {
     let mut config: tardi_sandbox::SandboxConfig = serde_json::from_slice(sandbox).unwrap();
     config.name = format!("{name}-v");
     config.hostname = config.name.clone();
@@ -48,11 +55,31 @@ fn held_restore(image: &Image, sandbox: &[u8], name: &str, live: i32) -> Vec<Str
     config.init_exe = Some(common::tardi::tardi().into());
     let (sb, held) = tardi_service::Service::restore_held_tree(&image.to_full(), config.clone())
         .expect("held restore of the tree");
-    assert_eq!(held.len(), 5, "every process restored held");
+    assert_eq!(held.len(), processes, "every process restored held");
     let diffs = compare_processes_tree(live, &held, image, 20).unwrap();
     let _ = sb.teardown();
     let _ = std::fs::remove_dir_all(&config.run_dir);
     diffs
+}
+
+/// The processes (roles) that write a new generation in epoch `i`: one each epoch, in turn;
+/// every fourth epoch, all `roles` of them.
+fn writers(i: u64, roles: u16) -> Vec<u16> {
+    if i.is_multiple_of(4) {
+        (0..roles).collect()
+    } else {
+        vec![(i % roles as u64) as u16]
+    }
+}
+
+/// Applies epoch `i`'s checkpoint to the receiver's image and to the one built from the
+/// mid-chain full checkpoint, once there is one.
+fn apply_epoch(image: &mut Image, mid: Option<&mut Image>, ck: &Checkpoint, i: u64) {
+    image.apply(ck).unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+    if let Some(m) = mid {
+        m.apply(ck)
+            .unwrap_or_else(|e| panic!("epoch {i}, on the full: {e}"));
+    }
 }
 
 /// With the tree held stopped after epoch `i`: the receiver's image, and the one built from
@@ -116,11 +143,7 @@ fn tree_chain(tag: &str, tracker: TrackerKind) {
         // One process writes a new generation (272 KiB) each epoch, in turn; every fourth
         // epoch, all of them.
         generation += 1;
-        let roles: Vec<u16> = if i % 4 == 0 {
-            (0..ROLES).collect()
-        } else {
-            vec![(i % ROLES as u64) as u16]
-        };
+        let roles = writers(i, ROLES);
         for &role in &roles {
             assert_eq!(
                 ask(&run, role, &format!("gen {generation}")),
@@ -138,13 +161,7 @@ fn tree_chain(tag: &str, tracker: TrackerKind) {
         assert_eq!(ck.kind, Kind::Incremental { base: i - 1 }, "epoch {i}");
         assert_eq!(ck.image.tree.len(), 4, "epoch {i}: every process listed");
         dirty += out.stats.dirty_pages;
-        image
-            .apply(&ck)
-            .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
-        if let Some(m) = &mut mid {
-            m.apply(&ck)
-                .unwrap_or_else(|e| panic!("epoch {i}, on the full: {e}"));
-        }
+        apply_epoch(&mut image, mid.as_mut(), &ck, i);
         if let Some(f) = out.full {
             assert_eq!(f.image.tree.len(), 4, "the full lists every process");
             mid = Some(Image::from_full(&roundtrip(&f)).expect("the full makes an image"));
@@ -152,7 +169,7 @@ fn tree_chain(tag: &str, tracker: TrackerKind) {
         if held && i == epochs {
             // The last image, restored held into a second sandbox: every process as the live
             // one, byte for byte (what `tardi profile --verify` does).
-            let diffs = held_restore(&image, &sandbox, &name, run.pid);
+            let diffs = held_restore(&image, &sandbox, &name, run.pid, 5);
             assert!(
                 diffs.is_empty(),
                 "the restored tree differs from the live one:\n{}",
@@ -263,11 +280,7 @@ fn tree_shm_chain(tag: &str, tracker: TrackerKind) {
         // One process writes a new generation into every object it maps each epoch, in turn;
         // every fourth epoch, all of them (and a marker through one of them).
         generation += 1;
-        let roles: Vec<u16> = if i % 4 == 0 {
-            (0..SHM_ROLES).collect()
-        } else {
-            vec![(i % SHM_ROLES as u64) as u16]
-        };
+        let roles = writers(i, SHM_ROLES);
         for &role in &roles {
             assert_eq!(
                 shm_ask(&run, role, &format!("gen {generation}")),
@@ -303,32 +316,13 @@ fn tree_shm_chain(tag: &str, tracker: TrackerKind) {
             .flat_map(|o| &o.runs)
             .map(|r| r.len / 4096)
             .sum::<u64>();
-        image
-            .apply(&ck)
-            .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
-        if let Some(m) = &mut mid {
-            m.apply(&ck)
-                .unwrap_or_else(|e| panic!("epoch {i}, on the full: {e}"));
-        }
+        apply_epoch(&mut image, mid.as_mut(), &ck, i);
         if let Some(f) = out.full {
             assert_eq!(f.image.shm.len(), 5, "the full lists every object");
             mid = Some(Image::from_full(&roundtrip(&f)).expect("the full makes an image"));
         }
         if held && i == epochs {
-            let mut config: tardi_sandbox::SandboxConfig =
-                serde_json::from_slice(&sandbox).unwrap();
-            config.name = format!("{name}-v");
-            config.hostname = config.name.clone();
-            config.run_dir = std::path::Path::new(tardi_sandbox::RUN_ROOT).join(&config.name);
-            config.link_index = None;
-            config.init_exe = Some(common::tardi::tardi().into());
-            let (sb, restored) =
-                tardi_service::Service::restore_held_tree(&image.to_full(), config.clone())
-                    .expect("held restore of the tree");
-            assert_eq!(restored.len(), 3, "every process restored held");
-            let diffs = compare_processes_tree(run.pid, &restored, &image, 20).unwrap();
-            let _ = sb.teardown();
-            let _ = std::fs::remove_dir_all(&config.run_dir);
+            let diffs = held_restore(&image, &sandbox, &name, run.pid, 3);
             assert!(
                 diffs.is_empty(),
                 "the restored tree differs from the live one:\n{}",

@@ -368,3 +368,18 @@ pub fn profile_verified(
     );
     lines
 }
+
+/// The listening TCP socket a tree's snapshot lists among its shared descriptions (panics if
+/// there is none).
+pub fn shared_listener(
+    image: &tardi_checkpointer::image::ProcessImage,
+) -> &tardi_checkpointer::image::SharedFile {
+    use tardi_checkpointer::image::{FdKind, SocketState};
+    image
+        .shared_files
+        .iter()
+        .find(|s| {
+            matches!(&s.file.kind, FdKind::Socket(x) if matches!(x.state, SocketState::Listening { .. }))
+        })
+        .expect("the listening socket is shared")
+}

@@ -38,15 +38,9 @@ fn states(r: &Running) -> Vec<String> {
 }
 
 /// Restores `image` held into a second sandbox (the description `sandbox`, renamed), checks
-/// that its `processes` processes came back, and compares each with the live tree under
-/// `live` (stopped).
-fn held_restore(
-    image: &Image,
-    sandbox: &[u8],
-    name: &str,
-    live: i32,
-    processes: usize,
-) -> Vec<String> {
+/// that its `processes` processes came back, and that each equals its live process under
+/// `live` (stopped), byte for byte.
+fn held_restore(image: &Image, sandbox: &[u8], name: &str, live: i32, processes: usize) {
     let mut config: tardi_sandbox::SandboxConfig = serde_json::from_slice(sandbox).unwrap();
     config.name = format!("{name}-v");
     config.hostname = config.name.clone();
@@ -59,7 +53,11 @@ fn held_restore(
     let diffs = compare_processes_tree(live, &held, image, 20).unwrap();
     let _ = sb.teardown();
     let _ = std::fs::remove_dir_all(&config.run_dir);
-    diffs
+    assert!(
+        diffs.is_empty(),
+        "the restored tree differs from the live one:\n{}",
+        diffs.join("\n")
+    );
 }
 
 /// The processes (roles) that write a new generation in epoch `i`: one each epoch, in turn;
@@ -169,12 +167,7 @@ fn tree_chain(tag: &str, tracker: TrackerKind) {
         if held && i == epochs {
             // The last image, restored held into a second sandbox: every process as the live
             // one, byte for byte (what `tardi profile --verify` does).
-            let diffs = held_restore(&image, &sandbox, &name, run.pid, 5);
-            assert!(
-                diffs.is_empty(),
-                "the restored tree differs from the live one:\n{}",
-                diffs.join("\n")
-            );
+            held_restore(&image, &sandbox, &name, run.pid, 5);
         }
         if held {
             assert_images_match_live(run.pid, &image, mid.as_ref(), i, full_at);
@@ -322,12 +315,7 @@ fn tree_shm_chain(tag: &str, tracker: TrackerKind) {
             mid = Some(Image::from_full(&roundtrip(&f)).expect("the full makes an image"));
         }
         if held && i == epochs {
-            let diffs = held_restore(&image, &sandbox, &name, run.pid, 3);
-            assert!(
-                diffs.is_empty(),
-                "the restored tree differs from the live one:\n{}",
-                diffs.join("\n")
-            );
+            held_restore(&image, &sandbox, &name, run.pid, 3);
         }
         if held {
             assert_images_match_live(run.pid, &image, mid.as_ref(), i, full_at);

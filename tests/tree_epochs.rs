@@ -478,3 +478,165 @@ fn descriptions_a_tree_shares_follow_a_close_between_epochs() {
     ep.stop();
     run.stop();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Processes running as an ordinary user (`tests/programs/unpriv.c`: a main process, root, and
+// two children that drop to user 65534, one with a second thread), tracked by the mprotect
+// tracker: its agent's seccomp filter needs `no_new_privs` or `CAP_SYS_ADMIN`, which such a
+// process lacks (nginx's workers, as `www-data`, are the case in the field).
+
+const NOBODY_PORT: u16 = 7700;
+const NOBODY_ROLES: u16 = 3;
+
+fn nobody_states(r: &Running) -> Vec<String> {
+    (0..NOBODY_ROLES)
+        .map(|role| r.ask_udp(NOBODY_PORT + role, "state"))
+        .collect()
+}
+
+/// What the kernel holds as each process's `no_new_privs`, per thread ("nnp=A,B").
+fn kernel_nnp(r: &Running) -> Vec<String> {
+    (0..NOBODY_ROLES)
+        .map(|role| r.ask_udp(NOBODY_PORT + role, "kernel"))
+        .collect()
+}
+
+/// Each process's `no_new_privs` as `image` records it, by the PID a state line names.
+fn recorded_nnp(image: &Image, states: &[String]) -> Vec<bool> {
+    let by_pid: std::collections::HashMap<i32, &Image> = std::iter::once(image)
+        .chain(image.members().map(|(_, m)| m))
+        .map(|m| (m.meta.pid, m))
+        .collect();
+    states
+        .iter()
+        .map(|s| {
+            let pid: i32 = s
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix("pid="))
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("no pid in {s:?}"));
+            let m = by_pid
+                .get(&pid)
+                .unwrap_or_else(|| panic!("process {pid} is not in the image"));
+            m.meta.creds.no_new_privs
+        })
+        .collect()
+}
+
+/// A chain of epochs with the mprotect tracker over a tree whose children run as user 65534
+/// and write memory between epochs: the chain starts (the agent's filter is installed in every
+/// process), the receiver's image equals the live tree with it held, and a held restore of the
+/// last image equals it too. `no_new_privs`, which the tracker has to set in the children for
+/// the filter, stays the app's own: the children read 0 through `prctl` while tracked, the
+/// image records 0 for them, except for the child that set it itself during the chain, and
+/// the restored tree has the kernel's flag as the app had it (0, 0 in both threads, 1). The
+/// main process (root, with `CAP_SYS_ADMIN`) is left without it.
+#[test]
+fn an_ordinary_users_processes_through_a_chain_of_epochs_mprotect() {
+    let bin = programs::build("unpriv");
+    let scratch = Scratch::new("unpriv");
+    let name = format!("epunpriv-{}", std::process::id() % 10000);
+    let m = manifest_for(&scratch.0, &name, &bin, &[]);
+    let run = Running::run(&m).expect("tardi run");
+    for role in 0..NOBODY_ROLES {
+        programs::wait_ready(
+            SocketAddr::new(run.address.into(), NOBODY_PORT + role),
+            Duration::from_secs(10),
+        )
+        .expect("ready");
+    }
+    let sandbox = run.snapshot_sandbox(&scratch.0.join("first.tardi"));
+    let first = nobody_states(&run);
+    for s in &first[1..] {
+        assert!(
+            s.contains(" uid=65534,65534,65534 ") && s.contains(" nnp=0 "),
+            "a child runs as 65534 without no_new_privs: {s}"
+        );
+    }
+    assert_eq!(kernel_nnp(&run), ["nnp=0", "nnp=0,0", "nnp=0"]);
+
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(5),
+        tracker: TrackerKind::Mprotect,
+        ..Default::default()
+    };
+    let (mut ep, full, _) = Epochs::start(run.pid, cfg)
+        .expect("start epochs with the mprotect tracker on processes of an ordinary user");
+    assert_eq!(full.image.tree.len(), 2, "two children");
+    let mut image = Image::from_full(&roundtrip(&full)).unwrap();
+    // The kernel holds the flag in both threads of child 1 and in child 2 (for the filter),
+    // not in the main process; every process reads its own through prctl.
+    assert_eq!(kernel_nnp(&run), ["nnp=0", "nnp=1,1", "nnp=1"]);
+    let tracked = nobody_states(&run);
+    assert!(
+        tracked.iter().all(|s| s.contains(" nnp=0 ")),
+        "prctl answers the app's own no_new_privs: {tracked:?}"
+    );
+    assert_eq!(recorded_nnp(&image, &tracked), [false, false, false]);
+
+    let (epochs, set_at) = (24u64, 10u64);
+    let mut generation = 1;
+    let mut dirty = 0;
+    for i in 1..=epochs {
+        generation += 1;
+        for role in writers(i, NOBODY_ROLES) {
+            assert_eq!(
+                run.ask_udp(NOBODY_PORT + role, &format!("gen {generation}")),
+                format!("gen={generation}")
+            );
+        }
+        if i == set_at {
+            // Child 2 sets no_new_privs itself: from now on that is the app's own state.
+            assert_eq!(run.ask_udp(NOBODY_PORT + 2, "nnp"), "nnp-set=0");
+        }
+        let held = i % 8 == 0;
+        let out = ep
+            .next_output(held)
+            .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        let ck = roundtrip(&out.incremental);
+        assert_eq!(ck.kind, Kind::Incremental { base: i - 1 }, "epoch {i}");
+        dirty += out.stats.dirty_pages;
+        apply_epoch(&mut image, None, &ck, i);
+        if held && i == epochs {
+            held_restore(&image, &sandbox, &name, run.pid, 3);
+        }
+        if held {
+            assert_images_match_live(run.pid, &image, None, i, 0);
+            ep.release();
+        }
+    }
+    assert!(
+        dirty > epochs * 60,
+        "the tree wrote {dirty} pages in {epochs} epochs: the test proves little"
+    );
+    ep.stop();
+    let before = nobody_states(&run);
+    assert!(
+        before[2].contains(" nnp=1 ") && before[1].contains(" nnp=0 "),
+        "{before:?}"
+    );
+    assert_eq!(
+        recorded_nnp(&image, &before),
+        [false, false, true],
+        "the image records each process's own no_new_privs"
+    );
+
+    // The chain's final image in place of the original tree: the same processes, memory and
+    // users, and no_new_privs as the app had it (not as the tracker left the kernel's).
+    let file = scratch.0.join("chain.tardi");
+    write_chain(&image, sandbox, &file);
+    let log = run.log.clone();
+    run.stop();
+    let restored = Running::restore_or_log(&file, &log);
+    assert_eq!(
+        nobody_states(&restored),
+        before,
+        "every process's PID, parent, users, memory and prctl's no_new_privs after the restore"
+    );
+    assert_eq!(
+        kernel_nnp(&restored),
+        ["nnp=0", "nnp=0,0", "nnp=1"],
+        "the restored processes' no_new_privs is the app's"
+    );
+    restored.stop();
+}

@@ -5,12 +5,14 @@
 //! Who writes what:
 //! - the supervisor, while every thread is stopped: `table`, `runs`, `filter`, `log_cursor`,
 //!   the counters it resets;
-//! - the agent, at any time: `extra`, `log`, `log_head`, `faults`, `trapped`, `app_*`, `lock`.
+//! - the agent, at any time: `extra`, `log`, `log_head`, `faults`, `trapped`, `app_*`, `lock`;
+//! - both: `nnp_forced` and `app_nnp` (the supervisor when it loads the filter, the agent when
+//!   the app sets `no_new_privs` itself).
 
 #![allow(dead_code)]
 
 pub const AGENT_MAGIC: u64 = u64::from_le_bytes(*b"TARDIAGT");
-pub const AGENT_VERSION: u32 = 1;
+pub const AGENT_VERSION: u32 = 2;
 
 /// Armed ranges the supervisor writes each pause (sorted, disjoint).
 pub const TABLE_CAP: usize = 4096;
@@ -120,6 +122,14 @@ pub struct Header {
     pub log_cursor: u64,
     pub n_runs: u64,
     pub filter_len: u64,
+    /// Non-zero: the supervisor set `no_new_privs` in this process so that the filter could be
+    /// installed (the process had neither it nor `CAP_SYS_ADMIN`). The kernel then shows 1;
+    /// the app's own state is `app_nnp`, which `PR_GET_NO_NEW_PRIVS` answers and a checkpoint
+    /// records (see `track::mprotect`, `MprotectTracker::new`).
+    pub nnp_forced: u32,
+    /// The app's own `no_new_privs` (0 or 1), meaningful with `nnp_forced`: set to 1 by the
+    /// agent when the app's `PR_SET_NO_NEW_PRIVS` succeeds.
+    pub app_nnp: u32,
 }
 
 #[repr(C)]

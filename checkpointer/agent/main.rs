@@ -20,7 +20,10 @@
 //!   - calls into which the kernel writes user memory (`read`, `recvmsg`, `epoll_wait`,
 //!     `fstat`, ...) first make armed pages of their output buffers writable: a kernel write
 //!     to a write-protected page fails with `EFAULT` instead of faulting to us;
-//!   - `execve` fails with `EPERM` (the new program would inherit the filter without us).
+//!   - `execve` fails with `EPERM` (the new program would inherit the filter without us);
+//!   - `prctl(PR_GET_NO_NEW_PRIVS)` is answered from `app_nnp` when the supervisor set
+//!     `no_new_privs` for the filter (`nnp_forced`), and the app's `PR_SET_NO_NEW_PRIVS`
+//!     recorded there.
 //! - **Operations** the supervisor runs in a stopped thread (`_start`): `OP_INIT` (install the
 //!   handlers and the filter), `OP_REARM` (write-protect the `runs` list), `OP_DISARM_ALL`.
 //!
@@ -61,6 +64,9 @@ const SA_RESTART: u64 = 0x1000_0000;
 const SA_NODEFER: u64 = 0x4000_0000;
 const SA_RESETHAND: u64 = 0x8000_0000;
 const SA_RESTORER: u64 = 0x0400_0000;
+
+const PR_SET_NO_NEW_PRIVS: u64 = 38;
+const PR_GET_NO_NEW_PRIVS: u64 = 39;
 
 const SEGV_ACCERR: i32 = 2;
 const SYS_SECCOMP: i32 = 1;
@@ -259,6 +265,8 @@ static mut TARDI_AGENT_CONTROL: Control = Control {
         log_cursor: 0,
         n_runs: 0,
         filter_len: 0,
+        nnp_forced: 0,
+        app_nnp: 0,
     },
     table: [Range { start: 0, end: 0, prot: 0 }; TABLE_CAP],
     extra: [Range { start: 0, end: 0, prot: 0 }; EXTRA_CAP],
@@ -872,6 +880,23 @@ unsafe fn emulate(c: *mut Control, slot: *mut Inflight, n: u64, a: [u64; 6]) -> 
                     });
                 }
                 call(a)
+            }
+            // `no_new_privs`, when the supervisor set it for the filter (`nnp_forced`): the
+            // app reads and sets its own state, `app_nnp`. The kernel checks the arguments
+            // (anything but 0 after the option, or 1 then 0s to set, is `EINVAL`), so a
+            // well-formed `PR_GET_NO_NEW_PRIVS` is answered here and everything else is made.
+            nr::PRCTL if (*c).h.nnp_forced != 0 && (a[0] == PR_GET_NO_NEW_PRIVS
+                || a[0] == PR_SET_NO_NEW_PRIVS) => {
+                let app = AtomicU32::from_ptr(&raw mut (*c).h.app_nnp);
+                if a[0] == PR_GET_NO_NEW_PRIVS && (a[1] | a[2] | a[3] | a[4]) == 0 {
+                    return app.load(Ordering::Relaxed) as i64;
+                }
+                let r = call(a);
+                if a[0] == PR_SET_NO_NEW_PRIVS && r == 0 {
+                    // Per thread in the kernel, per process here: see `track::mprotect`.
+                    app.store(1, Ordering::Relaxed);
+                }
+                r
             }
             nr::EXECVE | nr::EXECVEAT => -EPERM,
             _ => {

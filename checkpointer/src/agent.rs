@@ -161,8 +161,94 @@ impl Agent {
         Ok(agent)
     }
 
+    /// Makes sure the filter can be installed (`install_filter`) and records the app's own
+    /// `no_new_privs` in the control block, for the agent (`PR_GET_NO_NEW_PRIVS`) and the
+    /// checkpoints ([`Header::app_nnp`]). `status` is the process's `status` text, read while
+    /// it is stopped.
+    ///
+    /// The kernel installs a seccomp filter only for a thread that has `no_new_privs` or
+    /// `CAP_SYS_ADMIN` in its user namespace (`seccomp(2)`, `EACCES`): a service's process
+    /// running as an ordinary user (nginx's workers as `www-data`, PostgreSQL) has neither.
+    /// Such a process gets `no_new_privs` set here, with an injected
+    /// `prctl(PR_SET_NO_NEW_PRIVS, 1)` on the thread that then runs `OP_INIT` (the flag is per
+    /// thread; the filter's `SECCOMP_FILTER_FLAG_TSYNC` sets it on every other thread, as the
+    /// kernel does for a caller that has it). Why this and not another way:
+    /// - the flag cannot be cleared again (nor can the filter be removed): the live process
+    ///   keeps both for its life, and passes them to the children it forks. What the flag
+    ///   decides is mostly what an `execve` may gain (set-user-ID, file capabilities,
+    ///   security-module transitions), and the agent's filter already refuses `execve`;
+    ///   besides, it restricts security-module transitions asked for without `execve`
+    ///   (AppArmor's `change_profile`, SELinux's `setcon`) and lets the process install
+    ///   seccomp filters and Landlock rules it otherwise could not. The app still reads its
+    ///   own state through `prctl` (the agent answers it); `/proc/PID/status` shows 1.
+    /// - What a checkpoint records, hence what a restore gives back, is the app's own state:
+    ///   [`Header::app_nnp`], kept in the agent's control block, which lives as long as the
+    ///   process (a later loop finds it) and goes into the image with the agent (a restored
+    ///   process gets the app's state from the restorer, so its kernel flag and the record
+    ///   agree again until a loop sets it once more).
+    /// - Other ways measured or weighed: a process cannot be given `CAP_SYS_ADMIN` from
+    ///   outside, and raising it needs it in its permitted set; a user namespace of its own
+    ///   (`unshare(CLONE_NEWUSER)`) would change its IDs, its view of capabilities and of
+    ///   every file's owner; Syscall User Dispatch needs no privilege but cannot select calls
+    ///   by number: every call the app makes would trap (≈3.5 µs each, KERNEL-FACTS.md).
+    ///
+    /// A process that already had the flag (its own, or ours from an earlier loop: the control
+    /// block says so), or that has `CAP_SYS_ADMIN` (nginx's master, running as root), is left
+    /// as it is.
+    ///
+    /// Not kept: the flag per thread. An app that sets it in one thread of several while we
+    /// hold it set in all is recorded as having set it in all (a capture without the agent
+    /// refuses per-thread credentials, on a refresh).
+    pub fn prepare_no_new_privs(
+        &self,
+        st: &mut Stopped,
+        maps: &[MapEntry],
+        status: &str,
+        install_filter: bool,
+    ) -> Result<()> {
+        const CAP_SYS_ADMIN: u64 = 1 << 21;
+        let before = self.header()?;
+        let kernel =
+            crate::procfs::status_value(status, "NoNewPrivs").is_some_and(|v| v.trim() == "1");
+        let admin = crate::procfs::status_value(status, "CapEff")
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .is_some_and(|c| c & CAP_SYS_ADMIN != 0);
+        // (forced by us, the app's own)
+        let (mut forced, mut app) = if !kernel {
+            (false, false) // whatever an old control block says (a restored process: the app's)
+        } else if before.magic == AGENT_MAGIC && before.nnp_forced != 0 {
+            (true, before.app_nnp != 0) // ours, from an earlier loop on this process
+        } else {
+            (false, true) // the app's own
+        };
+        if install_filter && !kernel && !admin {
+            let (r, _, _) = st.inject(
+                maps,
+                st.tids[0],
+                libc::SYS_prctl,
+                [libc::PR_SET_NO_NEW_PRIVS as u64, 1, 0, 0, 0, 0],
+                0,
+            )?;
+            if r != 0 {
+                return Err(AgentError::Op {
+                    op: "prctl(PR_SET_NO_NEW_PRIVS) for the filter",
+                    detail: format!("errno {}", -r),
+                });
+            }
+            (forced, app) = (true, false);
+        }
+        let mut fields = (forced as u32).to_ne_bytes().to_vec();
+        fields.extend_from_slice(&(app as u32).to_ne_bytes());
+        sys::write_remote(
+            self.pid,
+            self.control() + offset_of!(Control, h.nnp_forced) as u64,
+            &fields,
+        )?;
+        Ok(())
+    }
+
     /// Runs `OP_INIT`: the agent takes over SIGSEGV and SIGSYS and, with `install_filter`,
-    /// installs the seccomp filter on every thread.
+    /// installs the seccomp filter on every thread (see [`Agent::prepare_no_new_privs`]).
     pub fn init(&self, st: &mut Stopped, install_filter: bool) -> Result<()> {
         let prog = filter(self.text());
         let mut fields = Vec::new();
@@ -558,6 +644,13 @@ fn same_kind(a: &MapEntry, b: &MapEntry) -> bool {
         // /proc shows offset 0 for anonymous memory.
         && (a.inode == 0 || a.offset + (a.end - a.start) == b.offset)
         && flags(a) == flags(b)
+}
+
+/// The app's own `no_new_privs` in a process where the kernel shows it set, when our agent set
+/// it there (see [`Agent::prepare_no_new_privs`]); `None`: no agent, or not set by us.
+pub fn app_no_new_privs(pid: Pid, maps: &[MapEntry]) -> Option<bool> {
+    let h = Agent::find(pid, maps)?.header().ok()?;
+    (h.magic == AGENT_MAGIC && h.nnp_forced != 0).then_some(h.app_nnp != 0)
 }
 
 /// For a process that may carry an agent (verification of a held process): the layout the app

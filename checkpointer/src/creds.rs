@@ -106,7 +106,11 @@ pub fn capture(
         cap_bounding: cap("CapBnd")?,
         cap_ambient: cap("CapAmb")?,
         securebits: prctl(st, libc::PR_GET_SECUREBITS as u64)?,
-        no_new_privs: field("NoNewPrivs")?.trim() == "1",
+        // Set by the mprotect tracker's agent for its filter: the app's own state instead
+        // (`agent::Agent::prepare_no_new_privs`; in the epoch loop the tracker also patches
+        // every image, since the app's changes do not show in `status`).
+        no_new_privs: field("NoNewPrivs")?.trim() == "1"
+            && crate::agent::app_no_new_privs(pid, maps).unwrap_or(true),
         dumpable: prctl(st, libc::PR_GET_DUMPABLE as u64)?,
     };
     *cache = Some((k, c.clone()));

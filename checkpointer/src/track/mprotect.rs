@@ -121,6 +121,7 @@ impl MprotectTracker {
         let filtered =
             crate::procfs::status_value(&status, "Seccomp").is_some_and(|v| v.trim() != "0");
         let before = agent.header().map_err(TrackError::Pagemap)?;
+        agent.prepare_no_new_privs(st, maps, &status, !filtered)?;
         agent.init(st, !filtered)?;
         unblock_faults(st)?;
         interrupt_unserved_calls(st, &agent)?;
@@ -432,6 +433,12 @@ impl Tracker for MprotectTracker {
     }
 
     fn patch_image(&self, image: &mut ProcessImage) {
+        // `no_new_privs` set by us for the filter: the image gets the app's own (read from the
+        // control block every pause: the app may set it meanwhile, which the kernel's status
+        // line, and so the credentials cache, cannot show).
+        if self.hdr.nnp_forced != 0 {
+            image.creds.no_new_privs = self.hdr.app_nnp != 0;
+        }
         // The kernel holds the agent's handlers; the image gets the app's own.
         for (signo, a) in [(11u32, self.hdr.app_segv), (31, self.hdr.app_sys)] {
             image.sigactions.retain(|s| s.signo != signo);

@@ -270,12 +270,50 @@ fn nginx_master_and_workers_survive_snapshot_and_restore() {
 /// tree, shared memory included, and so does a held restore of it.
 #[test]
 fn nginx_profile_under_load_verifies() {
+    let epochs = profile_under_load("nginx-profile", "nginx-prof", &[]);
+    assert!(
+        epochs.iter().all(|e| e["write_faults"].is_null()),
+        "the userfaultfd tracker (the default) counts no faults itself"
+    );
+}
+
+/// The same with the mprotect tracker: its agent and seccomp filter in the master (root) and in
+/// both workers, which run as `www-data` (neither `CAP_SYS_ADMIN` nor `no_new_privs`: the
+/// tracker sets `no_new_privs` for the filter, see `Agent::prepare_no_new_privs`). Verified,
+/// with the pages the workers wrote in the checkpoints.
+#[test]
+fn nginx_profile_under_load_verifies_mprotect() {
+    let epochs = profile_under_load(
+        "nginx-profile-mp",
+        "nginx-profmp",
+        &["--tracker", "mprotect"],
+    );
+    assert!(
+        epochs.iter().all(|e| e["write_faults"].is_u64()),
+        "every epoch tracked by the mprotect tracker: {:?}",
+        epochs.first()
+    );
+    let dirty: u64 = epochs
+        .iter()
+        .filter_map(|e| e["dirty_pages"].as_u64())
+        .sum();
+    assert!(
+        dirty >= epochs.len() as u64,
+        "{dirty} written pages in {} epochs under load",
+        epochs.len()
+    );
+}
+
+/// `tardi profile --verify` on nginx for 3 s while curl fetches pages and the request count in
+/// a loop, with `tracker_args`: verified, with enough epochs and pages served. Returns the
+/// epochs' JSON lines.
+fn profile_under_load(tag: &str, prefix: &str, tracker_args: &[&str]) -> Vec<serde_json::Value> {
     assert!(
         Path::new("/usr/sbin/nginx").exists(),
         "nginx is not installed (scripts/setup.sh: apt-get install nginx-light)"
     );
-    let scratch = Scratch::new("nginx-profile");
-    let name = format!("nginx-prof-{}", std::process::id() % 10000);
+    let scratch = Scratch::new(tag);
+    let name = format!("{prefix}-{}", std::process::id() % 10000);
     let m = manifest(&scratch.0, &name);
     let log = scratch.0.join("load.out");
     let load = format!(
@@ -284,9 +322,9 @@ fn nginx_profile_under_load_verifies() {
          done >> {}",
         log.display()
     );
-    let lines = common::tardi::profile_verified(&m, &load, 3, &scratch.0);
-    let epochs = &lines[..lines.len() - 1];
-    assert!(epochs.len() >= 10, "only {} epochs", epochs.len());
+    let mut lines = common::tardi::profile_verified_with(&m, &load, 3, &scratch.0, tracker_args);
+    lines.pop(); // the summary
+    assert!(lines.len() >= 10, "only {} epochs", lines.len());
     let served = std::fs::read_to_string(&log).unwrap_or_default();
     let ok = served.lines().filter(|l| *l == "200").count();
     // (The load is killed when the profile ends: its last request may be cut short.)
@@ -294,6 +332,7 @@ fn nginx_profile_under_load_verifies() {
         ok >= 20 && ok + 2 >= served.lines().count(),
         "the load while profiling: {ok} pages served:\n{served}"
     );
+    lines
 }
 
 /// Replicated nginx on the lab (`tardi deploy` with one backup; the epoch loop tracks the

@@ -314,6 +314,17 @@ pub fn profile_verified(
     secs: u32,
     dir: &Path,
 ) -> Vec<serde_json::Value> {
+    profile_verified_with(manifest, load, secs, dir, &[])
+}
+
+/// [`profile_verified`] with more arguments for `tardi profile` (`--tracker mprotect`).
+pub fn profile_verified_with(
+    manifest: &Path,
+    load: &str,
+    secs: u32,
+    dir: &Path,
+    extra: &[&str],
+) -> Vec<serde_json::Value> {
     let (out, err) = (dir.join("profile.stdout"), dir.join("profile.stderr"));
     let mut child = Command::new(tardi())
         .args([
@@ -326,6 +337,7 @@ pub fn profile_verified(
             "--load",
             load,
         ])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out).unwrap())
         .stderr(std::fs::File::create(&err).unwrap())

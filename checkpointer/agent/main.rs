@@ -893,7 +893,8 @@ unsafe fn emulate(c: *mut Control, slot: *mut Inflight, n: u64, a: [u64; 6]) -> 
                 }
                 let r = call(a);
                 if a[0] == PR_SET_NO_NEW_PRIVS && r == 0 {
-                    // Per thread in the kernel, per process here: see `track::mprotect`.
+                    // Per thread in the kernel, per process here: see
+                    // `Agent::prepare_no_new_privs` (`src/agent.rs`).
                     app.store(1, Ordering::Relaxed);
                 }
                 r

@@ -22,6 +22,10 @@
 //! that write into armed memory fail with `EFAULT`; writes that bypass page protection
 //! (`/proc/self/mem`, io_uring fixed buffers) are not seen; `execve` fails with `EPERM`; a bad
 //! pointer passed to an emulated call faults in the agent instead of returning `EFAULT`.
+//!
+//! A process with neither `no_new_privs` nor `CAP_SYS_ADMIN` (an ordinary user's), where the
+//! kernel refuses the agent's filter, gets `no_new_privs` set for good; images keep the app's
+//! own flag ([`Agent::prepare_no_new_privs`], [`Tracker::patch_image`]).
 
 use super::{
     PAGE_IS_FILE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED, PAGE_IS_WRITTEN, Query, TrackError, Tracker,

@@ -50,6 +50,22 @@ fn held_restore(image: &Image, sandbox: &[u8], name: &str, live: i32, processes:
     let (sb, held) = tardi_service::Service::restore_held_tree(&image.to_full(), config.clone())
         .expect("held restore of the tree");
     assert_eq!(held.len(), processes, "every process restored held");
+    // Each held inside its restorer with every signal blocked (but SIGKILL and SIGSTOP, which
+    // cannot be): a signal that comes meanwhile (a child holding itself sends its parent a
+    // SIGCHLD) waits for the restored mask instead of running the app's handler mid-restore.
+    for h in &held {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", h.host)).unwrap();
+        let blocked = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .map(|v| u64::from_str_radix(v.trim(), 16).unwrap());
+        assert_eq!(
+            blocked,
+            Some(!(1u64 << (libc::SIGKILL - 1) | 1 << (libc::SIGSTOP - 1))),
+            "process {} held with its signals not blocked",
+            h.pid
+        );
+    }
     let diffs = compare_processes_tree(live, &held, image, 20).unwrap();
     let _ = sb.teardown();
     let _ = std::fs::remove_dir_all(&config.run_dir);

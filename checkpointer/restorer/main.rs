@@ -187,9 +187,12 @@ unsafe extern "C" fn stage0(sp: *const u64) -> ! {
     // SAFETY: `sp` is the initial stack the kernel built: argc, argv[], NULL, envp[], NULL, auxv.
     unsafe {
         // Block every signal: nothing may interrupt the restore. Each thread gets its own mask
-        // back from its sigreturn frame.
+        // back from its sigreturn frame. (The kernel refuses a `sigsetsize` other than 8 with
+        // `EINVAL`, leaving the mask as it was: the one the restore child had. A child of a
+        // held tree stopping itself then ran the app's SIGCHLD handler in its parent, still in
+        // here, before the parent held itself: nginx's master under `tardi profile --verify`.)
         let all: u64 = !0;
-        sc(nr::RT_SIGPROCMASK, 2 /* SIG_SETMASK */, &all as *const u64 as u64, 0);
+        sc6(nr::RT_SIGPROCMASK, 2 /* SIG_SETMASK */, &all as *const u64 as u64, 0, 8, 0, 0);
         let argc = *sp;
         if argc < 2 {
             fail(-1, E_ARGS, 0);

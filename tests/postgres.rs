@@ -206,3 +206,41 @@ fn postgres_as_its_user_survives_snapshot_and_restore() {
     );
     restored.stop();
 }
+
+/// `tardi profile --verify` on PostgreSQL while clients connect and disconnect: every
+/// connection forks a backend that exits with it, so the tree changes between epochs (step 2
+/// of `docs/PROCESS-TREES.md`: each new backend captured whole, each one that exited dropped,
+/// zombies listed until the postmaster reaps them). The profile's final image, restored held
+/// next to the live tree, equals it byte for byte.
+#[test]
+fn postgres_profiled_while_clients_connect_verifies() {
+    let scratch = Scratch::new("pgprof");
+    let name = format!("pgp-{}", std::process::id() % 10000);
+    let m = setup(&scratch.0, &name);
+    let log = scratch.0.join("inserted.log");
+    // One connection per statement: a backend forked and gone each time.
+    let load = format!(
+        "psql -h {{address}} -U postgres -c 'create table if not exists t (id int, v text)' \
+         >/dev/null 2>&1; i=0; while :; do i=$((i+1)); \
+         psql -h {{address}} -U postgres -At -c \"insert into t values ($i, 'row $i')\" \
+         >/dev/null 2>&1 && echo $i >> {}; done",
+        log.display()
+    );
+    let lines = common::tardi::profile_verified(&m, &load, 4, &scratch.0);
+    let epochs = &lines[..lines.len() - 1];
+    assert!(epochs.len() >= 10, "only {} epochs", epochs.len());
+    let inserted = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        inserted.lines().count() >= 10,
+        "{} connections while profiling: the tree hardly changed",
+        inserted.lines().count()
+    );
+    let whole: u64 = epochs
+        .iter()
+        .filter_map(|e| e["whole_processes"].as_u64())
+        .sum();
+    assert!(
+        whole >= 5,
+        "{whole} processes captured whole between epochs: backends hardly appeared"
+    );
+}

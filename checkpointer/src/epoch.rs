@@ -173,6 +173,10 @@ pub enum EndedBy {
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct EpochStats {
     pub epoch: u64,
+    /// Processes the checkpoint lists (1 for a single process), and how many of them it holds
+    /// whole because they appeared or ran `execve` since the last one (a tree's step 2).
+    pub processes: u64,
+    pub whole_processes: u64,
     /// When the service was resumed after this epoch's pause (for timing what follows: the
     /// checkpoint's way to the backups and back).
     #[serde(skip)]
@@ -278,6 +282,8 @@ impl EpochStats {
         self.full_bytes += s.full_bytes;
         self.layout_carried &= s.layout_carried;
         self.fds_reused &= s.fds_reused;
+        self.processes += s.processes;
+        self.whole_processes += s.whole_processes;
     }
 }
 
@@ -1262,6 +1268,8 @@ impl EpochLoop {
         }
         let stats = EpochStats {
             epoch: 0,
+            processes: image.tree.len() as u64 + 1,
+            whole_processes: image.tree.len() as u64 + 1,
             pause_us: pause.as_micros() as u64,
             quiesce_us: quiesce.as_micros() as u64,
             raw_bytes: data.len() as u64,
@@ -3065,6 +3073,7 @@ impl EpochLoop {
         st.write_faults = write_faults;
         st.precopy_us = precopy_time.as_micros() as u64;
         st.precopy_ran = precopy_ran;
+        st.processes = 1;
         // The shared memory objects' pages, raw, after the encoded ones.
         let (mut objects, shm_data) = shm;
         for r in objects.iter_mut().flat_map(|o| o.runs.iter_mut()) {
@@ -3104,6 +3113,8 @@ impl EpochLoop {
         let bytes = data.len() as u64;
         let stats = EpochStats {
             epoch,
+            processes: 1,
+            whole_processes: 1,
             raw_bytes: bytes,
             encoded_bytes: bytes,
             fresh_pages: bytes / PAGE,

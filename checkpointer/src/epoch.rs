@@ -1087,7 +1087,17 @@ impl EpochLoop {
             }
             let mut preps = Vec::with_capacity(procs.len());
             for p in &procs {
-                preps.push(FirstPrep::new(p, copy).map_err(|e| gone(e.into()))?);
+                match FirstPrep::new(p, copy) {
+                    Ok(prep) => preps.push(prep),
+                    // A process of the tree that exited since the listing (a PostgreSQL backend
+                    // whose client left): list the tree again.
+                    Err(_) if p.pid != pid && attempt < 20 => break,
+                    Err(e) => return Err(gone(e.into())),
+                }
+            }
+            if preps.len() < procs.len() {
+                attempt += 1;
+                continue;
             }
             let t0 = Instant::now();
             let mut sts: Vec<Stopped> = Vec::with_capacity(procs.len());

@@ -206,3 +206,178 @@ fn postgres_as_its_user_survives_snapshot_and_restore() {
     );
     restored.stop();
 }
+
+/// `tardi profile --verify` on PostgreSQL while clients connect and disconnect: every
+/// connection forks a backend that exits with it, so the tree changes between epochs (step 2
+/// of `docs/PROCESS-TREES.md`: each new backend captured whole, each one that exited dropped,
+/// zombies listed until the postmaster reaps them). The profile's final image, restored held
+/// next to the live tree, equals it byte for byte.
+#[test]
+fn postgres_profiled_while_clients_connect_verifies() {
+    let scratch = Scratch::new("pgprof");
+    let name = format!("pgp-{}", std::process::id() % 10000);
+    let m = setup(&scratch.0, &name);
+    let log = scratch.0.join("inserted.log");
+    // One connection per row: a backend forked and gone each time (living for a few epochs).
+    let load = format!(
+        "psql -h {{address}} -U postgres -c 'create table if not exists t (id int, v text)' \
+         >/dev/null 2>&1; i=0; while :; do i=$((i+1)); \
+         psql -h {{address}} -U postgres -At -c \"insert into t values ($i, 'row $i')\" \
+         -c 'select pg_sleep(0.03)' >/dev/null 2>&1 && echo $i >> {}; done",
+        log.display()
+    );
+    let lines = common::tardi::profile_verified(&m, &load, 4, &scratch.0);
+    let epochs = &lines[..lines.len() - 1];
+    assert!(epochs.len() >= 10, "only {} epochs", epochs.len());
+    let inserted = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        inserted.lines().count() >= 10,
+        "{} connections while profiling: the tree hardly changed",
+        inserted.lines().count()
+    );
+    let whole: u64 = epochs
+        .iter()
+        .filter_map(|e| e["whole_processes"].as_u64())
+        .sum();
+    assert!(
+        whole >= 5,
+        "{whole} processes captured whole between epochs: backends hardly appeared"
+    );
+}
+
+/// A chain of epochs over PostgreSQL while clients connect (a backend forked for each, some
+/// alive across pauses, others gone between them, zombies until the postmaster reaps them),
+/// applied to a backup's image, the last image restored in place of the service: every row
+/// acknowledged before the last epoch is there, none after it, and it takes new writes.
+#[test]
+fn postgres_chain_over_connections_restores() {
+    let scratch = Scratch::new("pgchain");
+    let name = format!("pgc-{}", std::process::id() % 10000);
+    let m = setup(&scratch.0, &name);
+    let cur = Running::run(&m).expect("tardi run");
+    wait_ready(&cur);
+    sql(&cur, "create table t (id int primary key, v text)");
+    let sandbox = cur.snapshot_sandbox(&scratch.0.join("first.tardi"));
+    let cfg = tardi_checkpointer::epoch::EpochConfig {
+        interval: Duration::from_millis(5),
+        private_dirs: vec![
+            "/var/lib/postgresql/data".into(),
+            "/tmp".into(),
+            "/dev/shm".into(),
+        ],
+        ..Default::default()
+    };
+    let (mut ep, full, _) =
+        tardi_checkpointer::epoch::Epochs::start(cur.pid, cfg).expect("start epochs");
+    let roundtrip = |ck: &tardi_checkpointer::image::Checkpoint| {
+        tardi_checkpointer::image::Checkpoint::from_bytes(ck.to_bytes()).unwrap()
+    };
+    let mut image = tardi_checkpointer::store::Image::from_full(&roundtrip(&full)).unwrap();
+    let mut whole = 0;
+    for i in 1..=30 {
+        // A client that stays connected across a few pauses, and one that comes and goes.
+        let addr = cur.address;
+        let slow = std::thread::spawn(move || {
+            psql(
+                addr,
+                &format!(
+                    "insert into t values ({}, 'slow'); select pg_sleep(0.02)",
+                    1000 + i
+                ),
+            )
+        });
+        sql(&cur, &format!("insert into t values ({i}, 'row {i}')"));
+        for _ in 0..3 {
+            let out = ep
+                .next_output(false)
+                .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+            whole += out.stats.whole_processes;
+            image
+                .apply(&roundtrip(&out.incremental))
+                .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        }
+        slow.join().unwrap().unwrap();
+        let out = ep
+            .next_output(false)
+            .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        image.apply(&roundtrip(&out.incremental)).unwrap();
+    }
+    ep.stop();
+    assert!(whole >= 10, "{whole} backends captured whole");
+    let before = sql(&cur, CHECKSUM);
+    sql(&cur, "insert into t values (9999, 'after the last epoch')");
+    let file = scratch.0.join("chain.tardi");
+    common::tardi::write_chain(&image, sandbox, &file);
+    let cur = cur.restore_in_place(&file);
+    wait_ready(&cur);
+    assert_eq!(sql(&cur, CHECKSUM), before, "the rows of the last epoch");
+    sql(&cur, "insert into t values (10000, 'new')");
+    cur.stop();
+}
+
+/// Waits (up to `secs`) until PostgreSQL at `addr` answers.
+fn wait_answering(addr: Ipv4Addr, secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        match psql(addr, "select 1") {
+            Ok(_) => return,
+            Err(e) if Instant::now() > deadline => panic!("postgres never answered: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// Replicated PostgreSQL on the lab (`tardi deploy` with one backup; the data directory seeded
+/// from the manifest's on the primary, then carried by the checkpoints): clients write rows,
+/// one connection per row (a backend forked and gone each time: the epoch loop follows the
+/// changing tree), the primary's machine loses power, and the backup's restored tree serves
+/// every acknowledged row (each reply waited for its epoch to be decided) and takes new ones.
+#[test]
+fn replicated_postgres_keeps_every_acknowledged_row_across_a_failover() {
+    let scratch = Scratch::new("pg-rep");
+    let name = format!("pg-rep-{}", std::process::id() % 10000);
+    let m = setup(&scratch.0, &name);
+    let mut c = common::cluster::Cluster::up(2, &[]);
+    c.deploy(&m, 1);
+    let svc = c.wait_active(&name, Duration::from_secs(60), |_| true);
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let addr: Ipv4Addr = svc["address"].as_str().unwrap().parse().unwrap();
+    let acked = c
+        .lab
+        .in_node("client", || {
+            wait_answering(addr, 60);
+            psql(addr, "create table t (id int primary key, v text)").unwrap();
+            (1..=40)
+                .filter(|i| psql(addr, &format!("insert into t values ({i}, 'row {i}')")).is_ok())
+                .count()
+        })
+        .unwrap();
+    assert_eq!(acked, 40, "every insert acknowledged before the power cut");
+    let svc = c.service(&name);
+    assert_eq!(
+        (svc["view"].as_u64(), svc["primary"].as_str()),
+        (Some(1), Some(primary.as_str())),
+        "no failure before the power cut (a broken chain would have moved the service): {svc}"
+    );
+    c.lab.kill(&primary).unwrap();
+    let (rows, later) = c
+        .lab
+        .in_node("client", || {
+            wait_answering(addr, 60);
+            let rows = psql(addr, "select count(*) || ':' || sum(id) from t");
+            let later = psql(addr, "insert into t values (41, 'after')");
+            (rows, later)
+        })
+        .unwrap();
+    assert_eq!(
+        rows.as_deref(),
+        Ok("40:820"),
+        "every acknowledged row after the failover"
+    );
+    assert!(later.is_ok(), "a new row after the failover: {later:?}");
+    let svc = c.wait_active(&name, Duration::from_secs(20), |s| {
+        s["primary"] == backup.as_str()
+    });
+    assert_eq!(svc["view"].as_u64(), Some(2), "one view change: {svc}");
+}

@@ -7,7 +7,8 @@
 //! image is compared with its live memory byte for byte, and so is the image built from a full
 //! checkpoint taken in the middle of the chain. Then the final image is restored in place of
 //! the original tree: every process comes back with its PID, parent, group, session and
-//! memory. A process that appears between epochs ends the chain (it must restart).
+//! memory. A tree that changes between epochs (processes that appear, exit or run execve) is
+//! followed: `processes_that_appear_exit_and_exec_between_epochs_are_carried`.
 
 mod common;
 
@@ -19,7 +20,7 @@ use tardi_checkpointer::epoch::{ChainState, EpochConfig, Epochs};
 use tardi_checkpointer::image::{Checkpoint, FdKind, Kind};
 use tardi_checkpointer::store::Image;
 use tardi_checkpointer::track::TrackerKind;
-use tardi_checkpointer::verify::{compare_live_tree, compare_processes_tree, tree_pids};
+use tardi_checkpointer::verify::{compare_live_tree, compare_processes_tree};
 
 const PORT: u16 = 7300;
 const ROLES: u16 = 5;
@@ -390,45 +391,243 @@ fn a_tree_sharing_memory_through_a_chain_of_epochs_mprotect() {
     tree_shm_chain("shm-mprotect", TrackerKind::Mprotect);
 }
 
-/// A process that exits between two epochs (step 2 of the plan is not there yet) ends the
-/// chain with an error that says so; a child forked and reaped between two pauses changes
-/// nothing.
+// ---------------------------------------------------------------------------------------------
+// A tree that changes between epochs (`tests/programs/treechurn.c`: the main process forks
+// workers on command; a worker exits or runs execve on command).
+
+const CHURN_PORT: u16 = 7600;
+
+/// One checkpoint of the changing tree: the processes it lists whole (fresh) and in all.
+struct Seen {
+    members: Vec<i32>,
+    fresh: Vec<i32>,
+    zombies: Vec<(i32, i32)>,
+}
+
+fn seen(ck: &Checkpoint) -> Seen {
+    Seen {
+        members: ck.image.tree.iter().map(|m| m.image.pid).collect(),
+        fresh: ck
+            .image
+            .tree
+            .iter()
+            .filter(|m| m.image.base_epoch.is_none())
+            .map(|m| m.image.pid)
+            .collect(),
+        zombies: ck.image.zombies.iter().map(|z| (z.pid, z.status)).collect(),
+    }
+}
+
+/// The epoch loop follows a tree that changes (step 2 of `docs/PROCESS-TREES.md`), with the
+/// default tracker: a service that starts as one process forks workers, which write memory,
+/// exit (left as zombies, then reaped), and run execve, between epochs. Each change is carried
+/// by the next checkpoint (a process that appeared or ran execve whole, one that exited no
+/// longer listed, the zombies listed until reaped), applied to a backup's image; with the tree
+/// held, the image equals the live tree byte for byte (zombies and their statuses too), also
+/// the one built from a full checkpoint taken in the pause that captured a new worker whole.
+/// The last image, with a worker that ran execve and a zombie, is restored in place of the
+/// service: every process's PID, parent and memory, and the zombie reaped with its status.
 #[test]
-fn a_process_that_exits_between_epochs_ends_the_chain() {
-    let bin = programs::build("forktree");
-    let scratch = Scratch::new("treechange");
-    let name = format!("epochtree-change-{}", std::process::id() % 10000);
+fn processes_that_appear_exit_and_exec_between_epochs_are_carried() {
+    let bin = programs::build("treechurn");
+    let scratch = Scratch::new("treechurn");
+    let name = format!("epochtree-churn-{}", std::process::id() % 10000);
     let m = manifest_for(&scratch.0, &name, &bin, &[]);
     let run = Running::run(&m).expect("tardi run");
-    for role in 0..ROLES {
+    let ask = |role: u16, cmd: &str| run.ask_udp(CHURN_PORT + role, cmd);
+    let ready = |role: u16| {
         programs::wait_ready(
-            SocketAddr::new(run.address.into(), PORT + role),
+            SocketAddr::new(run.address.into(), CHURN_PORT + role),
             Duration::from_secs(10),
         )
-        .expect("ready");
+        .expect("ready")
+    };
+    ready(0);
+    let sandbox = run.snapshot_sandbox(&scratch.0.join("first.tardi"));
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(5),
+        precopy_min_pages: 0,
+        ..Default::default()
+    };
+    let (mut ep, full, _) = Epochs::start(run.pid, cfg).expect("start epochs");
+    assert!(full.image.tree.is_empty(), "the service starts alone");
+    let mut image = Image::from_full(&roundtrip(&full)).unwrap();
+    let mut mid: Option<Image> = None;
+    let pid_of = |reply: String| -> i32 {
+        reply
+            .strip_prefix("forked=")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("fork: {reply}"))
+    };
+    let (mut w1, mut w2, mut w3) = (0, 0, 0);
+    let mut live: Vec<u16> = vec![0];
+    let mut generation = 1;
+    for i in 1..=24u64 {
+        match i {
+            2 => {
+                w1 = pid_of(ask(0, "fork 1"));
+                ready(1);
+                live.push(1);
+            }
+            3 => {
+                w2 = pid_of(ask(0, "fork 2"));
+                ready(2);
+                live.push(2);
+            }
+            6 => {
+                assert_eq!(ask(1, "exit 3"), "bye");
+                live.retain(|&r| r != 1);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            9 => assert_eq!(ask(0, "reap"), format!("reaped={w1}:{}", 3 << 8)),
+            11 => {
+                assert_eq!(ask(2, "exec"), "exec");
+                std::thread::sleep(Duration::from_millis(50));
+                ready(2);
+            }
+            13 => {
+                // A worker captured whole in the pause of a full checkpoint.
+                w3 = pid_of(ask(0, "fork 3"));
+                ready(3);
+                live.push(3);
+                ep.request_full();
+            }
+            16 => {
+                // Forked, exited and reaped between two pauses: never seen.
+                pid_of(ask(0, "fork 4"));
+                ready(4);
+                assert_eq!(ask(4, "exit 0"), "bye");
+                std::thread::sleep(Duration::from_millis(50));
+                assert!(ask(0, "reap").starts_with("reaped="));
+            }
+            19 => {
+                assert_eq!(ask(3, "exit 5"), "bye");
+                live.retain(|&r| r != 3);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            _ => {}
+        }
+        generation += 1;
+        for &role in &live {
+            if (i + role as u64).is_multiple_of(2) {
+                assert_eq!(
+                    ask(role, &format!("gen {generation}")),
+                    format!("gen={generation}")
+                );
+            }
+        }
+        let held = matches!(i, 6 | 11 | 13 | 20 | 24);
+        let out = ep
+            .next_output(held)
+            .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        let ck = roundtrip(&out.incremental);
+        assert_eq!(ck.kind, Kind::Incremental { base: i - 1 }, "epoch {i}");
+        let s = seen(&ck);
+        match i {
+            1 => assert!(s.members.is_empty(), "epoch 1"),
+            2 => assert_eq!((&s.members, &s.fresh), (&vec![w1], &vec![w1]), "epoch 2"),
+            3 => assert_eq!(
+                (&s.members, &s.fresh),
+                (&vec![w1, w2], &vec![w2]),
+                "epoch 3"
+            ),
+            4 => assert!(s.fresh.is_empty(), "epoch 4: incremental again"),
+            6..=8 => {
+                assert_eq!(s.members, vec![w2], "epoch {i}: worker 1 exited");
+                assert_eq!(s.zombies, vec![(w1, 3 << 8)], "epoch {i}: its zombie");
+            }
+            9 => assert!(s.zombies.is_empty(), "epoch 9: reaped"),
+            11 => assert_eq!(s.fresh, vec![w2], "epoch 11: worker 2 ran execve"),
+            12 => assert!(s.fresh.is_empty(), "epoch 12"),
+            13 => assert_eq!(
+                (&s.members, &s.fresh),
+                (&vec![w2, w3], &vec![w3]),
+                "epoch 13"
+            ),
+            16 | 17 => assert_eq!(s.members, vec![w2, w3], "epoch {i}"),
+            19 => assert_eq!(
+                (&s.members, &s.zombies),
+                (&vec![w2], &vec![(w3, 5 << 8)]),
+                "epoch 19"
+            ),
+            _ => {}
+        }
+        apply_epoch(&mut image, mid.as_mut(), &ck, i);
+        if let Some(f) = out.full {
+            let f = roundtrip(&f);
+            assert_eq!(
+                seen(&f).members,
+                vec![w2, w3],
+                "the full lists the new worker"
+            );
+            mid = Some(Image::from_full(&f).expect("the full makes an image"));
+        }
+        if held && i == 24 {
+            held_restore(&image, &sandbox, &name, run.pid, live.len());
+        }
+        if held {
+            assert_images_match_live(run.pid, &image, mid.as_ref(), i, 13);
+            ep.release();
+        }
     }
-    let (mut ep, _, _) = Epochs::start(run.pid, EpochConfig::default()).expect("start epochs");
-    // Forked, exited with status 5 and reaped before the next pause.
+    ep.stop();
+    let states = |r: &Running, roles: &[u16]| -> Vec<String> {
+        roles
+            .iter()
+            .map(|&role| r.ask_udp(CHURN_PORT + role, "state"))
+            .collect()
+    };
+    let before = states(&run, &live);
+    assert!(before[1].contains(" execs=1"), "{before:?}");
+
+    let file = scratch.0.join("chain.tardi");
+    write_chain(&image, sandbox, &file);
+    let log = run.log.clone();
+    run.stop();
+    let restored = Running::restore_or_log(&file, &log);
     assert_eq!(
-        ask(&run, 1, "spawn").split_whitespace().nth(1),
-        Some("status=5")
+        states(&restored, &live),
+        before,
+        "every process's PID, parent and memory after the restore"
     );
-    ep.next()
-        .expect("a child gone before the pause changes nothing");
-    // Role 3 kept running: stop it for good (a process that exits).
-    let hosts = tree_pids(run.pid).unwrap();
-    let role3 = hosts[&states(&run)[3]
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("pid="))
-        .unwrap()
-        .parse::<i32>()
-        .unwrap()];
-    // SAFETY: kill takes no pointers.
-    unsafe { libc::kill(role3, libc::SIGKILL) };
-    std::thread::sleep(Duration::from_millis(100));
-    let e = ep.next().expect_err("a process exited");
-    assert_eq!(e.chain(), ChainState::Broken, "{e}");
-    assert!(e.to_string().contains("the chain must restart"), "{e}");
+    assert_eq!(
+        restored.ask_udp(CHURN_PORT, "reap"),
+        format!("reaped={w3}:{}", 5 << 8),
+        "the zombie came back with its status"
+    );
+    restored.stop();
+}
+
+/// With the mprotect tracker, a process that appears between epochs is not followed (its agent
+/// would have to be adopted): the chain ends by name, and every later epoch says the same.
+#[test]
+fn a_process_that_appears_under_the_mprotect_tracker_ends_the_chain_by_name() {
+    let bin = programs::build("treechurn");
+    let scratch = Scratch::new("treechurn-mp");
+    let name = format!("epochtree-churnmp-{}", std::process::id() % 10000);
+    let m = manifest_for(&scratch.0, &name, &bin, &[]);
+    let run = Running::run(&m).expect("tardi run");
+    programs::wait_ready(
+        SocketAddr::new(run.address.into(), CHURN_PORT),
+        Duration::from_secs(10),
+    )
+    .expect("ready");
+    let cfg = EpochConfig {
+        tracker: TrackerKind::Mprotect,
+        ..Default::default()
+    };
+    let (mut ep, _, _) = Epochs::start(run.pid, cfg).expect("start epochs");
+    ep.next().expect("an epoch of the process alone");
+    assert!(run.ask_udp(CHURN_PORT, "fork 1").starts_with("forked="));
+    for _ in 0..2 {
+        let e = ep.next().expect_err("a process appeared");
+        assert_eq!(e.chain(), ChainState::Broken, "{e}");
+        assert!(
+            e.to_string().contains("with the mprotect tracker")
+                && e.to_string().contains("the chain must restart"),
+            "{e}"
+        );
+    }
     ep.stop();
     run.stop();
 }

@@ -48,10 +48,19 @@ pub enum CaptureError {
     )]
     QueuedEvents(String),
     /// The epoch loop's process tree changed in a way its chain cannot carry (see
-    /// `docs/PROCESS-TREES.md`: processes that appear or exit between epochs come later; a
-    /// member that maps shared memory).
+    /// `docs/PROCESS-TREES.md`: the main process ran `execve`, a process left the tree alive,
+    /// a process appeared under the mprotect tracker).
     #[error("{0}; the chain must restart with a full checkpoint")]
     TreeChanged(String),
+    /// The epoch loop: a process's children are not the ones the loop knows (a process
+    /// appeared or exited since the last pause). The loop looks at the tree again
+    /// (`EpochLoop::retree`) and captures the new processes whole.
+    #[error("{0}")]
+    ChildrenChanged(String),
+    /// The epoch loop: a process of the tree was exiting while the tree was stopped (neither
+    /// running nor a zombie yet): the pause is tried again.
+    #[error("process {0} (host PID) was exiting while the tree was stopped")]
+    Exiting(Pid),
 }
 
 type Result<T> = std::result::Result<T, CaptureError>;
@@ -1062,10 +1071,8 @@ fn check_supported(proc: &Proc, tids: &[Pid], known: Option<&[Pid]>) -> Result<(
     if let Some(known) = known {
         now.sort_unstable();
         if now != known {
-            return Err(CaptureError::TreeChanged(format!(
-                "process {} (host PID) has children {now:?}, the chain began with {known:?}: \
-                 processes that appear or exit between epochs are not supported by the epoch \
-                 loop yet",
+            return Err(CaptureError::ChildrenChanged(format!(
+                "process {} (host PID) has children {now:?}, the loop knew {known:?}",
                 proc.pid
             )));
         }

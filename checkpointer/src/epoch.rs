@@ -124,6 +124,17 @@ pub struct EpochConfig {
     pub follow_min: Duration,
 }
 
+impl EpochConfig {
+    /// The configuration of a tree's other processes: no private directories (the main
+    /// process's loop walks them for the whole tree).
+    fn for_member(&self) -> EpochConfig {
+        EpochConfig {
+            private_dirs: Vec::new(),
+            ..self.clone()
+        }
+    }
+}
+
 impl Default for EpochConfig {
     fn default() -> Self {
         EpochConfig {
@@ -162,6 +173,10 @@ pub enum EndedBy {
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct EpochStats {
     pub epoch: u64,
+    /// Processes the checkpoint lists (1 for a single process), and how many of them it holds
+    /// whole because they appeared or ran `execve` since the last one (a tree's step 2).
+    pub processes: u64,
+    pub whole_processes: u64,
     /// When the service was resumed after this epoch's pause (for timing what follows: the
     /// checkpoint's way to the backups and back).
     #[serde(skip)]
@@ -267,6 +282,8 @@ impl EpochStats {
         self.full_bytes += s.full_bytes;
         self.layout_carried &= s.layout_carried;
         self.fds_reused &= s.fds_reused;
+        self.processes += s.processes;
+        self.whole_processes += s.whole_processes;
     }
 }
 
@@ -786,6 +803,24 @@ struct EpochLoop {
     /// A tree: the open file descriptions its processes shared at the last pause that looked
     /// them up, kept while no process made a descriptor call since (see `capture_tree`).
     shared_groups: Option<Vec<crate::tree::FileGroup>>,
+    /// The process's PID in the sandbox.
+    ns_pid: i32,
+    /// `/proc/PID/pagemap` as opened at this loop's first pause: tells whether the process ran
+    /// `execve` since ([`crate::track::mm_gone`]).
+    mm_probe: Option<std::fs::File>,
+    /// The main process's loop: the tree's zombies at the last pause (children that exited
+    /// and were not reaped), listed by every checkpoint; while there are any, every pause looks
+    /// at the tree again (a zombie reaped changes no call count).
+    zombies: Vec<Zombie>,
+    /// The chain cannot go on (the tree changed in a way the loop cannot follow): every later
+    /// epoch fails with this ([`CaptureError::TreeChanged`]).
+    broken: Option<String>,
+    /// The last look at the tree failed (or was cut short): the next pause looks again.
+    relook: bool,
+    /// The main process's group and session as the last look at the tree read them, for the
+    /// next checkpoint (a single process's checkpoints leave them out: its restore keeps what
+    /// the sandbox gives it; once it has children they must be recreated).
+    root_ids: Option<(i32, i32)>,
 }
 
 /// A process of a tree other than the main one, in the epoch loop.
@@ -794,6 +829,37 @@ struct TreeMember {
     pid: i32,
     ppid: i32,
     lp: EpochLoop,
+    /// Captured whole in this pause (it appeared since the last one, ran `execve`, or its last
+    /// whole capture went into no checkpoint): this checkpoint holds it whole, a *fresh*
+    /// member. One left from a pause that produced no checkpoint is stale: the next pause
+    /// captures the process whole again ([`EpochLoop::retree`]).
+    fresh: Option<FreshImage>,
+}
+
+/// A process captured whole by its first pause (see [`first_capture`]), until a checkpoint
+/// holds it.
+struct FreshImage {
+    image: ProcessImage,
+    data: Vec<u8>,
+    files: Vec<capture::PendingFile>,
+    exe: Option<capture::PendingFile>,
+}
+
+impl FreshImage {
+    /// After the pause: names the mapped files and the executable (it fails if one cannot be
+    /// read) and drops the all-zero pages. Once only: later calls change nothing.
+    fn identify(&mut self, proc: &Proc) -> std::result::Result<(), CaptureError> {
+        let Some(exe) = self.exe.take() else {
+            return Ok(());
+        };
+        self.image.files = std::mem::take(&mut self.files)
+            .into_iter()
+            .map(|f| f.identify(proc))
+            .collect::<std::result::Result<_, _>>()?;
+        self.image.exe = exe.identify(proc)?;
+        capture::drop_zero_pages(&mut self.image, &mut self.data);
+        Ok(())
+    }
 }
 
 /// What a pause took from the tracker (the tracker will not report it again) and no delivered
@@ -836,6 +902,8 @@ struct Precopy {
 /// while).
 struct FirstPrep {
     pagemap: std::fs::File,
+    /// A second one, for [`crate::track::mm_gone`].
+    probe: Option<std::fs::File>,
     buf: Vec<u8>,
     fd_calls: Option<crate::syscount::SyscallCounter>,
 }
@@ -858,6 +926,7 @@ impl FirstPrep {
             .inspect_err(|e| tracing::debug!("descriptors read every pause: {e}"))
             .ok();
         Ok(FirstPrep {
+            probe: proc.open_file("pagemap", libc::O_RDONLY).ok(),
             pagemap,
             buf,
             fd_calls,
@@ -865,18 +934,21 @@ impl FirstPrep {
     }
 }
 
-/// What the first pause captured of one process.
+/// What the first pause captured of one process: its tracking state and its image.
 struct First {
+    lp: FirstLoop,
+    img: FreshImage,
+}
+
+/// The tracking state a process's first pause leaves (see [`EpochLoop::from_first`]).
+struct FirstLoop {
     tracker: Box<dyn Tracker>,
     cache: MetaCache,
     maps: Vec<MapEntry>,
     armed: Vec<(u64, u64)>,
-    image: ProcessImage,
-    data: Vec<u8>,
-    files: Vec<capture::PendingFile>,
-    exe: capture::PendingFile,
     dirs: DirTracker,
     shm: crate::shm::ShmTracker,
+    probe: Option<std::fs::File>,
 }
 
 /// The first pause's work on one stopped process: arms tracking and, with `copy`, captures its
@@ -895,6 +967,7 @@ fn first_capture(
     let pid = proc.pid;
     let FirstPrep {
         pagemap,
+        probe,
         buf,
         fd_calls,
     } = prep;
@@ -943,16 +1016,21 @@ fn first_capture(
     }
     tracker.commit(st, &armed, &maps)?;
     Ok(First {
-        tracker,
-        cache,
-        maps,
-        armed,
-        image,
-        data,
-        files,
-        exe,
-        dirs,
-        shm,
+        lp: FirstLoop {
+            tracker,
+            cache,
+            maps,
+            armed,
+            dirs,
+            shm,
+            probe,
+        },
+        img: FreshImage {
+            image,
+            data,
+            files,
+            exe: Some(exe),
+        },
     })
 }
 
@@ -994,14 +1072,10 @@ impl EpochLoop {
                 e
             }
         };
-        // The other processes carry no private directories: the main one does.
-        let member_cfg = EpochConfig {
-            private_dirs: Vec::new(),
-            ..cfg.clone()
-        };
+        let member_cfg = cfg.for_member();
         let mut hook = hooks.on_pause;
         let mut attempt = 0u32;
-        let (sts, r, t0, quiesce, procs, parents) = loop {
+        let (sts, r, t0, quiesce, procs, parents, zombies) = loop {
             let listed = crate::tree::list_members(root).map_err(|e| gone(e.into()))?;
             let (mut procs, mut parents) = (
                 vec![root.try_clone().map_err(|e| gone_or(pid, e))?],
@@ -1013,17 +1087,26 @@ impl EpochLoop {
             }
             let mut preps = Vec::with_capacity(procs.len());
             for p in &procs {
-                preps.push(FirstPrep::new(p, copy).map_err(|e| gone(e.into()))?);
+                match FirstPrep::new(p, copy) {
+                    Ok(prep) => preps.push(prep),
+                    // A process of the tree that exited since the listing (a PostgreSQL backend
+                    // whose client left): list the tree again.
+                    Err(_) if p.pid != pid && attempt < 20 => break,
+                    Err(e) => return Err(gone(e.into())),
+                }
+            }
+            if preps.len() < procs.len() {
+                attempt += 1;
+                continue;
             }
             let t0 = Instant::now();
             let mut sts: Vec<Stopped> = Vec::with_capacity(procs.len());
             let mut found = Vec::new();
-            // Zombies are refused when the tree is listed (`list_members`); one that appeared
-            // since makes the tree differ (`same`), and is refused at the next listing.
+            // Zombies (children that exited and were not reaped) are read, not prepared: the
+            // listing above skips them.
             let mut zombies = Vec::new();
             let stopped = crate::tree::stop_all(root, &mut found, &mut zombies, &mut sts);
-            let same = zombies.is_empty()
-                && found.len() + 1 == procs.len()
+            let same = found.len() + 1 == procs.len()
                 && found
                     .iter()
                     .zip(&procs[1..])
@@ -1052,10 +1135,13 @@ impl EpochLoop {
                 .into());
             }
             let quiesce = t0.elapsed();
+            // Each process's children, zombies included (host PIDs, sorted): what the chain
+            // begins with.
             let children = |i: usize| -> Vec<Pid> {
                 let mut c: Vec<Pid> = (1..procs.len())
                     .filter(|&j| parents[j] == i)
                     .map(|j| procs[j].pid)
+                    .chain(zombies.iter().filter(|z| z.1 == i).map(|z| z.2))
                     .collect();
                 c.sort_unstable();
                 c
@@ -1072,12 +1158,12 @@ impl EpochLoop {
                 // main process's tracker, into its image and data (members' mappings name them,
                 // as in a full checkpoint of a tree: `crate::tree`).
                 if !alone {
-                    let mut shm = std::mem::take(&mut firsts[0].shm);
-                    let mut data = std::mem::take(&mut firsts[0].data);
+                    let mut shm = std::mem::take(&mut firsts[0].lp.shm);
+                    let mut data = std::mem::take(&mut firsts[0].img.data);
                     let each: Vec<(&Proc, &[MapEntry])> = procs
                         .iter()
                         .zip(&firsts)
-                        .map(|(p, f)| (p, f.maps.as_slice()))
+                        .map(|(p, f)| (p, f.lp.maps.as_slice()))
                         .collect();
                     let objects = if copy {
                         shm.capture_of(&each, true, true, &mut data)?
@@ -1087,8 +1173,8 @@ impl EpochLoop {
                     };
                     drop(each);
                     let f = &mut firsts[0];
-                    (f.shm, f.data) = (shm, data);
-                    f.image.shm = objects;
+                    (f.lp.shm, f.img.data) = (shm, data);
+                    f.img.image.shm = objects;
                 }
                 // A tree: the open file descriptions its processes share, and each process's
                 // group and session (the single process keeps what its creator gave it).
@@ -1097,7 +1183,7 @@ impl EpochLoop {
                     let refs: Vec<&Proc> = procs.iter().collect();
                     groups = crate::tree::find_shared(&refs)?;
                     for (p, f) in procs.iter().zip(firsts.iter_mut()) {
-                        (f.image.pgid, f.image.sid) = capture::group_and_session(p)?;
+                        (f.img.image.pgid, f.img.image.sid) = capture::group_and_session(p)?;
                     }
                 }
                 Ok((firsts, groups))
@@ -1117,7 +1203,7 @@ impl EpochLoop {
                 std::thread::sleep(Duration::from_millis(u64::from(attempt)));
                 continue;
             }
-            break (sts, r, t0, quiesce, procs, parents);
+            break (sts, r, t0, quiesce, procs, parents, zombies);
         };
         if r.is_ok() {
             trigger.clear();
@@ -1135,86 +1221,33 @@ impl EpochLoop {
         // After the pause: identify each process's files, then lay the tree out.
         let mut loops: Vec<EpochLoop> = Vec::with_capacity(procs.len());
         let mut images: Vec<(ProcessImage, Vec<u8>)> = Vec::with_capacity(procs.len());
-        for (i, (proc, f)) in procs.into_iter().zip(firsts).enumerate() {
-            let First {
-                tracker,
-                cache,
-                maps,
-                armed,
-                mut image,
-                mut data,
-                files,
-                exe,
-                dirs,
-                shm,
-            } = f;
-            image.files = files
-                .into_iter()
-                .map(|f| f.identify(&proc))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|e| gone(e.into()))?;
-            image.exe = exe.identify(&proc).map_err(|e| gone(e.into()))?;
-            capture::drop_zero_pages(&mut image, &mut data);
+        for (i, (proc, First { lp, mut img })) in procs.into_iter().zip(firsts).enumerate() {
+            img.identify(&proc).map_err(|e| gone(e.into()))?;
             let lp_pidfd = if i == 0 {
                 pidfd.try_clone().map_err(|e| gone_or(pid, e))?
             } else {
                 crate::sys::pidfd_open(proc.pid).map_err(|e| gone_or(proc.pid, e))?
             };
-            let codec = PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?;
             let (cfg, hook, trigger) = if i == 0 {
                 (cfg.clone(), hook.take(), trigger.clone())
             } else {
                 (member_cfg.clone(), None, Trigger::default())
             };
-            loops.push(EpochLoop {
-                twins: TwinStore::new(cfg.twin_budget),
-                rng: 0x9E37_79B9_7F4A_7C15 ^ proc.pid as u64,
-                maps_file: proc.open_file("maps", libc::O_RDONLY).ok(),
-                proc,
-                cfg,
-                tracker,
-                armed,
-                prev_maps: maps,
-                layout_seen: None,
-                prev_cow: Vec::new(),
-                layout_missed: 0,
-                cache,
-                codecs: vec![codec],
-                streak: Vec::new(),
-                hot: Vec::new(),
-                file_refs: HashMap::new(),
-                contents: crate::track::has_contents(),
-                cool: HashSet::new(),
-                void: Vec::new(),
-                epoch: 0,
-                base: 0,
-                last_resume: Instant::now(),
-                buf: Vec::new(),
-                dirs,
-                shm,
-                pre: None,
-                last_dirty: u64::MAX,
-                prebuf: Vec::new(),
-                carry: Carry::default(),
-                hook,
-                trigger,
-                pidfd: lp_pidfd,
-                fail: None,
-                meta_carry: Default::default(),
-                members: Vec::new(),
-                shared_groups: None,
-            });
-            images.push((image, data));
+            let ns_pid = img.image.pid;
+            loops.push(EpochLoop::from_first(
+                proc, ns_pid, lp, cfg, hook, trigger, lp_pidfd, 0,
+            )?);
+            images.push((img.image, img.data));
         }
         let mut it = images.into_iter();
         let (mut image, mut data) = it.next().expect("the main process is always captured");
+        let mut pids = vec![image.pid];
         if it.len() > 0 {
             let mut rest: Vec<(ProcessImage, Vec<u8>)> = it.collect();
             let hosts: Vec<Pid> = loops.iter().map(|l| l.proc.pid).collect();
             let mut refs: Vec<&mut ProcessImage> = rest.iter_mut().map(|(i, _)| i).collect();
             crate::tree::share(&mut image, &mut refs, &hosts, groups)?;
             crate::tree::check_groups((image.pid, image.pgid, image.sid), None)?;
-            let mut pids = vec![image.pid];
             for (k, ((img, d), parent)) in rest.into_iter().zip(&parents[1..]).enumerate() {
                 let parent_img = if *parent == 0 {
                     &image
@@ -1233,8 +1266,20 @@ impl EpochLoop {
                 data.extend_from_slice(&d);
             }
         }
+        for (mut z, parent, _) in zombies {
+            z.ppid = pids[parent];
+            let parent_img = if parent == 0 {
+                &image
+            } else {
+                &image.tree[parent - 1].image
+            };
+            crate::tree::check_groups((z.pid, z.pgid, z.sid), Some(parent_img))?;
+            image.zombies.push(z);
+        }
         let stats = EpochStats {
             epoch: 0,
+            processes: image.tree.len() as u64 + 1,
+            whole_processes: image.tree.len() as u64 + 1,
             pause_us: pause.as_micros() as u64,
             quiesce_us: quiesce.as_micros() as u64,
             raw_bytes: data.len() as u64,
@@ -1244,9 +1289,15 @@ impl EpochLoop {
         let mut loops = loops.into_iter();
         let mut lp = loops.next().expect("the main process has a loop");
         lp.meta_carry = tardi_image::store::MetaCarry::after(&image);
+        lp.zombies = image.zombies.clone();
         lp.members = loops
             .zip(image.tree.iter().map(|m| (m.image.pid, m.ppid)))
-            .map(|(lp, (pid, ppid))| TreeMember { pid, ppid, lp })
+            .map(|(lp, (pid, ppid))| TreeMember {
+                pid,
+                ppid,
+                lp,
+                fresh: None,
+            })
             .collect();
         let ck = Checkpoint::full(0, image, data);
         let out = EpochOutput {
@@ -1255,6 +1306,75 @@ impl EpochLoop {
             stats,
         };
         Ok((lp, out))
+    }
+
+    /// The loop of one process after its first pause (`first`: the tracking state it left),
+    /// whose checkpoint is `epoch`. Only the main process's loop has a hook and a trigger.
+    #[allow(clippy::too_many_arguments)]
+    fn from_first(
+        proc: Proc,
+        ns_pid: i32,
+        first: FirstLoop,
+        cfg: EpochConfig,
+        hook: Option<Box<dyn FnMut(u64) + Send>>,
+        trigger: Trigger,
+        pidfd: OwnedFd,
+        epoch: u64,
+    ) -> Result<EpochLoop> {
+        let FirstLoop {
+            tracker,
+            cache,
+            maps,
+            armed,
+            dirs,
+            shm,
+            probe,
+        } = first;
+        let codec = PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?;
+        Ok(EpochLoop {
+            twins: TwinStore::new(cfg.twin_budget),
+            rng: 0x9E37_79B9_7F4A_7C15 ^ proc.pid as u64,
+            maps_file: proc.open_file("maps", libc::O_RDONLY).ok(),
+            proc,
+            cfg,
+            tracker,
+            armed,
+            prev_maps: maps,
+            layout_seen: None,
+            prev_cow: Vec::new(),
+            layout_missed: 0,
+            cache,
+            codecs: vec![codec],
+            streak: Vec::new(),
+            hot: Vec::new(),
+            file_refs: HashMap::new(),
+            contents: crate::track::has_contents(),
+            cool: HashSet::new(),
+            void: Vec::new(),
+            epoch,
+            base: epoch,
+            last_resume: Instant::now(),
+            buf: Vec::new(),
+            dirs,
+            shm,
+            pre: None,
+            last_dirty: u64::MAX,
+            prebuf: Vec::new(),
+            carry: Carry::default(),
+            hook,
+            trigger,
+            pidfd,
+            fail: None,
+            meta_carry: Default::default(),
+            members: Vec::new(),
+            shared_groups: None,
+            ns_pid,
+            mm_probe: probe,
+            zombies: Vec::new(),
+            broken: None,
+            relook: false,
+            root_ids: None,
+        })
     }
 
     fn random(&mut self) -> u64 {
@@ -1422,35 +1542,333 @@ impl EpochLoop {
         }
     }
 
-    /// A process of the tree that is gone: the chain cannot go on (see
-    /// [`CaptureError::TreeChanged`]).
-    fn member_gone(m: &TreeMember, how: &str) -> EpochError {
-        CaptureError::TreeChanged(format!(
-            "process {} (host PID {}) of the tree {how}: processes that appear or exit between \
-             epochs are not supported by the epoch loop yet",
-            m.pid, m.lp.proc.pid
-        ))
-        .into()
+    /// Ends the chain: this epoch and every later one fail with `why`
+    /// ([`CaptureError::TreeChanged`], [`ChainState::Broken`]).
+    fn break_chain(&mut self, why: String) -> EpochError {
+        self.broken = Some(why.clone());
+        CaptureError::TreeChanged(why).into()
     }
 
-    /// Stops every other process of a tree (parents first) into `sts`; whatever was stopped
-    /// is there on failure too, for the caller to resume.
-    fn stop_members(&self, sts: &mut Vec<Stopped>) -> Result<()> {
-        for m in &self.members {
-            match Stopped::stop(&m.lp.proc) {
-                Ok(st) if !st.tids.is_empty() => sts.push(st),
-                r => {
-                    if exited(&m.lp.pidfd) {
-                        return Err(Self::member_gone(m, "exited"));
+    /// Whether the process tree may differ from the loop's list of processes, so that the
+    /// pause must look at it again ([`EpochLoop::retree`]): a member exited, a process ran
+    /// `execve`, a member's whole capture went into no checkpoint, or there are zombies (one
+    /// reaped changes no call count). A process that appeared is found by the capture's child
+    /// check (`CaptureError::TreeChanged`), which the caller answers with `retree` too.
+    fn tree_suspect(&self) -> bool {
+        let replaced = |lp: &EpochLoop| lp.mm_probe.as_ref().is_some_and(crate::track::mm_gone);
+        self.relook
+            || !self.zombies.is_empty()
+            || replaced(self)
+            || self
+                .members
+                .iter()
+                .any(|m| m.fresh.is_some() || exited(&m.lp.pidfd) || replaced(&m.lp))
+    }
+
+    /// Brings the list of processes up to date with the tree as it is now, inside the pause
+    /// (step 2 of `docs/PROCESS-TREES.md`). `st` is the main process, stopped; `msts` the
+    /// other processes the loop knew and could stop (a member that exited was not); on return
+    /// (also on failure), `msts` holds every stopped process other than the main one, parents
+    /// first, in the order of the new [`EpochLoop::members`] on success, for the caller to
+    /// capture and resume.
+    ///
+    /// The tree is walked from the main process, parents first (each process is stopped before
+    /// its children are listed, so the list is final): a member found again keeps its loop; a
+    /// process that appeared is stopped and captured whole (its first pause: trackers armed,
+    /// [`TreeMember::fresh`]); so is a member that ran `execve` (its address space, and the
+    /// tracking that was armed in it, are gone) or whose last whole capture went into no
+    /// checkpoint (its tracking is removed first). A member not found exited (it is left out;
+    /// unreaped, it is a zombie of its parent, [`EpochLoop::zombies`]). Each process's known
+    /// children become the ones found (the capture's child check compares with them).
+    ///
+    /// Refused, ending the chain: the main process running `execve`; a member that left the
+    /// tree alive (its parent exited: it was reparented outside the service); with the
+    /// mprotect tracker, a process that appears or runs `execve` (its agent would have to be
+    /// adopted or loaded again: not done). A failure that may pass (a process that could not be
+    /// read or stopped) leaves the members the walk kept and fails this epoch only: the next
+    /// pause walks the tree again.
+    fn retree(&mut self, st: &Stopped, msts: &mut Vec<Stopped>) -> Result<()> {
+        /// A process of the new list: a member the loop knew, or one to capture whole.
+        enum Slot {
+            Known(Box<TreeMember>),
+            New(Proc),
+        }
+        fn slot_proc(s: &Slot) -> &Proc {
+            match s {
+                Slot::Known(m) => &m.lp.proc,
+                Slot::New(p) => p,
+            }
+        }
+        if self.mm_probe.as_ref().is_some_and(crate::track::mm_gone) {
+            return Err(self.break_chain(format!(
+                "the main process (host PID {}) ran execve: the epoch loop follows execve in \
+                 the other processes of a tree only",
+                self.proc.pid
+            )));
+        }
+        let mprotect = matches!(self.cfg.tracker, TrackerKind::Mprotect);
+        let mut stopped: HashMap<Pid, Stopped> = msts.drain(..).map(|s| (s.pid, s)).collect();
+        let mut old: HashMap<Pid, TreeMember> = std::mem::take(&mut self.members)
+            .into_iter()
+            .map(|m| (m.lp.proc.pid, m))
+            .collect();
+        // Parents first: (process, its stop, its parent's index: 0 the main process, i the
+        // slot i - 1).
+        let mut slots: Vec<(Slot, Stopped, usize)> = Vec::new();
+        // Each process's children (host PIDs, sorted, zombies included), by index.
+        let mut kids_of: Vec<Vec<Pid>> = Vec::new();
+        let mut zombies: Vec<(Zombie, usize)> = Vec::new();
+        let mut i = 0;
+        let walked: std::result::Result<(), CaptureError> = loop {
+            if i > slots.len() {
+                break Ok(());
+            }
+            let kids = if i == 0 {
+                capture::children_of(&self.proc, &st.tids)
+            } else {
+                let (slot, s, _) = &slots[i - 1];
+                capture::children_of(slot_proc(slot), &s.tids)
+            };
+            let mut sorted = kids.clone();
+            sorted.sort_unstable();
+            kids_of.push(sorted);
+            let step = || -> std::result::Result<(), CaptureError> {
+                for c in kids {
+                    if let (Some(m), Some(s)) = (old.get(&c), stopped.get(&c))
+                        && !s.tids.is_empty()
+                        && !exited(&m.lp.pidfd)
+                    {
+                        let (m, s) = (old.remove(&c), stopped.remove(&c));
+                        if let (Some(m), Some(s)) = (m, s) {
+                            slots.push((Slot::Known(Box::new(m)), s, i));
+                        }
+                        continue;
                     }
-                    return Err(match r {
-                        Err(e) => CaptureError::from(e).into(),
-                        Ok(_) => Self::member_gone(m, "has no threads left"),
+                    // A member that exited (not stopped) or a process that appeared.
+                    old.remove(&c);
+                    if let Some(s) = stopped.remove(&c) {
+                        drop(s);
+                    }
+                    let Ok((proc, dead)) = crate::tree::open_child(&self.proc, c) else {
+                        return Err(CaptureError::Exiting(c));
+                    };
+                    if dead {
+                        zombies.push((crate::tree::zombie(&proc)?, i));
+                        continue;
+                    }
+                    if mprotect {
+                        return Err(CaptureError::TreeChanged(format!(
+                            "process {c} (host PID) appeared in the tree: with the mprotect \
+                             tracker the epoch loop does not follow processes that appear"
+                        )));
+                    }
+                    match Stopped::stop(&proc) {
+                        Ok(s) if !s.tids.is_empty() => slots.push((Slot::New(proc), s, i)),
+                        // It exited meanwhile: a zombie now (its parent is stopped), or on
+                        // its way there (the pause is tried again).
+                        _ => match crate::tree::open_child(&self.proc, c) {
+                            Ok((p, true)) => zombies.push((crate::tree::zombie(&p)?, i)),
+                            _ => return Err(CaptureError::Exiting(c)),
+                        },
+                    }
+                }
+                Ok(())
+            };
+            if let Err(e) = step() {
+                break Err(e);
+            }
+            i += 1;
+        };
+        // After a whole walk, members not found exited (and were reaped), or live outside the
+        // tree. (A walk cut short keeps those it did not reach, for the next one.)
+        let ok = walked.and_then(|()| {
+            let mut left = None;
+            for (pid, m) in old.drain() {
+                if !exited(&m.lp.pidfd) {
+                    left = Some((m.pid, pid));
+                }
+            }
+            match left {
+                Some((pid, host)) => Err(CaptureError::TreeChanged(format!(
+                    "process {pid} (host PID {host}) left the tree alive (its parent exited \
+                     and it was reparented outside the service)"
+                ))),
+                None => Ok(()),
+            }
+        });
+        if let Err(e) = ok {
+            msts.extend(stopped.into_values());
+            self.members.extend(old.into_values());
+            for (slot, s, _) in slots {
+                msts.push(s);
+                if let Slot::Known(m) = slot {
+                    self.members.push(*m);
+                }
+            }
+            return Err(match e {
+                CaptureError::TreeChanged(why) => self.break_chain(why),
+                e => e.into(),
+            });
+        }
+        msts.extend(stopped.into_values()); // none left: each was found or dropped
+        // Members that ran `execve`, or whose whole capture is stale, are captured whole again.
+        for (slot, _, _) in &mut slots {
+            let Slot::Known(m) = slot else { continue };
+            let replaced = m.lp.mm_probe.as_ref().is_some_and(crate::track::mm_gone);
+            if !replaced && m.fresh.is_none() {
+                continue;
+            }
+            if replaced && mprotect {
+                let why = format!(
+                    "process {} (host PID {}) ran execve: with the mprotect tracker the epoch \
+                     loop does not follow execve",
+                    m.pid, m.lp.proc.pid
+                );
+                for (slot, s, _) in slots {
+                    msts.push(s);
+                    if let Slot::Known(m) = slot {
+                        self.members.push(*m);
+                    }
+                }
+                return Err(self.break_chain(why));
+            }
+            if !replaced {
+                // Its tracking goes (the process is stopped: the userfaultfd tracker's
+                // release only unregisters its ranges) and is armed again by the new capture.
+                let armed = std::mem::take(&mut m.lp.armed);
+                m.lp.tracker.release(&m.lp.proc, &armed);
+            }
+            let proc = match m.lp.proc.try_clone() {
+                Ok(p) => p,
+                Err(e) => {
+                    let e = gone_or(m.lp.proc.pid, e);
+                    for (slot, s, _) in slots {
+                        msts.push(s);
+                        if let Slot::Known(m) = slot {
+                            self.members.push(*m);
+                        }
+                    }
+                    return Err(e);
+                }
+            };
+            *slot = Slot::New(proc);
+        }
+        // Capture every new process whole; keep the others' loops. Each stop goes to `msts`
+        // in the order of the members.
+        let member_cfg = self.cfg.for_member();
+        let mut members: Vec<TreeMember> = Vec::with_capacity(slots.len());
+        let mut ns_pids = vec![self.ns_pid];
+        let mut ids: Vec<Option<(i32, i32)>> = vec![capture::group_and_session(&self.proc).ok()];
+        self.root_ids = ids[0];
+        let mut failed = None;
+        for (k, (slot, mut s, parent)) in slots.into_iter().enumerate() {
+            let ppid = ns_pids[parent];
+            let kids = kids_of[k + 1].clone();
+            let member = match slot {
+                Slot::Known(mut m) => {
+                    m.ppid = ppid;
+                    m.lp.cache.children = Some(kids);
+                    Ok(*m)
+                }
+                // After a failure, the processes still to capture are left for the next pause.
+                Slot::New(_) if failed.is_some() => Err(None),
+                Slot::New(proc) => self
+                    .first_member(proc, &mut s, &member_cfg, kids, ppid, ids[parent])
+                    .map_err(Some),
+            };
+            msts.push(s);
+            match member {
+                Ok(m) => {
+                    ns_pids.push(m.pid);
+                    ids.push(match &m.fresh {
+                        Some(f) => Some((f.image.pgid, f.image.sid)),
+                        None => capture::group_and_session(&m.lp.proc).ok(),
                     });
+                    members.push(m);
+                }
+                Err(e) => {
+                    failed = failed.or(e);
+                    ns_pids.push(0);
+                    ids.push(None);
                 }
             }
         }
+        self.cache.children = Some(kids_of[0].clone());
+        self.members = members;
+        self.shared_groups = None;
+        if let Some(e) = failed {
+            // The next pause walks the tree again (the processes not captured are new then).
+            return Err(e);
+        }
+        let mut out = Vec::with_capacity(zombies.len());
+        for (mut z, parent) in zombies {
+            z.ppid = ns_pids[parent];
+            crate::tree::check_ids((z.pid, z.pgid, z.sid), ids[parent])?;
+            out.push(z);
+        }
+        self.zombies = out;
         Ok(())
+    }
+
+    /// The first pause of a process that appeared in the tree (or must be captured whole
+    /// again): arms its tracking and captures it whole ([`first_capture`]); its group and
+    /// session must be its own or its parent's (`parent_ids`, unknown: refused).
+    fn first_member(
+        &self,
+        proc: Proc,
+        st: &mut Stopped,
+        cfg: &EpochConfig,
+        children: Vec<Pid>,
+        ppid: i32,
+        parent_ids: Option<(i32, i32)>,
+    ) -> Result<TreeMember> {
+        let prep = FirstPrep::new(&proc, true)?;
+        let mut first = first_capture(&proc, st, cfg, prep, true, children, false)?;
+        let (pgid, sid) = capture::group_and_session(&proc)?;
+        let img = &mut first.img.image;
+        (img.pgid, img.sid) = (pgid, sid);
+        let pid = img.pid;
+        let Some(parent_ids) = parent_ids else {
+            return Err(CaptureError::Unsupported(format!(
+                "the group and session of the parent of process {pid} cannot be read"
+            ))
+            .into());
+        };
+        crate::tree::check_ids((pid, pgid, sid), Some(parent_ids))?;
+        let pidfd = crate::sys::pidfd_open(proc.pid).map_err(|e| gone_or(proc.pid, e))?;
+        let lp = EpochLoop::from_first(
+            proc,
+            pid,
+            first.lp,
+            cfg.clone(),
+            None,
+            Trigger::default(),
+            pidfd,
+            self.epoch,
+        )?;
+        Ok(TreeMember {
+            pid,
+            ppid,
+            lp,
+            fresh: Some(first.img),
+        })
+    }
+
+    /// Stops every other process of a tree (parents first) into `sts`; whatever was stopped
+    /// is there on failure too, for the caller to resume. A member that exited (or whose
+    /// threads are all gone) is not stopped: returns whether there was one (the caller then
+    /// looks at the tree again, [`EpochLoop::retree`]).
+    fn stop_members(&self, sts: &mut Vec<Stopped>) -> Result<bool> {
+        let mut gone = false;
+        for m in &self.members {
+            match Stopped::stop(&m.lp.proc) {
+                Ok(st) if !st.tids.is_empty() => sts.push(st),
+                Ok(_) => gone = true,
+                Err(_) if exited(&m.lp.pidfd) => gone = true,
+                Err(e) => return Err(CaptureError::from(e).into()),
+            }
+        }
+        Ok(gone)
     }
 
     /// One epoch (with `full`, a full checkpoint of the same pause too). With `hold`, the
@@ -1468,14 +1886,14 @@ impl EpochLoop {
         replies: &mpsc::Sender<Reply>,
         cmds: &mpsc::Receiver<Cmd>,
     ) -> Option<Reply> {
+        if let Some(why) = &self.broken {
+            return Some(Err(CaptureError::TreeChanged(why.clone()).into()));
+        }
         if exited(&self.pidfd) {
             return Some(Err(EpochError::ServiceGone(format!(
                 "process {} has exited",
                 self.proc.pid
             ))));
-        }
-        if let Some(m) = self.members.iter().find(|m| exited(&m.lp.pidfd)) {
-            return Some(Err(Self::member_gone(m, "exited")));
         }
         let ended_by = self.wait();
         self.maybe_precopy();
@@ -1510,21 +1928,46 @@ impl EpochLoop {
                 )))));
             }
             let mut msts = Vec::with_capacity(self.members.len());
-            if let Err(e) = self.stop_members(&mut msts) {
-                let _ = resume_all(msts);
-                drop(st);
-                self.last_resume = Instant::now();
-                return Some(Err(self.classify(e)));
-            }
+            let mut changed = match self.stop_members(&mut msts) {
+                Ok(gone) => gone,
+                Err(e) => {
+                    let _ = resume_all(msts);
+                    drop(st);
+                    self.last_resume = Instant::now();
+                    return Some(Err(self.classify(e)));
+                }
+            };
             let quiesce = t0.elapsed();
-            let r = self.capture_tree(
-                &mut st,
-                &mut msts,
-                &mut fullbuf,
-                &mut fullbufs,
-                &mut journal,
-                &mut journals,
-            );
+            // The tree as it is now (step 2 of `docs/PROCESS-TREES.md`): looked at again when
+            // it may have changed, or when a process's children are not the known ones.
+            changed |= self.tree_suspect();
+            let mut looks = 0;
+            let r = loop {
+                if changed {
+                    looks += 1;
+                    self.relook = true;
+                    if let Err(e) = self.retree(&st, &mut msts) {
+                        break Err(e);
+                    }
+                    self.relook = false;
+                    journals = self.members.iter().map(|_| Carry::default()).collect();
+                    fullbufs = self.members.iter().map(|_| full.then(Vec::new)).collect();
+                }
+                match self.capture_tree(
+                    &mut st,
+                    &mut msts,
+                    &mut fullbuf,
+                    &mut fullbufs,
+                    &mut journal,
+                    &mut journals,
+                ) {
+                    Err(EpochError::Capture(CaptureError::ChildrenChanged(_))) if looks < 3 => {
+                        self.keep_all(&mut journal, &mut journals);
+                        changed = true;
+                    }
+                    r => break r,
+                }
+            };
             match r {
                 Ok(c) => break (st, msts, t0, quiesce, Ok(c)),
                 Err(e) => {
@@ -1533,7 +1976,9 @@ impl EpochLoop {
                     match e {
                         // A signal queued just as the threads stopped would be lost: let it be
                         // delivered and stop again (as a one-shot checkpoint does).
-                        EpochError::Capture(CaptureError::PendingSignals(_))
+                        EpochError::Capture(
+                            CaptureError::PendingSignals(_) | CaptureError::Exiting(_),
+                        )
                         | EpochError::Track(TrackError::Busy)
                             if attempt < 20 =>
                         {
@@ -1626,15 +2071,20 @@ impl EpochLoop {
             return Ok(out);
         }
         for (((m, st), buf), j) in self.members.iter_mut().zip(msts).zip(fullbufs).zip(js) {
-            out.members.push(m.lp.capture(st, buf, j, false)?);
+            // A process captured whole in this pause (`retree`) has nothing more to give.
+            if m.fresh.is_some() {
+                out.members.push(None);
+                continue;
+            }
+            out.members.push(Some(m.lp.capture(st, buf, j, false)?));
         }
         // The tree's shared memory objects, each once whichever processes map it, by the main
         // process's tracker over every process's layout (each capture left its own in
         // `prev_maps`); listed again when any process's layout was read again. Their pages
         // that changed go into the main process's data (members' mappings name them).
-        let relist = std::iter::once(&out.main)
-            .chain(&out.members)
-            .any(|c| !c.parts.layout_carried);
+        let relist = std::iter::once(Some(&out.main))
+            .chain(out.members.iter().map(Option::as_ref))
+            .any(|c| c.is_none_or(|c| !c.parts.layout_carried));
         let each: Vec<(&Proc, &[MapEntry])> =
             std::iter::once((&self.proc, self.prev_maps.as_slice()))
                 .chain(
@@ -1675,9 +2125,9 @@ impl EpochLoop {
         // lookup (each reused its descriptor table), the last lookup holds. A full checkpoint
         // looks them up again.
         let unchanged = out.main.full.is_none()
-            && std::iter::once(&out.main)
-                .chain(&out.members)
-                .all(|c| c.parts.meta.fds_reused);
+            && std::iter::once(Some(&out.main))
+                .chain(out.members.iter().map(Option::as_ref))
+                .all(|c| c.is_some_and(|c| c.parts.meta.fds_reused));
         out.groups = match (&self.shared_groups, unchanged) {
             (Some(g), true) => g.clone(),
             _ => {
@@ -2317,7 +2767,11 @@ impl EpochLoop {
         } = c;
         self.identify(&mut main)?;
         for (m, c) in self.members.iter_mut().zip(&mut members) {
-            m.lp.identify(c)?;
+            match (c, &mut m.fresh) {
+                (Some(c), _) => m.lp.identify(c)?,
+                (None, Some(f)) => f.identify(&m.lp.proc)?,
+                (None, None) => {}
+            }
         }
         // A tree: the descriptions its processes share move into the main image (before the
         // encoding, whose carrying compares each process's descriptors with the last ones).
@@ -2325,12 +2779,35 @@ impl EpochLoop {
             let hosts: Vec<Pid> = std::iter::once(self.proc.pid)
                 .chain(self.members.iter().map(|m| m.lp.proc.pid))
                 .collect();
-            let mut refs: Vec<&mut ProcessImage> =
-                members.iter_mut().map(|c| &mut c.meta).collect();
+            let mut refs: Vec<&mut ProcessImage> = Vec::with_capacity(members.len());
+            for (m, c) in self.members.iter_mut().zip(&mut members) {
+                match (c, &mut m.fresh) {
+                    (Some(c), _) => refs.push(&mut c.meta),
+                    (None, Some(f)) => refs.push(&mut f.image),
+                    (None, None) => {
+                        return Err(CaptureError::Unsupported(format!(
+                            "internal: process {} was neither captured nor fresh",
+                            m.pid
+                        ))
+                        .into());
+                    }
+                }
+            }
             crate::tree::share(&mut main.meta, &mut refs, &hosts, groups)?;
         }
         // Nothing fails from here on.
         let mut out = self.encode(main, te, epoch, interval, quiesce, pause, ended_by);
+        out.incremental.image.zombies = self.zombies.clone();
+        if let Some(f) = &mut out.full {
+            f.image.zombies = self.zombies.clone();
+        }
+        if let Some((pgid, sid)) = self.root_ids.take() {
+            for img in std::iter::once(&mut out.incremental.image)
+                .chain(out.full.as_mut().map(|f| &mut f.image))
+            {
+                (img.pgid, img.sid) = (pgid, sid);
+            }
+        }
         if members.is_empty() {
             return Ok(out);
         }
@@ -2338,8 +2815,13 @@ impl EpochLoop {
             (f.image.pgid, f.image.sid) = (pgid, sid);
         }
         for (i, (m, c)) in self.members.iter_mut().zip(members).enumerate() {
-            let o =
-                m.lp.encode(c, te, epoch, interval, quiesce, pause, ended_by);
+            let o = match (c, m.fresh.take()) {
+                (Some(c), _) => {
+                    m.lp.encode(c, te, epoch, interval, quiesce, pause, ended_by)
+                }
+                (None, Some(f)) => m.lp.fresh_output(f, epoch, out.full.is_some()),
+                (None, None) => continue, // refused above
+            };
             out.stats.add_member(&o.stats);
             let add = |ck: &mut Checkpoint, mut member: Checkpoint| {
                 if let Some(&(pgid, sid)) = ids.get(i + 1) {
@@ -2601,6 +3083,7 @@ impl EpochLoop {
         st.write_faults = write_faults;
         st.precopy_us = precopy_time.as_micros() as u64;
         st.precopy_ran = precopy_ran;
+        st.processes = 1;
         // The shared memory objects' pages, raw, after the encoded ones.
         let (mut objects, shm_data) = shm;
         for r in objects.iter_mut().flat_map(|o| o.runs.iter_mut()) {
@@ -2624,6 +3107,34 @@ impl EpochLoop {
             incremental: ck,
             full,
             stats: st,
+        }
+    }
+
+    /// The output of a process captured whole in this pause (a fresh member): its image whole
+    /// in the incremental checkpoint (no base epoch: `store::Image::apply` takes it as it is)
+    /// and in the full one, if one is taken. The next checkpoint applies on top of it.
+    fn fresh_output(&mut self, f: FreshImage, epoch: u64, full: bool) -> EpochOutput {
+        let FreshImage {
+            mut image, data, ..
+        } = f;
+        image.base_epoch = None;
+        self.meta_carry = tardi_image::store::MetaCarry::after(&image);
+        self.base = epoch;
+        let bytes = data.len() as u64;
+        let stats = EpochStats {
+            epoch,
+            processes: 1,
+            whole_processes: 1,
+            raw_bytes: bytes,
+            encoded_bytes: bytes,
+            fresh_pages: bytes / PAGE,
+            ..Default::default()
+        };
+        let ck = Checkpoint::full(epoch, image, data);
+        EpochOutput {
+            full: full.then(|| ck.clone()),
+            incremental: ck,
+            stats,
         }
     }
 
@@ -2669,7 +3180,9 @@ struct FullCapture {
 /// `groups` and `ids` empty).
 struct TreeCaptured {
     main: Captured,
-    members: Vec<Captured>,
+    /// In the order of [`EpochLoop::members`]; `None` for a fresh one (its whole image is
+    /// [`TreeMember::fresh`]).
+    members: Vec<Option<Captured>>,
     /// The open file descriptions several processes hold (`crate::tree::find_shared`).
     groups: Vec<crate::tree::FileGroup>,
     /// With a full checkpoint: every process's group and session, the main one's first.

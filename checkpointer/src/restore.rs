@@ -1495,11 +1495,38 @@ pub fn finish(mut prep: Prepared, pid: Pid, timeout: Duration) -> Result<FinishS
     let members = std::mem::take(&mut prep.members);
     let mut stats = finish_one(prep, pid, timeout)?;
     for m in members {
+        // The member's report comes through its own pipe (a dead tree, `pid` gone, ends the
+        // wait). Once it has reported, the process runs its own code, and may already have
+        // exited and been reaped (a PostgreSQL backend whose client connection the restore
+        // reset exits at once): one not found among the descendants did that, and its blob
+        // went with it.
         let t0 = Instant::now();
-        let host = host_pid(pid, m.pid, timeout)?;
-        let s = finish_one(m, host, timeout.saturating_sub(t0.elapsed()))?;
-        stats.restorer += s.restorer;
-        stats.cleanup += s.cleanup;
+        let ns = m.pid;
+        let (base, total) = wait_report(m, pid, timeout)?;
+        stats.restorer += t0.elapsed();
+        let t1 = Instant::now();
+        let host = match host_pid(pid, ns, Duration::from_millis(100)) {
+            Ok(host) => host,
+            Err(RestoreError::Timeout) => {
+                tracing::debug!(
+                    pid = ns,
+                    "a restored process exited right after its restore"
+                );
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        match unmap_blob(host, base, total) {
+            Ok(()) => {}
+            Err(_) if proc_state(host).is_none_or(|r| r.starts_with(['Z', 'X'])) => {
+                tracing::debug!(
+                    pid = ns,
+                    "a restored process exited right after its restore"
+                );
+            }
+            Err(e) => return Err(RestoreError::Finish(e.to_string())),
+        }
+        stats.cleanup += t1.elapsed();
     }
     Ok(stats)
 }

@@ -200,6 +200,33 @@ pub trait Tracker {
     fn name(&self) -> &'static str;
 }
 
+/// Whether the address space `pagemap` (a `/proc/PID/pagemap` opened earlier) belongs to is
+/// gone while the process lives on: it ran `execve`, which gives it a new one.
+///
+/// Kernel rules this relies on: opening `/proc/PID/pagemap` pins the address space of that
+/// moment (`proc_mem_open`: the file keeps the `mm`, not the process), and `PAGEMAP_SCAN` on it
+/// fails with `ESRCH` once that address space has no users left (`mmget_not_zero`), which
+/// `execve` causes (measured on 6.18: a scan that returned 0 before the exec fails with ESRCH
+/// after it). The scan asked here, one page, no write-protect flag, changes nothing; on a live
+/// address space it reports whatever it finds there (ignored).
+pub(crate) fn mm_gone(pagemap: &File) -> bool {
+    let mut region = PageRegion::default();
+    let mut arg = PmScanArg {
+        size: std::mem::size_of::<PmScanArg>() as u64,
+        start: 0x10000,
+        end: 0x11000,
+        vec: &mut region as *mut PageRegion as u64,
+        vec_len: 1,
+        category_mask: PAGE_IS_WRITTEN,
+        return_mask: PAGE_IS_WRITTEN,
+        ..Default::default()
+    };
+    // SAFETY: `arg` is a valid pm_scan_arg whose vec points at one region on our stack; the
+    // kernel writes at most vec_len (1) regions there.
+    let n = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN, &mut arg) };
+    n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
 /// Which tracker an epoch loop uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]

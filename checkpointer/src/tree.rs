@@ -53,7 +53,7 @@ pub(crate) fn checkpoint_tree(
     let mut members: Vec<(Proc, usize)> = Vec::new();
     // Zombie children: their state (read while their parent is stopped, so nobody reaps them
     // meanwhile) and their parent's index.
-    let mut zombies: Vec<(Zombie, usize)> = Vec::new();
+    let mut zombies: Vec<(Zombie, usize, Pid)> = Vec::new();
     let mut stopped: Vec<Stopped> = Vec::new();
     let captured = stop_all(root, &mut members, &mut zombies, &mut stopped).and_then(|()| {
         stats.quiesce = t0.elapsed();
@@ -133,7 +133,7 @@ pub(crate) fn checkpoint_tree(
         data.extend_from_slice(&d);
         image.tree.push(member);
     }
-    for (mut z, parent) in zombies {
+    for (mut z, parent, _) in zombies {
         let parent_img = if parent == 0 {
             &image
         } else {
@@ -154,7 +154,7 @@ pub(crate) fn checkpoint_tree(
 pub(crate) fn stop_all(
     root: &Proc,
     members: &mut Vec<(Proc, usize)>,
-    zombies: &mut Vec<(Zombie, usize)>,
+    zombies: &mut Vec<(Zombie, usize, Pid)>,
     stopped: &mut Vec<Stopped>,
 ) -> Result<()> {
     stopped.push(Stopped::stop(root)?);
@@ -167,7 +167,7 @@ pub(crate) fn stop_all(
         for c in kids {
             let (proc, exited) = open_child(root, c)?;
             if exited {
-                zombies.push((zombie(&proc)?, i));
+                zombies.push((zombie(&proc)?, i, c));
                 continue;
             }
             let st = Stopped::stop(&proc)?;
@@ -183,7 +183,7 @@ pub(crate) fn stop_all(
 /// (`status`), and its wait status (`stat`'s field 52, `exit_code`, in `waitpid`'s form). Its
 /// parent is stopped, so nobody reaps it while it is read. Refused by name: a status a restore
 /// cannot recreate (the process dumped core).
-fn zombie(proc: &Proc) -> Result<Zombie> {
+pub(crate) fn zombie(proc: &Proc) -> Result<Zombie> {
     let c = proc.pid;
     let status = proc.read_string("status").map_err(proc_err(c, "status"))?;
     let last = |key| crate::procfs::status_ns_last(&status, key).unwrap_or(0);
@@ -218,7 +218,7 @@ fn zombie(proc: &Proc) -> Result<Zombie> {
 
 /// The descendants of `root` as they are now (not stopped: the epoch loop prepares each before
 /// its first pause, which lists them again with [`stop_all`]), in [`stop_all`]'s order, with
-/// their parent's index (0: `root`). A zombie is refused.
+/// their parent's index (0: `root`). Zombies are left out (`stop_all` reads them).
 pub(crate) fn list_members(root: &Proc) -> Result<Vec<(Proc, usize)>> {
     let mut members: Vec<(Proc, usize)> = Vec::new();
     let mut i = 0;
@@ -226,8 +226,11 @@ pub(crate) fn list_members(root: &Proc) -> Result<Vec<(Proc, usize)>> {
         let p = if i == 0 { root } else { &members[i - 1].0 };
         let tids = p.tids().map_err(proc_err(p.pid, "task"))?;
         for c in children_of(p, &tids) {
-            let proc = open_member(root, c)?;
-            members.push((proc, i));
+            // A zombie is read once stopped (`stop_all`), not prepared.
+            let (proc, exited) = open_child(root, c)?;
+            if !exited {
+                members.push((proc, i));
+            }
         }
         if i == members.len() {
             return Ok(members);
@@ -238,7 +241,7 @@ pub(crate) fn list_members(root: &Proc) -> Result<Vec<(Proc, usize)>> {
 
 /// `/proc` of the child `c` (a host PID) of a process of `root`'s tree, and whether it is a
 /// zombie (state `Z`).
-fn open_child(root: &Proc, c: Pid) -> Result<(Proc, bool)> {
+pub(crate) fn open_child(root: &Proc, c: Pid) -> Result<(Proc, bool)> {
     let proc = root
         .open_other(c)
         .map_err(proc_err(c, "its /proc directory"))?;
@@ -249,18 +252,6 @@ fn open_child(root: &Proc, c: Pid) -> Result<(Proc, bool)> {
         .cloned()
         .unwrap_or_default();
     Ok((proc, state == "Z"))
-}
-
-/// [`open_child`] for the epoch loop, which refuses a zombie.
-fn open_member(root: &Proc, c: Pid) -> Result<Proc> {
-    let (proc, exited) = open_child(root, c)?;
-    if exited {
-        return Err(CaptureError::Unsupported(format!(
-            "process {c} (host PID) exited and was not reaped yet: zombies are not supported by \
-             the epoch loop yet"
-        )));
-    }
-    Ok(proc)
 }
 
 /// A descriptor of the tree: (index of its process in the caller's list, its number).
@@ -482,9 +473,14 @@ pub(crate) fn share(
 /// Refuses a group or session that phase 1 cannot recreate: a process leads its session (and
 /// then its group), or shares its parent's session, and leads its group or shares its
 /// parent's. The main process may also keep what the sandbox's init gave it.
-pub(crate) fn check_groups(
+pub(crate) fn check_groups(ids: (i32, i32, i32), parent: Option<&ProcessImage>) -> Result<()> {
+    check_ids(ids, parent.map(|p| (p.pgid, p.sid)))
+}
+
+/// [`check_groups`] with the parent's group and session (`parent`: none for the main process).
+pub(crate) fn check_ids(
     (pid, pgid, sid): (i32, i32, i32),
-    parent: Option<&ProcessImage>,
+    parent: Option<(i32, i32)>,
 ) -> Result<()> {
     let refuse = |what: String| {
         Err(CaptureError::Unsupported(format!(
@@ -496,19 +492,17 @@ pub(crate) fn check_groups(
             "leads session {sid} but is in process group {pgid}"
         ));
     }
-    let Some(parent) = parent else {
+    let Some((parent_pgid, parent_sid)) = parent else {
         return Ok(());
     };
-    if sid != pid && sid != parent.sid {
+    if sid != pid && sid != parent_sid {
         return refuse(format!(
-            "is in session {sid}, neither its own nor its parent's ({})",
-            parent.sid
+            "is in session {sid}, neither its own nor its parent's ({parent_sid})"
         ));
     }
-    if pgid != pid && pgid != parent.pgid {
+    if pgid != pid && pgid != parent_pgid {
         return refuse(format!(
-            "is in process group {pgid}, neither its own nor its parent's ({})",
-            parent.pgid
+            "is in process group {pgid}, neither its own nor its parent's ({parent_pgid})"
         ));
     }
     Ok(())

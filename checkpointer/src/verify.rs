@@ -154,20 +154,37 @@ pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<Str
 }
 
 /// The host PID of every process of the tree under `root` (itself included), by its PID in
-/// the sandbox (the last number of `NSpid`).
+/// the sandbox (the last number of `NSpid`). Zombies are not listed ([`tree_zombies`]).
 pub fn tree_pids(root: Pid) -> io::Result<BTreeMap<i32, Pid>> {
-    let mut out = BTreeMap::new();
+    Ok(walk_tree(root)?.0)
+}
+
+/// The zombies of the tree under `root` (children that exited and were not reaped), by their
+/// PID in the sandbox, with their wait status (`/proc/PID/stat`'s `exit_code`).
+pub fn tree_zombies(root: Pid) -> io::Result<BTreeMap<i32, i32>> {
+    Ok(walk_tree(root)?.1)
+}
+
+/// [`tree_pids`] and [`tree_zombies`] in one walk.
+fn walk_tree(root: Pid) -> io::Result<(BTreeMap<i32, Pid>, BTreeMap<i32, i32>)> {
+    let (mut live, mut zombies) = (BTreeMap::new(), BTreeMap::new());
     let mut todo = vec![root];
     while let Some(p) = todo.pop() {
         let proc = Proc::open(p)?;
         let status = proc.read_string("status")?;
         let ns = crate::procfs::status_ns_last(&status, "NSpid")
             .ok_or_else(|| io::Error::other(format!("process {p}: no NSpid")))?;
-        out.insert(ns, p);
+        let fields = proc.stat_fields()?;
+        if fields.get(2).is_some_and(|s| s == "Z") {
+            let code = fields.get(51).and_then(|f| f.parse().ok()).unwrap_or(-1);
+            zombies.insert(ns, code);
+            continue;
+        }
+        live.insert(ns, p);
         let tids = proc.tids()?;
         todo.extend(crate::capture::children_of(&proc, &tids));
     }
-    Ok(out)
+    Ok((live, zombies))
 }
 
 /// The images of every process of `image`'s tree (the main process first), by PID in the
@@ -260,6 +277,19 @@ pub fn compare_live_tree(root: Pid, image: &Image, limit: usize) -> io::Result<V
 
 /// [`compare_live_tree`] without the shared memory objects.
 fn compare_live_tree_private(root: Pid, image: &Image, limit: usize) -> io::Result<Vec<String>> {
+    // The zombies: the same PIDs, with the same wait statuses.
+    let zombies = tree_zombies(root)?;
+    let listed: BTreeMap<i32, i32> = image
+        .meta
+        .zombies
+        .iter()
+        .map(|z| (z.pid, z.status))
+        .collect();
+    if zombies != listed {
+        return Ok(vec![format!(
+            "zombies (PID: wait status) {listed:?} in the image, {zombies:?} live"
+        )]);
+    }
     if image.members().next().is_none() {
         return compare_live(root, image, limit);
     }

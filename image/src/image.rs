@@ -1031,7 +1031,8 @@ impl ProcessImage {
         self.validate_zombies()
     }
 
-    /// The zombies (a full checkpoint's main image only): each with a positive PID that no
+    /// The zombies (the main image's; an incremental checkpoint lists every zombie of the
+    /// tree at its epoch, as a full one does): each with a positive PID that no
     /// process, thread or other zombie of the tree has, a parent that is the main process or
     /// a member, a group and session not negative, and a status a restore can recreate.
     fn validate_zombies(&self) -> Result<(), FormatError> {
@@ -1040,9 +1041,6 @@ impl ProcessImage {
         }
         if self.zombies.is_empty() {
             return Ok(());
-        }
-        if self.base_epoch.is_some() {
-            return bad("an incremental checkpoint lists zombies".into());
         }
         let procs: Vec<&ProcessImage> = std::iter::once(self)
             .chain(self.tree.iter().map(|m| &m.image))
@@ -1363,12 +1361,9 @@ impl ProcessImage {
                         img.pid
                     ));
                 }
-                (Some(_), None) => {
-                    return bad(format!(
-                        "process {} is full in an incremental checkpoint",
-                        img.pid
-                    ));
-                }
+                // A process that appeared (or ran `execve`) since the base: whole, a "fresh"
+                // member (see `store::Image::apply`).
+                (Some(_), None) => {}
                 (Some(a), Some(b)) if a != b => {
                     return bad(format!(
                         "process {} applies to epoch {b}, the main process to epoch {a}",
@@ -2356,10 +2351,6 @@ pub(crate) mod tests {
             ("process 5: no threads", |c| {
                 c.image.tree[0].image.threads.clear()
             }),
-            ("process 5 is full in an incremental checkpoint", |c| {
-                c.kind = Kind::Incremental { base: 6 };
-                c.image.base_epoch = Some(6);
-            }),
             ("process 5 is incremental in a full checkpoint", |c| {
                 c.image.tree[0].image.base_epoch = Some(6);
             }),
@@ -2414,6 +2405,17 @@ pub(crate) mod tests {
         let mut single = sample(Kind::Full);
         single.image.zombies = vec![ck.image.zombies[0]];
         single.validate().unwrap();
+        // An incremental checkpoint lists the zombies of its epoch too (the epoch loop).
+        let mut inc = incremental_tree();
+        inc.image.zombies = vec![Zombie {
+            pid: 8,
+            ppid: 5,
+            pgid: 2,
+            sid: 2,
+            uid: 0,
+            status: 3 << 8,
+        }];
+        inc.validate().unwrap();
 
         type Break = fn(&mut Checkpoint);
         let cases: Vec<(&str, Break)> = vec![
@@ -2436,11 +2438,6 @@ pub(crate) mod tests {
             ("wait status 0x47f", |c| c.image.zombies[0].status = 0x47f),
             ("wait status 0x10700", |c| {
                 c.image.zombies[0].status = 0x10700
-            }),
-            ("incremental checkpoint lists zombies", |c| {
-                c.image.tree.clear();
-                c.kind = Kind::Incremental { base: 6 };
-                c.image.base_epoch = Some(6);
             }),
             ("lists zombies (the main process lists them)", |c| {
                 c.image.tree[0].image.zombies = vec![c.image.zombies[1]];
@@ -2816,13 +2813,28 @@ pub(crate) mod tests {
         let mut c = incremental_tree();
         c.image.shared_files[0].holders.push((5, 8));
         c.validate().unwrap();
+        // A process that appeared since the base comes whole (a fresh member).
+        let mut c = incremental_tree();
+        let m = &mut c.image.tree[0].image;
+        (m.base_epoch, m.carried) = (None, Default::default());
+        m.fds = with_shared().image.tree[0].image.fds.clone();
+        m.pages.clear();
+        m.runs = vec![PageRun {
+            addr: 0x1000,
+            len: 4096,
+            data_off: 0,
+        }];
+        c.validate().unwrap();
 
         type Break = fn(&mut Checkpoint);
         let cases: Vec<(&str, Break)> = vec![
-            ("process 5 is full in an incremental checkpoint", |c| {
-                c.image.tree[0].image.base_epoch = None;
-                c.image.tree[0].image.carried.fds = false;
-            }),
+            // A fresh member (whole: it appeared since the base) carries nothing over.
+            (
+                "process 5: a full checkpoint leaves out part of its metadata",
+                |c| {
+                    c.image.tree[0].image.base_epoch = None;
+                },
+            ),
             (
                 "process 5 applies to epoch 5, the main process to epoch 6",
                 |c| c.image.tree[0].image.base_epoch = Some(5),

@@ -139,11 +139,6 @@ impl Image {
             source,
         };
         ck.validate().map_err(invalid)?;
-        if !ck.image.zombies.is_empty() {
-            return Err(invalid(FormatError::Meta(
-                "zombie children are not supported by a backup's image yet".into(),
-            )));
-        }
         // A full checkpoint names its private directories if it has entries in them.
         ck.image
             .private_files
@@ -261,35 +256,45 @@ impl Image {
         let alone = img.tree.is_empty() && self.members.is_empty();
         let root = self.stage(img, &ck.data, ck.epoch, alone, None)?;
         // A tree: each member of the checkpoint applies to the same process of the image (one
-        // the checkpoint does not list is gone); then the resolved tree is checked whole, its
+        // the checkpoint does not list is gone), or comes whole (a process that appeared, or
+        // ran `execve`, since the base: "fresh"); then the resolved tree is checked whole, its
         // shared descriptions against every process's resolved descriptors.
         let mut members = Vec::with_capacity(img.tree.len());
         for m in &img.tree {
             let pid = m.image.pid;
+            let data = member_data(&ck.data, m).map_err(invalid)?;
+            if m.image.base_epoch.is_none() {
+                // Checked by `validate` as a full process image.
+                let fresh = Image::of_process(ck.epoch, &m.image, data)?;
+                members.push((m.ppid, MemberChange::Fresh(Box::new(fresh))));
+                continue;
+            }
             let Some(i) = self.members.iter().position(|(_, b)| b.meta.pid == pid) else {
                 return Err(invalid(FormatError::Meta(format!(
                     "process {pid} is not in the image: a process that appeared since the \
-                     base comes with a full checkpoint"
+                     base comes whole"
                 ))));
             };
-            let data = member_data(&ck.data, m).map_err(invalid)?;
             // Its mappings of shared memory name the main process's objects (listed in every
             // checkpoint of the tree).
             let staged =
                 self.members[i]
                     .1
                     .stage(&m.image, data, ck.epoch, false, Some(&img.shm))?;
-            members.push((m.ppid, i, staged));
+            members.push((m.ppid, MemberChange::Staged(i, Box::new(staged))));
         }
         if !alone {
             let mut whole = root.meta.clone();
             whole.tree = members
                 .iter()
-                .map(|(ppid, _, st)| Member {
+                .map(|(ppid, c)| Member {
                     ppid: *ppid,
                     data_off: 0,
                     data_len: 0,
-                    image: st.meta.clone(),
+                    image: match c {
+                        MemberChange::Staged(_, st) => st.meta.clone(),
+                        MemberChange::Fresh(img) => img.meta.clone(),
+                    },
                 })
                 .collect();
             whole.validate(0).map_err(invalid)?;
@@ -298,10 +303,15 @@ impl Image {
         // Nothing can fail from here on.
         let mut old = std::mem::take(&mut self.members);
         let mut slots: Vec<Option<Image>> = old.drain(..).map(|(_, m)| Some(m)).collect();
-        for (ppid, i, staged) in members {
-            if let Some(mut m) = slots[i].take() {
-                m.commit(staged, ck.epoch);
-                self.members.push((ppid, m));
+        for (ppid, change) in members {
+            match change {
+                MemberChange::Staged(i, staged) => {
+                    if let Some(mut m) = slots[i].take() {
+                        m.commit(*staged, ck.epoch);
+                        self.members.push((ppid, m));
+                    }
+                }
+                MemberChange::Fresh(m) => self.members.push((ppid, *m)),
             }
         }
         self.tree.apply(&img.private_files);
@@ -593,8 +603,17 @@ fn stored_meta(img: &ProcessImage) -> ProcessImage {
         // The members are images of their own (`Image::members`).
         tree: Vec::new(),
         shared_files: img.shared_files.clone(),
-        zombies: Vec::new(),
+        // Every checkpoint lists the zombies of its epoch (the main image's).
+        zombies: img.zombies.clone(),
     }
+}
+
+/// What an incremental checkpoint does to one process of a tree's image.
+enum MemberChange<'a> {
+    /// Applied to the image's member `.0`.
+    Staged(usize, Box<Staged<'a>>),
+    /// A process the checkpoint holds whole: it replaces any image of that PID.
+    Fresh(Box<Image>),
 }
 
 /// A member's slice of a checkpoint's page data.
@@ -1208,6 +1227,81 @@ mod tests {
         img.apply(&roundtrip(ck)).unwrap();
         assert_eq!(img.members().count(), 1);
         assert_eq!(img.pages(), 4);
+    }
+
+    /// The tree changing between epochs (the epoch loop's step 2): a process that appeared
+    /// comes whole in an incremental checkpoint (a fresh member: base epoch none) and joins the
+    /// image; one that ran `execve` comes whole under its PID and replaces its image; one that
+    /// exited is no longer listed and is dropped, its zombie listed by the main image until it
+    /// is reaped. The image's full checkpoint is the tree of the last epoch.
+    #[test]
+    fn processes_that_appear_exec_and_exit_between_epochs() {
+        let mut img = Image::from_full(&full_tree()).unwrap();
+        // Process 4 (a child of 2) appears, whole, with its page 0x3000 = 44.
+        let fresh = |pid: i32, fill: u8, ck: &mut Checkpoint| {
+            let mut m = process(pid);
+            m.vmas = meta(vec![anon(0x1000, 0x6000)]).vmas;
+            m.runs = vec![PageRun {
+                addr: 0x3000,
+                len: 0x1000,
+                data_off: 0,
+            }];
+            (m.pgid, m.sid) = (2, 1);
+            ck.image.tree.push(Member {
+                ppid: 2,
+                data_off: ck.data.len() as u64,
+                data_len: 4096,
+                image: m,
+            });
+            ck.data.extend(vec![fill; 4096]);
+        };
+        let mut ck = incremental_tree(1, &[2, 3]);
+        fresh(4, 44, &mut ck);
+        img.apply(&roundtrip(ck)).unwrap();
+        assert_eq!(img.members().count(), 3);
+        assert_eq!(member(&img, 4).page(0x3000).unwrap()[0], 44);
+        assert_eq!(member(&img, 4).page(0x1000), None, "only what it came with");
+        // Process 4 runs `execve`: whole again, nothing of its old image kept; process 3 exits
+        // and stays a zombie of process 1 (exit status 3).
+        let mut ck = incremental_tree(2, &[2]);
+        ck.image.shared_files[0].holders.pop();
+        fresh(4, 45, &mut ck);
+        ck.image.tree[1].image.runs[0].addr = 0x5000;
+        ck.image.zombies = vec![Zombie {
+            pid: 3,
+            ppid: 1,
+            pgid: 3,
+            sid: 1,
+            uid: 0,
+            status: 3 << 8,
+        }];
+        img.apply(&roundtrip(ck)).unwrap();
+        let pids: Vec<i32> = img.members().map(|m| m.1.meta.pid).collect();
+        assert_eq!(pids, [2, 4]);
+        assert_eq!(member(&img, 4).page(0x3000), None, "the old image is gone");
+        assert_eq!(member(&img, 4).page(0x5000).unwrap()[0], 45);
+        assert_eq!(img.meta.zombies.len(), 1);
+        let full = Checkpoint::from_bytes(img.to_full().to_bytes()).expect("a valid tree");
+        assert_eq!(
+            full.image.zombies, img.meta.zombies,
+            "the zombie is restored"
+        );
+        assert_eq!(full.image.tree.len(), 2);
+        // Reaped: the next checkpoint lists no zombie; then the process 4 exits too.
+        let mut ck = incremental_tree(3, &[2]);
+        ck.image.shared_files[0].holders.pop();
+        img.apply(&roundtrip(ck)).unwrap();
+        assert!(img.meta.zombies.is_empty());
+        let pids: Vec<i32> = img.members().map(|m| m.1.meta.pid).collect();
+        assert_eq!(pids, [2]);
+        // A fresh member that does not hold together is refused, the image unchanged.
+        let before = img.to_full().to_bytes();
+        let mut ck = incremental_tree(4, &[2]);
+        ck.image.shared_files[0].holders.pop();
+        fresh(6, 46, &mut ck);
+        ck.image.tree[1].ppid = 9;
+        assert!(img.apply(&ck).is_err(), "a parent not in the tree");
+        assert_eq!(img.to_full().to_bytes(), before);
     }
 
     /// What cannot apply to a tree's image is refused, the image unchanged: a member that is

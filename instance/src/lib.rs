@@ -119,6 +119,66 @@ impl Ctx {
         Ok(c)
     }
 
+    /// A service started afresh (not restored) starts from its manifest's private directories:
+    /// each writable directory this machine keeps for it (see [`Ctx::sandbox_config`]) is
+    /// emptied and filled with a copy of the manifest's host directory (`cp -a`: owners, modes
+    /// and times kept; the directory's own owner and mode too, which a service such as
+    /// PostgreSQL checks), or left empty when this machine has no such directory. What an
+    /// earlier run of the service left there is not its state any more: a fresh start means
+    /// the manifest's state, and a restore brings the checkpoint's.
+    pub fn seed_private_dirs(&self, t: &Target) -> anyhow::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let manifest = SandboxConfig::from_manifest(&t.manifest);
+        let here = self.sandbox_config(t)?;
+        for (m, h) in manifest.mounts.iter().zip(&here.mounts) {
+            let (
+                tardi_manifest::MountKind::Bind {
+                    host_path: from,
+                    writable: true,
+                },
+                tardi_manifest::MountKind::Bind { host_path: to, .. },
+            ) = (&m.kind, &h.kind)
+            else {
+                continue;
+            };
+            if from == to {
+                continue;
+            }
+            std::fs::remove_dir_all(to).with_context(|| format!("emptying {}", to.display()))?;
+            std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+            let Ok(meta) = std::fs::metadata(from) else {
+                tracing::info!(service = %t.name, dir = %from.display(), "no such directory here: the service starts with an empty one");
+                continue;
+            };
+            if !meta.is_dir() {
+                anyhow::bail!(
+                    "{} (a writable mount of the manifest) is not a directory",
+                    from.display()
+                );
+            }
+            let out = std::process::Command::new("cp")
+                .arg("-a")
+                .arg(from.join("."))
+                .arg(to)
+                .output()
+                .context("running cp")?;
+            if !out.status.success() {
+                anyhow::bail!(
+                    "copying {} to {}: {}",
+                    from.display(),
+                    to.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            std::os::unix::fs::chown(to, Some(meta.uid()), Some(meta.gid()))
+                .with_context(|| format!("giving {} its owner", to.display()))?;
+            std::fs::set_permissions(to, meta.permissions())
+                .with_context(|| format!("giving {} its mode", to.display()))?;
+            tracing::info!(service = %t.name, from = %from.display(), to = %to.display(), "private directory seeded from the manifest's");
+        }
+        Ok(())
+    }
+
     /// Tells the reconcile thread that a role changed by itself (a primary failed).
     pub fn wake(&self) {
         let _ = self.events.send(Event::Wake);

@@ -311,11 +311,13 @@ impl Primary {
             .unwrap_or_default();
         let svc = match from {
             None => {
+                ctx.seed_private_dirs(target)?;
                 let svc = Service::start(&target.manifest, &config)?;
                 // A service that forks its workers as it starts (nginx, PostgreSQL) is tracked
-                // once its tree stops changing: the epoch loop does not yet carry a process that
-                // appears between epochs (`docs/PROCESS-TREES.md`). Its output is held until
-                // then (the gate is up; nothing is decided before the first checkpoint).
+                // once its tree stops changing: the epoch loop would capture each process that
+                // appears after its first pause whole, again (`docs/PROCESS-TREES.md`). Its
+                // output is held until then (the gate is up; nothing is decided before the
+                // first checkpoint).
                 svc.wait_settled(Duration::from_millis(300), Duration::from_secs(10));
                 svc
             }

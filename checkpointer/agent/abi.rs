@@ -12,7 +12,7 @@
 #![allow(dead_code)]
 
 pub const AGENT_MAGIC: u64 = u64::from_le_bytes(*b"TARDIAGT");
-pub const AGENT_VERSION: u32 = 2;
+pub const AGENT_VERSION: u32 = 3;
 
 /// Armed ranges the supervisor writes each pause (sorted, disjoint).
 pub const TABLE_CAP: usize = 4096;
@@ -81,7 +81,10 @@ pub struct KSigaction {
 
 /// The output buffers of one system call in flight: the supervisor must not write-protect
 /// them again until the call is done, or the kernel's write fails with `EFAULT`. `owner` is
-/// zero when the slot is free.
+/// zero when the slot is free, else the TID (`gettid`, in the process's PID namespace) of the
+/// thread whose call it is: a child forked while other threads had calls in flight inherits
+/// their slots, which the supervisor frees when it adopts the child (no thread of it has
+/// that TID).
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
 pub struct Inflight {
@@ -98,8 +101,11 @@ pub struct Header {
     pub version: u32,
     /// Non-zero while tracking is on: the SIGSEGV handler resolves faults on armed ranges.
     pub active: u32,
-    /// Held (non-zero) by a thread updating `extra`/`table` entries or the log on behalf of a
-    /// memory-layout call; a pause that finds it held leaves protections and the log alone.
+    /// Held by a thread updating `extra`/`table` entries or the log on behalf of a
+    /// memory-layout call: its TID (`gettid`, in the process's PID namespace), zero when free;
+    /// a pause that finds it held leaves protections and the log alone. A lock held by a TID
+    /// that is not a thread of the process was copied by `fork` from the parent: the agent's
+    /// threads take it over, the supervisor frees it when it adopts the child.
     pub lock: u32,
     pub log_overflow: u32,
     /// Write faults resolved since the last `OP_REARM`.

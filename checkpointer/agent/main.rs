@@ -573,7 +573,11 @@ unsafe extern "C" fn segv_handler(sig: i32, info: *mut u8, uc: *mut u8) {
             // again (it then succeeds, faults on an entry we find, or faults for the app).
             let lock = AtomicU32::from_ptr(&raw mut (*c).h.lock);
             if lock.load(Ordering::Acquire) != 0 {
-                while lock.load(Ordering::Acquire) != 0 {
+                loop {
+                    let owner = lock.load(Ordering::Acquire);
+                    if owner == 0 || !thread_alive(owner) {
+                        break; // done, or a lock copied by fork from a thread not here
+                    }
                     sc(nr::SCHED_YIELD, 0, 0, 0);
                 }
                 return;
@@ -665,8 +669,8 @@ unsafe extern "C" fn sys_handler(sig: i32, info: *mut u8, uc: *mut u8) {
             *g.add(REG_R9),
         ];
         AtomicU64::from_ptr(&raw mut (*c).h.trapped).fetch_add(1, Ordering::Relaxed);
-        let token = (&raw const a) as u64; // this frame: unique while the call is in flight
-        let slot = claim(c, token);
+        // The slot names the calling thread (see `Inflight::owner`).
+        let slot = claim(c, sc(nr::GETTID, 0, 0, 0) as u64);
         let mut r = emulate(c, slot, nr, a);
         // A pause between opening a buffer and the kernel's write into it (or while the call
         // blocked) may have protected it again if no slot was free: open it and retry.
@@ -918,16 +922,49 @@ unsafe fn layout(c: *mut Control, f: impl FnOnce() -> i64) -> i64 {
         let mut saved = 0u64;
         sc6(nr::RT_SIGPROCMASK, 2, &raw const all as u64, &raw mut saved as u64, 8, 0, 0);
         let lock = AtomicU32::from_ptr(&raw mut (*c).h.lock);
-        while lock
-            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            core::hint::spin_loop();
+        let me = sc(nr::GETTID, 0, 0, 0) as u32;
+        let mut spins = 0u32;
+        loop {
+            match lock.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => break,
+                // Held by a thread that is not in this process: `fork` copied the lock of
+                // another thread of the parent, caught inside a layout call, into this child,
+                // where nobody will release it. What it was updating is a consistent prefix
+                // (the copy is taken under the parent's mmap lock, and every update here
+                // keeps the entries covering whatever is protected); the supervisor rebuilds
+                // the rest when it adopts this process. Checked now and then only: it costs
+                // a system call.
+                Err(owner) if owner != 0 && spins % 1024 == 1023 && !thread_alive(owner) => {
+                    if lock
+                        .compare_exchange(owner, me, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        break;
+                    }
+                }
+                Err(_) => core::hint::spin_loop(),
+            }
+            spins = spins.wrapping_add(1);
         }
         let r = f();
         lock.store(0, Ordering::Release);
         sc6(nr::RT_SIGPROCMASK, 2, &raw const saved as u64, 0, 8, 0, 0);
         r
+    }
+}
+
+/// Whether thread `tid` (a TID as `gettid` gives it) is a thread of this process:
+/// `tgkill(getpid(), tid, 0)` checks without sending anything, and fails with `ESRCH` for a
+/// TID that is not one of this thread group's (a thread of the parent this process was forked
+/// from). (A TID reused by a new thread of this process would count as alive: the parent's
+/// thread must have exited first, and the wait then lasts until that thread's own next
+/// layout call.)
+fn thread_alive(tid: u32) -> bool {
+    const ESRCH: i64 = 3;
+    // SAFETY: `getpid` and a signal-0 `tgkill` touch no memory and send nothing.
+    unsafe {
+        let pid = sc(nr::GETPID, 0, 0, 0) as u64;
+        sc(nr::TGKILL, pid, tid as u64, 0) != -ESRCH
     }
 }
 

@@ -48,6 +48,13 @@ pub enum AgentError {
 
 type Result<T> = std::result::Result<T, AgentError>;
 
+/// What [`Agent::release_orphans`] freed: the lock (held by that TID), and in-flight slots.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Orphans {
+    pub lock: Option<u32>,
+    pub slots: usize,
+}
+
 /// An agent loaded at `base` in process `pid`.
 #[derive(Debug, Clone, Copy)]
 pub struct Agent {
@@ -75,7 +82,8 @@ impl Agent {
         self.base + layout::SYSCALL
     }
 
-    fn control(&self) -> u64 {
+    /// The control block's address (in the agent's data, a private writable mapping).
+    pub fn control(&self) -> u64 {
         self.base + layout::CONTROL
     }
 
@@ -300,6 +308,66 @@ impl Agent {
         )?;
         // SAFETY: `Header` is plain `repr(C)` integers; any bytes are a valid value.
         Ok(unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<Header>()) })
+    }
+
+    /// The owners of the in-flight slots that are taken (TIDs in the process's PID namespace;
+    /// see [`Inflight::owner`]).
+    pub fn inflight_owners(&self) -> io::Result<Vec<u32>> {
+        let mut buf = vec![0u8; INFLIGHT_CAP * size_of::<Inflight>()];
+        sys::read_remote(
+            self.pid,
+            self.control() + offset_of!(Control, inflight) as u64,
+            &mut buf,
+        )?;
+        Ok(buf
+            .chunks_exact(size_of::<Inflight>())
+            .map(|s| u64::from_ne_bytes(s[..8].try_into().unwrap()) as u32)
+            .filter(|&o| o != 0)
+            .collect())
+    }
+
+    /// Frees what threads that are not in the process hold in its control block: a child
+    /// forked by a process that carries the agent gets a copy of the parent's control block,
+    /// with the lock and the in-flight slots its other threads held at that instant (`fork`
+    /// copies the calling thread only), which nobody in the child would ever release: a lock
+    /// held so would make every pause `Busy` and every layout call of the child spin (the
+    /// agent's threads take such a lock over too), a slot would keep its buffers unprotected
+    /// for good (or, naming more than a slot holds, all of the process). `tids`: the process's
+    /// threads as `gettid` gives them (in its PID namespace). The retry slots (one write fault
+    /// let run again per thread) are emptied whoever owns them: at worst, one of the process's
+    /// own unexplained faults is let run once more. Every thread must be stopped.
+    pub fn release_orphans(&self, tids: &[u32]) -> io::Result<Orphans> {
+        let h = self.header()?;
+        let mut out = Orphans::default();
+        if h.lock != 0 && !tids.contains(&h.lock) {
+            sys::write_remote(
+                self.pid,
+                self.control() + offset_of!(Control, h.lock) as u64,
+                &0u32.to_ne_bytes(),
+            )?;
+            out.lock = Some(h.lock);
+        }
+        let mut buf = vec![0u8; INFLIGHT_CAP * size_of::<Inflight>()];
+        let slots = self.control() + offset_of!(Control, inflight) as u64;
+        sys::read_remote(self.pid, slots, &mut buf)?;
+        for (i, s) in buf.chunks_exact(size_of::<Inflight>()).enumerate() {
+            let owner = u64::from_ne_bytes(s[..8].try_into().unwrap());
+            if owner != 0 && !tids.contains(&(owner as u32)) {
+                // `owner` and `n` (a free slot's `n` is reset when it is claimed).
+                sys::write_remote(
+                    self.pid,
+                    slots + (i * size_of::<Inflight>()) as u64,
+                    &[0u8; 16],
+                )?;
+                out.slots += 1;
+            }
+        }
+        sys::write_remote(
+            self.pid,
+            self.control() + offset_of!(Control, retry) as u64,
+            &[0u8; RETRY_SLOTS * 16],
+        )?;
+        Ok(out)
     }
 
     /// Pages made writable since the last rearm, by faults and for system calls (read while

@@ -955,6 +955,9 @@ struct FirstLoop {
 /// memory. `children`: its children (host PIDs, sorted), which the chain begins with.
 /// `own_shm`: a single process, which captures its shared memory objects itself (those of a
 /// tree are captured once for all its processes, by the caller: see [`EpochLoop::start`]).
+/// `inherited`: a process that appeared in the tree (or is captured whole again), which
+/// carries the mprotect tracker's agent already ([`MprotectTracker::adopt`]).
+#[allow(clippy::too_many_arguments)]
 fn first_capture(
     proc: &Proc,
     st: &mut Stopped,
@@ -963,6 +966,7 @@ fn first_capture(
     copy: bool,
     children: Vec<Pid>,
     own_shm: bool,
+    inherited: bool,
 ) -> Result<First> {
     let pid = proc.pid;
     let FirstPrep {
@@ -978,7 +982,11 @@ fn first_capture(
     let (mut tracker, maps): (Box<dyn Tracker>, _) = match cfg.tracker {
         TrackerKind::Uffd => (Box::new(UffdTracker::new(st, &maps, pagemap)?), maps),
         TrackerKind::Mprotect => {
-            let mut t = MprotectTracker::new(st, proc, &maps, pagemap)?;
+            let mut t = if inherited {
+                MprotectTracker::adopt(st, proc, &maps, pagemap)?
+            } else {
+                MprotectTracker::new(st, proc, &maps, pagemap)?
+            };
             cache.own_filter = true;
             t.begin(st)?;
             // The agent's own mappings are new.
@@ -995,7 +1003,7 @@ fn first_capture(
     // (The agent pages the commit writes are in the first incremental checkpoint.)
     let mut dirs = DirTracker::new(cfg.private_dirs.clone());
     let mut shm = crate::shm::ShmTracker::default();
-    let ((mut image, data), files) = if copy {
+    let ((mut image, mut data), files) = if copy {
         capture::full_memory(proc, &maps, meta, buf, own_shm.then_some(&mut shm))?
     } else {
         // Nothing copied; the objects' pages are known from here on all the same.
@@ -1014,7 +1022,33 @@ fn first_capture(
         tracker.arm(m.start, m.end)?;
         armed.push((m.start, m.end));
     }
-    tracker.commit(st, &armed, &maps)?;
+    let touched = tracker.commit(st, &armed, &maps)?;
+    if copy {
+        // The mprotect tracker's commit writes its agent's control block, after the copy above:
+        // those pages are copied again, so that the image is the memory the process resumes
+        // with (the next checkpoint would carry them anyway, but a fresh member's image held at
+        // this very pause would differ from the live process).
+        for a in touched {
+            let at = match image
+                .runs
+                .iter()
+                .find(|r| r.addr <= a && a < r.addr + r.len)
+            {
+                Some(r) => (r.data_off + (a - r.addr)) as usize,
+                None => {
+                    image.runs.push(crate::image::PageRun {
+                        addr: a,
+                        len: PAGE,
+                        data_off: data.len() as u64,
+                    });
+                    data.resize(data.len() + PAGE as usize, 0);
+                    data.len() - PAGE as usize
+                }
+            };
+            crate::sys::read_remote(pid, a, &mut data[at..at + PAGE as usize])
+                .map_err(|e| gone_or(pid, e))?;
+        }
+    }
     Ok(First {
         lp: FirstLoop {
             tracker,
@@ -1152,7 +1186,16 @@ impl EpochLoop {
                 for (i, ((p, st), prep)) in procs.iter().zip(sts.iter_mut()).zip(preps).enumerate()
                 {
                     let cfg = if i == 0 { &cfg } else { &member_cfg };
-                    firsts.push(first_capture(p, st, cfg, prep, copy, children(i), alone)?);
+                    firsts.push(first_capture(
+                        p,
+                        st,
+                        cfg,
+                        prep,
+                        copy,
+                        children(i),
+                        alone,
+                        false,
+                    )?);
                 }
                 // A tree's shared memory objects: each once, whichever processes map it, by the
                 // main process's tracker, into its image and data (members' mappings name them,
@@ -1581,10 +1624,13 @@ impl EpochLoop {
     /// unreaped, it is a zombie of its parent, [`EpochLoop::zombies`]). Each process's known
     /// children become the ones found (the capture's child check compares with them).
     ///
+    /// With the mprotect tracker, a process that appeared inherited the agent of the process
+    /// that forked it: it is taken over ([`MprotectTracker::adopt`]), not loaded again.
+    ///
     /// Refused, ending the chain: the main process running `execve`; a member that left the
     /// tree alive (its parent exited: it was reparented outside the service); with the
-    /// mprotect tracker, a process that appears or runs `execve` (its agent would have to be
-    /// adopted or loaded again: not done). A failure that may pass (a process that could not be
+    /// mprotect tracker, a process that ran `execve` (the agent fails `execve` with EPERM:
+    /// the new program would keep the filter without the agent). A failure that may pass (a process that could not be
     /// read or stopped) leaves the members the walk kept and fails this epoch only: the next
     /// pause walks the tree again.
     fn retree(&mut self, st: &Stopped, msts: &mut Vec<Stopped>) -> Result<()> {
@@ -1656,12 +1702,6 @@ impl EpochLoop {
                         zombies.push((crate::tree::zombie(&proc)?, i));
                         continue;
                     }
-                    if mprotect {
-                        return Err(CaptureError::TreeChanged(format!(
-                            "process {c} (host PID) appeared in the tree: with the mprotect \
-                             tracker the epoch loop does not follow processes that appear"
-                        )));
-                    }
                     match Stopped::stop(&proc) {
                         Ok(s) if !s.tids.is_empty() => slots.push((Slot::New(proc), s, i)),
                         // It exited meanwhile: a zombie now (its parent is stopped), or on
@@ -1719,9 +1759,15 @@ impl EpochLoop {
                 continue;
             }
             if replaced && mprotect {
+                // Not reached in practice: the agent's filter traps `execve` and the agent
+                // fails it with EPERM. Were it let through, the new program would keep the
+                // filter (it survives `execve`) without the agent or its SIGSYS handler (reset
+                // to the default, which kills), and die at its first trapped call.
                 let why = format!(
-                    "process {} (host PID {}) ran execve: with the mprotect tracker the epoch \
-                     loop does not follow execve",
+                    "process {} (host PID {}) ran execve: with the mprotect tracker a new \
+                     program cannot be tracked (it keeps the agent's seccomp filter, which \
+                     `execve` does not remove, but not the agent, so the agent fails `execve` \
+                     with EPERM)",
                     m.pid, m.lp.proc.pid
                 );
                 for (slot, s, _) in slots {
@@ -1811,7 +1857,9 @@ impl EpochLoop {
     }
 
     /// The first pause of a process that appeared in the tree (or must be captured whole
-    /// again): arms its tracking and captures it whole ([`first_capture`]); its group and
+    /// again): arms its tracking (the mprotect tracker takes over the agent the process
+    /// inherited, [`MprotectTracker::adopt`]) and captures it whole ([`first_capture`]); its
+    /// group and
     /// session must be its own or its parent's (`parent_ids`, unknown: refused).
     fn first_member(
         &self,
@@ -1823,7 +1871,8 @@ impl EpochLoop {
         parent_ids: Option<(i32, i32)>,
     ) -> Result<TreeMember> {
         let prep = FirstPrep::new(&proc, true)?;
-        let mut first = first_capture(&proc, st, cfg, prep, true, children, false)?;
+        let inherited = matches!(cfg.tracker, TrackerKind::Mprotect);
+        let mut first = first_capture(&proc, st, cfg, prep, true, children, false, inherited)?;
         let (pgid, sid) = capture::group_and_session(&proc)?;
         let img = &mut first.img.image;
         (img.pgid, img.sid) = (pgid, sid);

@@ -129,6 +129,24 @@ pub fn same_description(pa: Pid, fa: i32, pb: Pid, fb: i32) -> bool {
     r == 0
 }
 
+/// Whether processes `pa` and `pb` share one address space (`kcmp(KCMP_VM)`: a `vfork` child
+/// before its `execve`, or a `clone(CLONE_VM)` without `CLONE_THREAD`). An error counts as not.
+pub fn same_mm(pa: Pid, pb: Pid) -> bool {
+    const KCMP_VM: libc::c_long = 1;
+    // SAFETY: kcmp only compares kernel objects; no memory is passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pa as libc::c_long,
+            pb as libc::c_long,
+            KCMP_VM,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
+    r == 0
+}
+
 /// Duplicates descriptor `fd` of the process behind `pidfd` into this process.
 pub fn pidfd_getfd(pidfd: &OwnedFd, fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: plain system call; on success the returned descriptor is ours.

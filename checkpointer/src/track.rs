@@ -256,6 +256,8 @@ pub enum TrackError {
     Agent(#[from] crate::agent::AgentError),
     #[error("a thread was stopped inside the agent's memory-layout update; the pause is retried")]
     Busy,
+    #[error("taking over the write-tracking agent process {pid} (host PID) inherited: {why}")]
+    Adopt { pid: crate::sys::Pid, why: String },
     #[error("reading /proc/PID/pagemap: {0}")]
     Pagemap(io::Error),
     #[error(

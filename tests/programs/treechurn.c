@@ -11,15 +11,24 @@
  * The main process also:
  *   fork K     -> forks worker K (role K, listening on PORT + K): "forked=PID"
  *   reap       -> reaps every child that exited: "reaped=PID:STATUS,..." or "reaped=none"
+ *   threads    -> starts two threads: one blocked for good in a read() of a pipe nobody writes
+ *                 (a system call in flight whenever a worker is forked), one mapping and
+ *                 unmapping a page in a loop (a memory-layout call in flight most of the time):
+ *                 "threads"; under the mprotect tracker, a worker forked meanwhile inherits
+ *                 what they hold in the agent (its lock, its in-flight slots)
+ *   quiet      -> ends both threads and joins them: "quiet"
  * A worker also:
  *   exit S     -> answers "bye", then exits with status S (its parent does not reap it)
  *   exec       -> answers "exec", then runs execve of its own executable, which comes back as
  *                 the same worker (same role, generation and region contents, in a new
- *                 address space; its region mapped at another size, so the layout differs)
+ *                 address space; its region mapped at another size, so the layout differs);
+ *                 if execve fails, the worker exits with status 100 + errno
  *
  *   treechurn [--port P] [--worker K --gen G --execs E]   (default port 7600)
  */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +63,32 @@ static uint64_t digest(void) {
     uint64_t h = 1469598103934665603ULL;
     for (size_t i = 0; i < region_len; i++) h = (h ^ region[i]) * 1099511628211ULL;
     return h;
+}
+
+/* The "threads" command's. */
+static unsigned char blockbuf[4096] __attribute__((aligned(4096)));
+static int blockpipe[2] = {-1, -1};
+static volatile int quiet;
+static pthread_t blocker_t, churner_t;
+
+static void *blocker(void *arg) {
+    (void)arg;
+    while (!quiet) {
+        if (read(blockpipe[0], blockbuf, sizeof blockbuf) < 0 && errno != EINTR) break;
+    }
+    return NULL;
+}
+
+static void *churner(void *arg) {
+    (void)arg;
+    while (!quiet) {
+        volatile unsigned char *p =
+            mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) die("mmap (churner)");
+        p[0] = 1;
+        munmap((void *)p, 4096);
+    }
+    return NULL;
 }
 
 static void map_region(size_t pages) {
@@ -93,11 +128,31 @@ static void serve(const char *self) {
             if (c < 0) die("fork");
             if (c == 0) {
                 close(s);
+                if (blockpipe[0] >= 0) {
+                    close(blockpipe[0]);
+                    close(blockpipe[1]);
+                }
                 munmap(region, region_len);
                 gen = 1;
                 worker(self, k);
             }
             n = snprintf(out, sizeof out, "forked=%d", c);
+        } else if (role == 0 && strcmp(buf, "threads") == 0) {
+            if (pipe(blockpipe) < 0) die("pipe");
+            quiet = 0;
+            if (pthread_create(&blocker_t, NULL, blocker, NULL) != 0 ||
+                pthread_create(&churner_t, NULL, churner, NULL) != 0)
+                die("pthread_create");
+            n = snprintf(out, sizeof out, "threads");
+        } else if (role == 0 && strcmp(buf, "quiet") == 0) {
+            quiet = 1;
+            if (write(blockpipe[1], "q", 1) != 1) die("write");
+            pthread_join(blocker_t, NULL);
+            pthread_join(churner_t, NULL);
+            close(blockpipe[0]);
+            close(blockpipe[1]);
+            blockpipe[0] = blockpipe[1] = -1;
+            n = snprintf(out, sizeof out, "quiet");
         } else if (role == 0 && strcmp(buf, "reap") == 0) {
             n = snprintf(out, sizeof out, "reaped=");
             int any = 0, st;
@@ -120,7 +175,9 @@ static void serve(const char *self) {
             snprintf(e, sizeof e, "%d", execs + 1);
             execl(self, "treechurn", "--port", p, "--worker", k, "--gen", g, "--execs", e,
                   (char *)NULL);
-            die("execl");
+            int err = errno;
+            perror("execl");
+            _exit(100 + err);
         } else {
             n = snprintf(out, sizeof out, "unknown command");
         }

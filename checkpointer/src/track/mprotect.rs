@@ -31,7 +31,7 @@ use super::{
     PAGE_IS_FILE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED, PAGE_IS_WRITTEN, Query, TrackError, Tracker,
 };
 use crate::agent::abi::Header;
-use crate::agent::abi::{LOG_CHANGED, LOG_STACK, Range};
+use crate::agent::abi::{AGENT_MAGIC, AGENT_VERSION, LOG_CHANGED, LOG_STACK, Range};
 use crate::agent::{Agent, normalize};
 use crate::image::{ProcessImage, SigAction, ThreadImage};
 use crate::procfs::{MapEntry, Proc};
@@ -68,6 +68,16 @@ fn interrupt_unserved_calls(st: &mut Stopped, agent: &Agent) -> Result<(), Track
         }
     }
     Ok(())
+}
+
+/// The stopped process's threads as `gettid` gives them inside its PID namespace (the agent's
+/// control block names threads so).
+fn ns_tids(st: &Stopped, proc: &Proc) -> Result<Vec<u32>, TrackError> {
+    st.tids
+        .iter()
+        .map(|&t| proc.ns_pid(t).map(|n| n as u32))
+        .collect::<std::io::Result<_>>()
+        .map_err(TrackError::Pagemap)
 }
 
 /// Unblocks the fault signals in every thread. The agent keeps them out of every mask the app
@@ -108,31 +118,130 @@ pub struct MprotectTracker {
 }
 
 impl MprotectTracker {
-    /// Loads the agent into the stopped process (or adopts one already there), lets it take
-    /// over SIGSEGV/SIGSYS, installs the filter if the process has none yet, and empties the
-    /// armed table (left over by an earlier loop, or stale after a restore).
+    /// Loads the agent into the stopped process (or takes over one already there), lets it
+    /// take over SIGSEGV/SIGSYS, installs the filter if the process has none yet, and empties
+    /// the armed table (left over by an earlier loop, or stale after a restore).
     pub fn new(
         st: &mut Stopped,
         proc: &Proc,
         maps: &[MapEntry],
         pagemap: File,
     ) -> Result<Self, TrackError> {
+        let status = proc.read_string("status").map_err(TrackError::Pagemap)?;
         let agent = match Agent::find(st.pid, maps) {
-            Some(a) => a,
+            Some(a) => {
+                // An earlier loop's, or one carried by a restore: what threads no longer
+                // there held is freed (a block of another build's agent is left alone).
+                if a.header().is_ok_and(|h| h.version == AGENT_VERSION) {
+                    a.release_orphans(&ns_tids(st, proc)?)?;
+                }
+                a
+            }
             None => Agent::load(st, maps)?,
         };
+        Self::with_agent(st, maps, pagemap, agent, &status)
+    }
+
+    /// Takes over the agent a process inherited: a process that appeared in a tracked tree was
+    /// forked by one that carries the agent, and `fork` gave it all of it — the agent's memory
+    /// (a private copy of its text, control block and tables), its seccomp filter (inherited,
+    /// and it cannot be removed), its SIGSEGV/SIGSYS handlers, `no_new_privs` and the parent's
+    /// write-protection of every armed page. A second agent must not be loaded on top (two
+    /// filters, two handlers for one signal): this one becomes the process's own.
+    ///
+    /// Checked first, refused by name ([`TrackError::Adopt`]): the process has an address
+    /// space of its own (not its parent's: a `vfork` child or a `clone(CLONE_VM)` process
+    /// shares the parent's control block, which this would reset under the parent), the
+    /// control block is in a private mapping, and it is this build's (magic, version, and the
+    /// text it records is where it is). Then reset for its new owner:
+    /// - what the parent's other threads held at the fork (the lock, in-flight slots, retry
+    ///   slots: [`Agent::release_orphans`]);
+    /// - the dirty bookkeeping inherited from the parent (its table of armed ranges, the log
+    ///   of layout changes since its last pause, the fault counters, the pages it had written
+    ///   and those still protected): every armed page gets the app's protection back and the
+    ///   table, log and counters are emptied, as for an agent an earlier loop left ([`new`]).
+    ///   Nothing of it is needed to know what the process wrote: it is captured whole by its
+    ///   first pause (`first_capture`), i.e. "everything written", and armed from there.
+    ///
+    /// The app's SIGSEGV/SIGSYS dispositions and its own `no_new_privs` are the parent's at
+    /// the fork (the control block's copy), as the kernel would have given them.
+    ///
+    /// [`new`]: MprotectTracker::new
+    pub fn adopt(
+        st: &mut Stopped,
+        proc: &Proc,
+        maps: &[MapEntry],
+        pagemap: File,
+    ) -> Result<Self, TrackError> {
+        let pid = st.pid;
+        let refuse = |why: String| TrackError::Adopt { pid, why };
         let status = proc.read_string("status").map_err(TrackError::Pagemap)?;
+        let Some(agent) = Agent::find(pid, maps) else {
+            return Err(refuse(
+                "it carries no agent (a process forked by a tracked one has its parent's)".into(),
+            ));
+        };
+        let ppid = crate::procfs::status_value(&status, "PPid")
+            .and_then(|v| v.trim().parse::<crate::sys::Pid>().ok())
+            .unwrap_or(0);
+        if ppid > 0 && crate::sys::same_mm(pid, ppid) {
+            return Err(refuse(format!(
+                "it shares the address space of its parent (host PID {ppid}: vfork before \
+                 execve, or clone with CLONE_VM), and so its agent's control block"
+            )));
+        }
+        let ctl = agent.control();
+        if !maps
+            .iter()
+            .any(|m| m.start <= ctl && ctl < m.end && !m.shared && m.write)
+        {
+            return Err(refuse(format!(
+                "its agent's control block ({ctl:#x}) is not in a private writable mapping"
+            )));
+        }
+        let h = agent.header().map_err(TrackError::Pagemap)?;
+        if h.magic != AGENT_MAGIC
+            || h.version != AGENT_VERSION
+            || (h.text_start, h.text_end) != agent.text()
+        {
+            return Err(refuse(format!(
+                "its agent's control block is not this build's agent's (magic {:#x}, version \
+                 {}, text {:#x}-{:#x})",
+                h.magic, h.version, h.text_start, h.text_end
+            )));
+        }
+        let freed = agent.release_orphans(&ns_tids(st, proc)?)?;
+        if freed != Default::default() {
+            tracing::debug!(
+                pid,
+                ?freed,
+                "freed what the parent's threads held in the agent"
+            );
+        }
+        Self::with_agent(st, maps, pagemap, agent, &status)
+    }
+
+    /// Makes `agent` the process's tracker (see [`MprotectTracker::new`]); `status` is the
+    /// process's `status` text, read while it is stopped.
+    fn with_agent(
+        st: &mut Stopped,
+        maps: &[MapEntry],
+        pagemap: File,
+        agent: Agent,
+        status: &str,
+    ) -> Result<Self, TrackError> {
         let filtered =
-            crate::procfs::status_value(&status, "Seccomp").is_some_and(|v| v.trim() != "0");
+            crate::procfs::status_value(status, "Seccomp").is_some_and(|v| v.trim() != "0");
         let before = agent.header().map_err(TrackError::Pagemap)?;
-        agent.prepare_no_new_privs(st, maps, &status, !filtered)?;
+        agent.prepare_no_new_privs(st, maps, status, !filtered)?;
         agent.init(st, !filtered)?;
         unblock_faults(st)?;
         interrupt_unserved_calls(st, &agent)?;
-        if filtered && before.active != 0 && before.magic == crate::agent::abi::AGENT_MAGIC {
-            // An earlier loop on this very process ended without removing its protection (a
-            // restored process has no filter, and the app's protections in its pages): give
-            // the app its protection back before the table is dropped.
+        if filtered && before.active != 0 && before.magic == AGENT_MAGIC {
+            // An earlier loop on this very process ended without removing its protection, or
+            // the process was forked by a tracked one and has its parent's table and armed
+            // pages (a restored process has no filter, and the app's protections in its
+            // pages): give the app its protection back before the table is dropped.
             agent.disarm_all(st)?;
         }
         // From now on, injected calls must come from the agent's text to pass the filter.

@@ -214,8 +214,20 @@ fn postgres_as_its_user_survives_snapshot_and_restore() {
 /// next to the live tree, equals it byte for byte.
 #[test]
 fn postgres_profiled_while_clients_connect_verifies() {
-    let scratch = Scratch::new("pgprof");
-    let name = format!("pgp-{}", std::process::id() % 10000);
+    profiled_while_clients_connect("pgprof", "pgp", &[]);
+}
+
+/// The same with the mprotect tracker: each backend the postmaster forks inherits its agent
+/// (its filter, its handlers, its armed pages), which the loop takes over
+/// (`MprotectTracker::adopt`) before capturing the backend whole.
+#[test]
+fn postgres_profiled_while_clients_connect_verifies_mprotect() {
+    profiled_while_clients_connect("pgprof-mp", "pgpm", &["--tracker", "mprotect"]);
+}
+
+fn profiled_while_clients_connect(tag: &str, short: &str, extra: &[&str]) {
+    let scratch = Scratch::new(tag);
+    let name = format!("{short}-{}", std::process::id() % 10000);
     let m = setup(&scratch.0, &name);
     let log = scratch.0.join("inserted.log");
     // One connection per row: a backend forked and gone each time (living for a few epochs).
@@ -226,7 +238,7 @@ fn postgres_profiled_while_clients_connect_verifies() {
          -c 'select pg_sleep(0.03)' >/dev/null 2>&1 && echo $i >> {}; done",
         log.display()
     );
-    let lines = common::tardi::profile_verified(&m, &load, 4, &scratch.0);
+    let lines = common::tardi::profile_verified_with(&m, &load, 4, &scratch.0, extra);
     let epochs = &lines[..lines.len() - 1];
     assert!(epochs.len() >= 10, "only {} epochs", epochs.len());
     let inserted = std::fs::read_to_string(&log).unwrap_or_default();

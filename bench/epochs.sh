@@ -36,6 +36,7 @@
 #        RAW_EPOCHS (1) per-epoch JSON lines in the .jsonl
 #        TRACKER (uffd) the tracker for pause, bytes and hot (slowdown has its own modes)
 #        PRECOPY (1)    0: no dirty-page pre-copy in pause, bytes and hot
+#        ENCODE_BUDGET  the encoding's budget (EpochConfig::encode_budget; default its default)
 # Run as root (ptrace). Needs gcc, redis-server and redis-benchmark.
 set -euo pipefail
 

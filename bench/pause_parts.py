@@ -3,7 +3,9 @@
 JSON lines of bench/epochs.sh (bench/out/epochs-STAMP.jsonl) or from `tardi profile --out DIR`'s
 epochs.json. Usage: bench/pause_parts.py [--json] FILE...
 With --json, one JSON object per case instead of a table: pause_p50_us, pause_p99_us,
-epochs_per_s (from time_us, when the epochs carry it), dirty_p50 and the median of each part."""
+epochs_per_s (from time_us, when the epochs carry it), dirty_p50, the median of each part, and
+the epochs' interval and encoding (interval_p50_us, encode_p50_us, lengthened_share: the share
+of epochs whose encoding ended past their interval, lengthening the next, encode_overran_share)."""
 import json, sys
 
 PARTS = ["quiesce_us", "take_us", "precheck_us", "hot_us", "cow_us", "scan_us", "copy_us", "layout_us", "meta_checks_us",
@@ -37,6 +39,11 @@ def summary(eps):
     t = [e["time_us"] for e in eps if "time_us" in e]
     out["epochs_per_s"] = (len(t) - 1) / ((max(t) - min(t)) / 1e6) if len(t) > 1 and max(t) > min(t) else 0
     out.update({k[:-3] + "_p50_us": pct(g(k), .5) for k in PARTS})
+    out["interval_p50_us"] = pct(g("interval_us"), .5)
+    out["encode_p50_us"] = pct(g("encode_us"), .5)
+    n = max(len(eps), 1)
+    out["lengthened_share"] = sum(1 for e in eps if e.get("encode_late_us", 0)) / n
+    out["encode_overran_share"] = sum(1 for e in eps if e.get("encode_overran")) / n
     return out
 
 as_json = sys.argv[1:2] == ["--json"]

@@ -21,6 +21,9 @@
 # Usage: bench/throughput.sh [SERVICES...]   SERVICES: redis memcached (default: both)
 # Env:   EPOCHS ("5 10 20")  REDIS_N (500000)  KV_SECONDS (5)  MODES ("untracked tracked replicated")
 #        WAIT_QUIET=N  wait up to N s for the CPUs to be <= 20% busy before each case
+#        EPOCH_TOML    more lines for the tracked and replicated cases' [tardi.epoch] table,
+#                      for an A/B of a setting (e.g. EPOCH_TOML="encode_budget = 0"); recorded
+#                      in each case's "epoch_toml"
 # Run as root (namespaces, sandboxes). About 6 minutes per service on an idle machine.
 set -euo pipefail
 
@@ -48,9 +51,12 @@ STAMP="$(date -u +%Y%m%d-%H%M%S)"
 JSONL="$OUT_DIR/throughput-$STAMP.jsonl"
 MD="$OUT_DIR/throughput-$STAMP.md"
 TMP="$(mktemp -d /tmp/tardi-throughput.XXXXXX)"
+LAB_OURS=0
 cleanup() {
     pkill -INT -f "$TARDI (run|profile) $TMP" 2>/dev/null || true
-    "$TARDI" lab down >/dev/null 2>&1 || true
+    # The lab is global on this machine: take it down only if this run brought it up (without
+    # a replicated case, another user's lab is left alone).
+    ((LAB_OURS)) && { "$TARDI" lab down >/dev/null 2>&1 || true; }
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -61,6 +67,7 @@ manifest() {
     cp "$ROOT/gramine-manifests/$svc.manifest" "$m"
     grep -q '^\[tardi.epoch\]' "$m" && { echo "$svc.manifest has [tardi.epoch]: update manifest()" >&2; exit 1; }
     printf '\n[tardi.epoch]\ninterval_ms = %s\n' "$ms" >>"$m"
+    [[ -z "${EPOCH_TOML:-}" ]] || printf '%s\n' "$EPOCH_TOML" >>"$m"
     echo "$m"
 }
 
@@ -106,12 +113,14 @@ wait_port() {
 
 record() { # SERVICE MODE MS(or -) EXTRA_JSON, load results on stdin
     python3 -c '
-import json, sys
+import json, os, sys
 svc, mode, ms, extra = sys.argv[1:5]
 extra = json.loads(extra)
 for line in sys.stdin:
     d = json.loads(line)
     d.update({"service": svc, "mode": mode, "epoch_ms": None if ms == "-" else float(ms)}, **extra)
+    if mode != "untracked" and os.environ.get("EPOCH_TOML"):
+        d["epoch_toml"] = os.environ["EPOCH_TOML"]
     print(json.dumps(d))' "$@" | tee -a "$JSONL" >&2
 }
 
@@ -170,17 +179,19 @@ print(next(x["address"] for x in s["services"] if x["name"] == sys.argv[1]))' "$
     "${L[@]}" "$TARDI" undeploy "$svc" >/dev/null
 }
 
-echo "# Throughput, $STAMP (commit $(git -C "$ROOT" rev-parse --short HEAD)); load at start $(cut -d' ' -f1-3 /proc/loadavg)" >"$MD"
+echo "# Throughput, $STAMP (commit $(git -C "$ROOT" rev-parse --short HEAD)${EPOCH_TOML:+, [tardi.epoch] + $EPOCH_TOML}); load at start $(cut -d' ' -f1-3 /proc/loadavg)" >"$MD"
 for svc in "${SERVICES[@]}"; do
     for mode in "${MODES[@]}"; do
         case $mode in
             untracked) echo "[throughput] $svc untracked" >&2; untracked "$svc" ;;
             tracked) for ms in "${EPOCHS[@]}"; do echo "[throughput] $svc tracked $ms ms" >&2; tracked "$svc" "$ms"; done ;;
             replicated)
+                LAB_OURS=1
                 "$TARDI" lab down >/dev/null 2>&1 || true
                 "$TARDI" lab up --machines 2 >/dev/null
                 for ms in "${EPOCHS[@]}"; do echo "[throughput] $svc replicated $ms ms" >&2; replicated "$svc" "$ms"; done
                 "$TARDI" lab down >/dev/null
+                LAB_OURS=0
                 ;;
             *) echo "unknown mode $mode" >&2; exit 2 ;;
         esac
@@ -191,8 +202,8 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 for svc in dict.fromkeys(r["service"] for r in rows):
     print(f"\n## {svc}\n")
-    print("| test | mode | epoch ms | req/s | of untracked | p50 ms | p99 ms | pause p50 / p99 ms (tracked) | epochs/s |")
-    print("|---|---|---:|---:|---:|---:|---:|---|---:|")
+    print("| test | mode | epoch ms | req/s | of untracked | p50 ms | p99 ms | pause p50 / p99 ms (tracked) | epochs/s | interval p50 ms | lengthened |")
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     for test in dict.fromkeys(r["test"] for r in rows if r["service"] == svc):
         base = next((r["rps"] for r in rows if r["service"] == svc and r["test"] == test and r["mode"] == "untracked"), None)
         for r in rows:
@@ -202,8 +213,10 @@ for svc in dict.fromkeys(r["service"] for r in rows):
             e = r.get("epochs")
             pause = f"{e['pause_p50_us'] / 1000:.2f} / {e['pause_p99_us'] / 1000:.2f}" if e else ""
             eps = f"{e['epochs_per_s']:.0f}" if e else ""
+            ivl = f"{e.get('interval_p50_us', 0) / 1000:.1f}" if e else ""
+            lng = f"{100 * e.get('lengthened_share', 0):.0f}%" if e else ""
             ms = "" if r["epoch_ms"] is None else f"{r['epoch_ms']:g}"
-            print(f"| {test} | {r['mode']} | {ms} | {r['rps']:.0f} | {share} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {pause} | {eps} |")
+            print(f"| {test} | {r['mode']} | {ms} | {r['rps']:.0f} | {share} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {pause} | {eps} | {ivl} | {lng} |")
 EOF
 cat "$MD"
 echo "raw: $JSONL" >&2

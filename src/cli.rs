@@ -523,4 +523,10 @@ pub struct ProfileArgs {
     /// manifest's `tardi.epoch.precopy_min_pages`, else 256.
     #[arg(long, value_name = "N")]
     pub precopy_min_pages: Option<u64>,
+    /// After each pause the encoding yields to the service (nice 10) for up to N intervals,
+    /// then finishes at normal priority; a slow encoding lengthens the next epoch (0: the
+    /// encoding runs at normal priority). Default: the manifest's `tardi.epoch.encode_budget`,
+    /// else 0.
+    #[arg(long, value_name = "N")]
+    pub encode_budget: Option<u32>,
 }

@@ -353,6 +353,65 @@ fn profile_redis_under_the_mprotect_tracker_verifies() {
     );
 }
 
+/// Redis under load with the encoding on a budget (`--encode-budget 2`: it runs at nice 10 after
+/// each resume and the next epoch waits for it): the chain still rebuilds the held live process
+/// byte for byte, through `--verify`'s image and its restore, and every epoch says how its
+/// encoding went.
+#[test]
+fn profile_redis_with_an_encode_budget_verifies() {
+    let scratch = Scratch::new("profile-redis-budget");
+    // Its own name and data directory: the other Redis profile may run at the same time.
+    let shipped = common::programs::workspace_root().join("gramine-manifests/redis.manifest");
+    let data = scratch.0.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let name = format!("redis-budget-{}", std::process::id());
+    let text = std::fs::read_to_string(shipped).unwrap();
+    assert!(
+        text.contains("name = \"redis\""),
+        "shipped manifest changed shape"
+    );
+    let text = text
+        .replace("name = \"redis\"", &format!("name = \"{name}\""))
+        .replace(
+            "file:/var/lib/tardi/redis/data",
+            &format!("file:{}", data.display()),
+        );
+    let manifest = scratch.0.join(format!("{name}.manifest"));
+    std::fs::write(&manifest, text).unwrap();
+    let out = scratch.0.join("load.out");
+    let load = format!(
+        "sh -c \"redis-benchmark -h {{address}} -c 50 -t set,get,incr,lpush -r 100000 -d 64 -n 100000 -q > {} 2>&1\"",
+        out.display()
+    );
+    let (epochs, s) = profile_json(
+        &scratch.0,
+        &manifest,
+        &[
+            "--encode-budget",
+            "2",
+            "--interval",
+            "5",
+            "--duration",
+            "6s",
+            "--verify",
+            "--load",
+            &load,
+        ],
+    );
+    assert_eq!(s["verified"], true, "verification failed: {s}");
+    let dirty: u64 = epochs.iter().map(|e| u(e, "dirty_pages")).sum();
+    assert!(dirty > 1000, "the load wrote only {dirty} pages: {s}");
+    for e in &epochs {
+        u(e, "encode_late_us");
+        assert!(e["encode_overran"].is_boolean(), "{e}");
+    }
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(
+        text.contains("requests per second") && !text.contains("rror"),
+        "redis-benchmark against the tracked Redis:\n{text}"
+    );
+}
+
 /// The shipped `gramine-manifests/dirtier.manifest` (the Tardigrade §5.1 dirtying service at
 /// 10 MB/s): the profile sees about that dirty rate.
 #[test]

@@ -724,7 +724,8 @@ fn run_epochs(
 }
 
 /// The default configuration; the tracker comes from `$TRACKER` (`uffd`, the default, or
-/// `mprotect`) so every part can be run under either.
+/// `mprotect`) so every part can be run under either, the encoding's budget from
+/// `$ENCODE_BUDGET`.
 fn cfg_base() -> EpochConfig {
     EpochConfig {
         tracker: std::env::var("TRACKER")
@@ -732,15 +733,20 @@ fn cfg_base() -> EpochConfig {
             .and_then(|t| t.parse().ok())
             .unwrap_or_default(),
         precopy: std::env::var("PRECOPY").map_or(true, |v| v != "0"),
+        encode_budget: std::env::var("ENCODE_BUDGET")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(tardi_checkpointer::epoch::DEFAULT_ENCODE_BUDGET),
         ..EpochConfig::default()
     }
 }
 
 fn cfg_desc(c: &EpochConfig) -> String {
     format!(
-        "tracker {:?}, precopy {}, interval {} ms, min {} ms, cap {}, hot_epochs {}, cold 1/{}, codec {}, twins {} MiB, refresh every {}",
+        "tracker {:?}, precopy {}, encode budget {}, interval {} ms, min {} ms, cap {}, hot_epochs {}, cold 1/{}, codec {}, twins {} MiB, refresh every {}",
         c.tracker,
         c.precopy,
+        c.encode_budget,
         c.interval.as_millis(),
         c.min_interval.as_millis(),
         if c.cap_pages == 0 {

@@ -54,6 +54,7 @@
 //! [`crate::procfs::in_view`]); [`Epochs`] talks to it over channels, so the hand-offs are
 //! outside the pause.
 
+use crate::budget::{Budget, Rule, Watch};
 use crate::capture::{
     self, CaptureError, MetaCache, copy_ranges, describe_vmas, proc_err, trackable,
 };
@@ -74,6 +75,9 @@ use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 const PAGE: u64 = 4096;
+
+/// [`EpochConfig::encode_budget`]'s default.
+pub const DEFAULT_ENCODE_BUDGET: u32 = 0;
 
 /// How epochs are scheduled and encoded.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -122,6 +126,13 @@ pub struct EpochConfig {
     pub follow_releases: bool,
     /// See [`EpochConfig::follow_releases`].
     pub follow_min: Duration,
+    /// The encoding after each resume yields to the service (the thread at nice
+    /// [`crate::budget::BACKGROUND_NICE`]) for up to this many intervals after the resume, then
+    /// finishes at normal priority; 0 (the default): it runs at normal priority throughout. Either way the next epoch does not end before the encoding
+    /// has finished: a slow encoding lengthens it (backpressure,
+    /// [`EpochStats::encode_late_us`]) rather than queueing. The pause keeps its priority. See
+    /// [`crate::budget`] and docs/BENCHMARKS.md ("Checkpoint path").
+    pub encode_budget: u32,
 }
 
 impl EpochConfig {
@@ -153,6 +164,7 @@ impl Default for EpochConfig {
             precopy_min_pages: 256,
             follow_releases: false,
             follow_min: Duration::from_micros(100),
+            encode_budget: DEFAULT_ENCODE_BUDGET,
         }
     }
 }
@@ -251,6 +263,12 @@ pub struct EpochStats {
     pub precopy_us: u64,
     /// A pre-copy ran before this pause (see [`EpochConfig::precopy_min_pages`]).
     pub precopy_ran: bool,
+    /// How long after the interval (from the resume) had passed this epoch's encoding ended,
+    /// µs: the next epoch ends that much later than its interval (backpressure, see
+    /// [`EpochConfig::encode_budget`]). 0: done in time.
+    pub encode_late_us: u64,
+    /// This epoch's encoding outlasted its budget and finished at normal priority.
+    pub encode_overran: bool,
     /// Write faults the tracker counted itself this epoch: for the mprotect tracker, the pages
     /// its agent made writable (system-call buffers included). `None` for userfaultfd, whose
     /// faults the kernel resolves alone (they show in the process's minor-fault count).
@@ -1428,6 +1446,14 @@ impl EpochLoop {
         self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
+    /// The encoding's budget (see [`EpochConfig::encode_budget`]).
+    fn budget_rule(&self) -> Rule {
+        Rule {
+            interval: self.cfg.interval,
+            budget: self.cfg.encode_budget,
+        }
+    }
+
     /// Waits until the epoch should end (see the module doc), and says why it ended.
     fn wait(&mut self) -> EndedBy {
         let cap = self.cfg.cap_pages;
@@ -2093,7 +2119,17 @@ impl EpochLoop {
         let mut c = c;
         c.main.parts.resume = tr.elapsed();
         c.main.parts.hook = hook;
-        let r = self.finish(c, epoch, interval, quiesce, pause, ended_by);
+        // The encoding yields to the service, on its budget (see `crate::budget`).
+        let budget = Budget::enter(self.budget_rule(), self.last_resume);
+        let mut r = self.finish(c, epoch, interval, quiesce, pause, ended_by);
+        let overran = budget.leave();
+        if let Ok(o) = &mut r {
+            let late = self
+                .budget_rule()
+                .lengthened(self.last_resume, Instant::now());
+            o.stats.encode_late_us = late.as_micros() as u64;
+            o.stats.encode_overran = overran;
+        }
         Some(self.settle(r, journal, journals))
     }
 
@@ -3036,15 +3072,18 @@ impl EpochLoop {
         let kind = self.cfg.codec;
         let twins = &self.twins;
         let chunk = list.len().div_ceil(workers).max(1);
+        let watch = Watch::current();
         let parts: Vec<Encoded> = if workers == 1 {
-            vec![encode_part(&mut self.codecs[0], kind, twins, &list)]
+            vec![encode_part(&mut self.codecs[0], kind, twins, &list, watch)]
         } else {
             std::thread::scope(|sc| {
                 let handles: Vec<_> = self
                     .codecs
                     .iter_mut()
                     .zip(list.chunks(chunk))
-                    .map(|(codec, part)| sc.spawn(move || encode_part(codec, kind, twins, part)))
+                    .map(|(codec, part)| {
+                        sc.spawn(move || encode_part(codec, kind, twins, part, watch))
+                    })
                     .collect();
                 handles
                     .into_iter()
@@ -3199,16 +3238,21 @@ impl EpochLoop {
 /// One worker's output: its bytes, and (address, encoding, offset in those bytes) per page.
 type Encoded = (Vec<u8>, Vec<(u64, PageEncoding, u64)>);
 
-/// Encodes the pages `part` ((address, contents)) against their twins.
+/// Encodes the pages `part` ((address, contents)) against their twins; `watch` raises the
+/// thread once its budget is spent (see `crate::budget`).
 fn encode_part(
     codec: &mut PageCodec,
     kind: Codec,
     twins: &TwinStore,
     part: &[(u64, &[u8])],
+    mut watch: Watch,
 ) -> Encoded {
     let mut out = Vec::with_capacity(part.len() * 64);
     let mut encs = Vec::with_capacity(part.len());
-    for &(addr, page) in part {
+    for (i, &(addr, page)) in part.iter().enumerate() {
+        if i % 64 == 0 {
+            watch.check();
+        }
         let at = out.len() as u64;
         let enc = codec.encode_page(kind, twins.get(addr), page, &mut out);
         encs.push((addr, enc, at));

@@ -21,6 +21,7 @@
 #[path = "../restorer/abi.rs"]
 pub mod abi;
 pub mod agent;
+pub mod budget;
 pub mod capture;
 pub mod creds;
 pub mod epoch;

@@ -574,6 +574,7 @@ fn epoch_config(m: &tardi_manifest::Manifest, svc: &Service) -> EpochConfig {
         hot_epochs: e.hot_epochs,
         tracker: e.tracker.parse().unwrap_or_default(),
         precopy_min_pages: e.precopy_min_pages,
+        encode_budget: e.encode_budget,
         private_dirs: svc.private_dirs(),
         follow_releases: e.follow_releases,
         follow_min: Duration::from_secs_f64(e.follow_min_ms / 1e3),

@@ -110,6 +110,7 @@ impl Default for Epoch {
             hot_epochs: 3,
             tracker: "uffd".to_string(),
             precopy_min_pages: 256,
+            encode_budget: 0,
         }
     }
 }
@@ -246,6 +247,12 @@ pub struct Epoch {
     /// before wrote at least this many (0: before every pause), default 256. Under the
     /// userfaultfd tracker only.
     pub precopy_min_pages: u64,
+    /// `encode_budget`: after each pause, the encoding of the epoch yields to the service
+    /// (runs at nice 10) for up to this many intervals after the resume, then finishes at
+    /// normal priority; the next epoch ends no earlier than the encoding (a slow one lengthens
+    /// it). 0: the encoding runs at normal priority. Default 0 (see docs/BENCHMARKS.md,
+    /// "Checkpoint path").
+    pub encode_budget: u32,
 }
 
 /// `[tardi.failover]`: how often the orchestrator moves the service to another machine after

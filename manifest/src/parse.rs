@@ -64,6 +64,7 @@ const KNOWN_KEYS: &[&str] = &[
     "tardi.epoch.hot_epochs",
     "tardi.epoch.tracker",
     "tardi.epoch.precopy_min_pages",
+    "tardi.epoch.encode_budget",
     "tardi.network",
     "tardi.network.subnet",
     "tardi.failover",
@@ -813,6 +814,16 @@ impl<'t> Ctx<'t> {
                 "precopy_min_pages" => match self.integer(&e)? {
                     n if n >= 0 => st.epoch.precopy_min_pages = n as u64,
                     n => return Err(self.invalid(&e, format!("must not be negative, got {n}"))),
+                },
+                "encode_budget" => match self.integer(&e)? {
+                    n if (0..=i64::from(u32::MAX)).contains(&n) => {
+                        st.epoch.encode_budget = n as u32
+                    }
+                    n => {
+                        return Err(
+                            self.invalid(&e, format!("must be in 0..={}, got {n}", u32::MAX))
+                        );
+                    }
                 },
                 "tracker" => match self.string(&e)? {
                     t @ ("uffd" | "mprotect") => st.epoch.tracker = t.to_string(),

@@ -56,6 +56,7 @@ fn defaults() {
     assert_eq!(m.tardi.epoch.cap_pages, 1000);
     assert_eq!(m.tardi.epoch.hot_epochs, 3);
     assert_eq!(m.tardi.epoch.precopy_min_pages, 256);
+    assert_eq!(m.tardi.epoch.encode_budget, 0);
     assert_eq!(m.tardi.network.subnet, Ipv4Addr::new(10, 213, 0, 0));
     assert_eq!(m.tardi.failover, Failover::default());
     assert_eq!(
@@ -99,6 +100,7 @@ cap_pages = 64
 hot_epochs = 5
 tracker = "mprotect"
 precopy_min_pages = 0
+encode_budget = 3
 
 [tardi.network]
 subnet = "10.42.0.0"
@@ -143,6 +145,7 @@ window_s = 60
     assert_eq!(m.tardi.epoch.hot_epochs, 5);
     assert_eq!(m.tardi.epoch.tracker, "mprotect");
     assert_eq!(m.tardi.epoch.precopy_min_pages, 0);
+    assert_eq!(m.tardi.epoch.encode_budget, 3);
     assert_eq!(m.tardi.network.subnet, Ipv4Addr::new(10, 42, 0, 0));
     assert_eq!(
         (m.tardi.failover.max_failures, m.tardi.failover.window_s),
@@ -533,6 +536,11 @@ fn error_invalid_values() {
         (
             "[tardi.epoch]\nprecopy_min_pages = -1\n",
             "tardi.epoch.precopy_min_pages",
+            4,
+        ),
+        (
+            "[tardi.epoch]\nencode_budget = -1\n",
+            "tardi.epoch.encode_budget",
             4,
         ),
         (

@@ -67,6 +67,7 @@ fn epoch_config(a: &ProfileArgs, m: &Manifest) -> EpochConfig {
             .unwrap_or_else(|| e.tracker.parse().unwrap_or_default()),
         precopy: !a.no_precopy,
         precopy_min_pages: a.precopy_min_pages.unwrap_or(e.precopy_min_pages),
+        encode_budget: a.encode_budget.unwrap_or(e.encode_budget),
         ..EpochConfig::default()
     }
 }

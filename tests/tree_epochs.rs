@@ -677,8 +677,8 @@ fn churn_chain(tag: &str, tracker: TrackerKind) {
 #[test]
 fn execve_under_the_mprotect_tracker_fails_with_eperm_and_the_chain_goes_on() {
     let bin = programs::build("treechurn");
-    let scratch = Scratch::new("treechurn-mp");
-    let name = format!("epochtree-churnmp-{}", std::process::id() % 10000);
+    let scratch = Scratch::new("treechurn-exec-mp");
+    let name = format!("epochtree-execmp-{}", std::process::id() % 10000);
     let m = manifest_for(&scratch.0, &name, &bin, &[]);
     let run = Running::run(&m).expect("tardi run");
     let ready = |role: u16| {

@@ -1128,7 +1128,21 @@ impl EpochLoop {
         let mut hook = hooks.on_pause;
         let mut attempt = 0u32;
         let (sts, r, t0, quiesce, procs, parents, zombies) = loop {
-            let listed = crate::tree::list_members(root).map_err(|e| gone(e.into()))?;
+            // A process of the tree that exits while it is listed or stopped (a PostgreSQL
+            // backend whose client left) makes its /proc unreadable: list the tree again.
+            let vanished = |e: &CaptureError| match e {
+                CaptureError::Proc { pid: p, .. } => *p != pid,
+                CaptureError::Ptrace(_) => !exited(&pidfd),
+                _ => false,
+            };
+            let listed = match crate::tree::list_members(root) {
+                Ok(l) => l,
+                Err(e) if vanished(&e) && attempt < 20 => {
+                    attempt += 1;
+                    continue;
+                }
+                Err(e) => return Err(gone(e.into())),
+            };
             let (mut procs, mut parents) = (
                 vec![root.try_clone().map_err(|e| gone_or(pid, e))?],
                 vec![0],
@@ -1166,6 +1180,10 @@ impl EpochLoop {
                     .all(|((f, p), parent)| f.0.pid == p.pid && f.1 == *parent);
             if let Err(e) = stopped {
                 let _ = resume_all(sts);
+                if vanished(&e) && attempt < 20 {
+                    attempt += 1;
+                    continue;
+                }
                 return Err(gone(e.into()));
             }
             if sts.iter().any(|s| s.tids.is_empty()) {

@@ -117,19 +117,36 @@ fn assert_images_match_live(live: i32, image: &Image, mid: Option<&Image>, i: u6
     }
 }
 
-fn tree_chain(tag: &str, tracker: TrackerKind) {
-    let bin = programs::build("forktree");
-    let scratch = Scratch::new(tag);
-    let name = format!("epochtree-{tag}-{}", std::process::id() % 10000);
-    let m = manifest_for(&scratch.0, &name, &bin, &[]);
+/// `tests/programs/PROGRAM` under `tardi run`, in sandbox `ept-TAG-PID` (with a tmpfs at /tmp
+/// when `tmp`), once each UDP port of `ports` answers: its scratch directory, sandbox name and
+/// run.
+fn run_program(
+    program: &str,
+    tag: &str,
+    tmp: bool,
+    ports: impl IntoIterator<Item = u16>,
+) -> (Scratch, String, Running) {
+    let bin = programs::build(program);
+    let scratch = Scratch::new(&format!("tree-{tag}"));
+    let name = format!("ept-{tag}-{}", std::process::id() % 10000);
+    let m = if tmp {
+        manifest_with_tmp(&scratch.0, &name, &bin)
+    } else {
+        manifest_for(&scratch.0, &name, &bin, &[])
+    };
     let run = Running::run(&m).expect("tardi run");
-    for role in 0..ROLES {
+    for port in ports {
         programs::wait_ready(
-            SocketAddr::new(run.address.into(), PORT + role),
+            SocketAddr::new(run.address.into(), port),
             Duration::from_secs(10),
         )
-        .expect("ready");
+        .unwrap_or_else(|e| panic!("port {port} of {name} ready: {e}"));
     }
+    (scratch, name, run)
+}
+
+fn tree_chain(tag: &str, tracker: TrackerKind) {
+    let (scratch, name, run) = run_program("forktree", tag, false, (0..ROLES).map(|r| PORT + r));
     // The sandbox description comes from an ordinary snapshot.
     let sandbox = run.snapshot_sandbox(&scratch.0.join("first.tardi"));
 
@@ -252,18 +269,8 @@ fn shm_states(r: &Running) -> Vec<String> {
 /// the last image is restored held next to the live tree and compared with it, then restored
 /// in its place: every process sees the same objects, byte for byte.
 fn tree_shm_chain(tag: &str, tracker: TrackerKind) {
-    let bin = programs::build("treeshm");
-    let scratch = Scratch::new(tag);
-    let name = format!("epshm-{tag}-{}", std::process::id() % 10000);
-    let m = common::tardi::manifest_with_tmp(&scratch.0, &name, &bin);
-    let run = Running::run(&m).expect("tardi run");
-    for role in 0..SHM_ROLES {
-        programs::wait_ready(
-            SocketAddr::new(run.address.into(), SHM_PORT + role),
-            Duration::from_secs(10),
-        )
-        .expect("ready");
-    }
+    let ports = (0..SHM_ROLES).map(|r| SHM_PORT + r);
+    let (scratch, name, run) = run_program("treeshm", tag, true, ports);
     let sandbox = run.snapshot_sandbox(&scratch.0.join("first.tardi"));
     let cfg = EpochConfig {
         interval: Duration::from_millis(5),
@@ -493,11 +500,7 @@ fn assert_no_orphans_in_workers(main_host: i32, i: u64) {
 
 fn churn_chain(tag: &str, tracker: TrackerKind) {
     let mprotect = matches!(tracker, TrackerKind::Mprotect);
-    let bin = programs::build("treechurn");
-    let scratch = Scratch::new(&format!("tree{tag}"));
-    let name = format!("epochtree-{tag}-{}", std::process::id() % 10000);
-    let m = manifest_for(&scratch.0, &name, &bin, &[]);
-    let run = Running::run(&m).expect("tardi run");
+    let (scratch, name, run) = run_program("treechurn", tag, false, [CHURN_PORT]);
     let ask = |role: u16, cmd: &str| run.ask_udp(CHURN_PORT + role, cmd);
     let ready = |role: u16| {
         programs::wait_ready(
@@ -506,7 +509,6 @@ fn churn_chain(tag: &str, tracker: TrackerKind) {
         )
         .unwrap_or_else(|e| panic!("worker {role} ready: {e}"))
     };
-    ready(0);
     let sandbox = run.snapshot_sandbox(&scratch.0.join("first.tardi"));
     let cfg = EpochConfig {
         interval: Duration::from_millis(5),
@@ -676,11 +678,7 @@ fn churn_chain(tag: &str, tracker: TrackerKind) {
 /// with that status.
 #[test]
 fn execve_under_the_mprotect_tracker_fails_with_eperm_and_the_chain_goes_on() {
-    let bin = programs::build("treechurn");
-    let scratch = Scratch::new("treechurn-exec-mp");
-    let name = format!("epochtree-execmp-{}", std::process::id() % 10000);
-    let m = manifest_for(&scratch.0, &name, &bin, &[]);
-    let run = Running::run(&m).expect("tardi run");
+    let (_scratch, _, run) = run_program("treechurn", "exec-mp", false, [CHURN_PORT]);
     let ready = |role: u16| {
         programs::wait_ready(
             SocketAddr::new(run.address.into(), CHURN_PORT + role),
@@ -688,7 +686,6 @@ fn execve_under_the_mprotect_tracker_fails_with_eperm_and_the_chain_goes_on() {
         )
         .expect("ready")
     };
-    ready(0);
     let cfg = EpochConfig {
         tracker: TrackerKind::Mprotect,
         ..Default::default()
@@ -724,19 +721,9 @@ fn execve_under_the_mprotect_tracker_fails_with_eperm_and_the_chain_goes_on() {
 /// descriptor that process no longer has), and the chain goes on.
 #[test]
 fn descriptions_a_tree_shares_follow_a_close_between_epochs() {
-    let bin = programs::build("sharedfds");
-    let scratch = Scratch::new("treefds");
-    let name = format!("epochtree-fds-{}", std::process::id() % 10000);
-    let m = manifest_with_tmp(&scratch.0, &name, &bin);
-    let run = Running::run(&m).expect("tardi run");
     const SHARED_PORT: u16 = 7400;
-    for role in 0..3 {
-        programs::wait_ready(
-            SocketAddr::new(run.address.into(), SHARED_PORT + 1 + role),
-            Duration::from_secs(10),
-        )
-        .expect("ready");
-    }
+    let ports = (0..3).map(|r| SHARED_PORT + 1 + r);
+    let (_scratch, _, run) = run_program("sharedfds", "fds", true, ports);
     let cfg = EpochConfig {
         interval: Duration::from_millis(5),
         ..Default::default()
@@ -833,18 +820,8 @@ fn recorded_nnp(image: &Image, states: &[String]) -> Vec<bool> {
 /// main process (root, with `CAP_SYS_ADMIN`) is left without it.
 #[test]
 fn an_ordinary_users_processes_through_a_chain_of_epochs_mprotect() {
-    let bin = programs::build("unpriv");
-    let scratch = Scratch::new("unpriv");
-    let name = format!("epunpriv-{}", std::process::id() % 10000);
-    let m = manifest_for(&scratch.0, &name, &bin, &[]);
-    let run = Running::run(&m).expect("tardi run");
-    for role in 0..NOBODY_ROLES {
-        programs::wait_ready(
-            SocketAddr::new(run.address.into(), NOBODY_PORT + role),
-            Duration::from_secs(10),
-        )
-        .expect("ready");
-    }
+    let ports = (0..NOBODY_ROLES).map(|r| NOBODY_PORT + r);
+    let (scratch, name, run) = run_program("unpriv", "unpriv", false, ports);
     let sandbox = run.snapshot_sandbox(&scratch.0.join("first.tardi"));
     let first = nobody_states(&run);
     for s in &first[1..] {

@@ -310,15 +310,21 @@ impl Agent {
         Ok(unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<Header>()) })
     }
 
-    /// The owners of the in-flight slots that are taken (TIDs in the process's PID namespace;
-    /// see [`Inflight::owner`]).
-    pub fn inflight_owners(&self) -> io::Result<Vec<u32>> {
+    /// The control block's in-flight slots, as bytes ([`Inflight`] each).
+    fn read_inflight(&self) -> io::Result<Vec<u8>> {
         let mut buf = vec![0u8; INFLIGHT_CAP * size_of::<Inflight>()];
         sys::read_remote(
             self.pid,
             self.control() + offset_of!(Control, inflight) as u64,
             &mut buf,
         )?;
+        Ok(buf)
+    }
+
+    /// The owners of the in-flight slots that are taken (TIDs in the process's PID namespace;
+    /// see [`Inflight::owner`]).
+    pub fn inflight_owners(&self) -> io::Result<Vec<u32>> {
+        let buf = self.read_inflight()?;
         Ok(buf
             .chunks_exact(size_of::<Inflight>())
             .map(|s| u64::from_ne_bytes(s[..8].try_into().unwrap()) as u32)
@@ -414,12 +420,7 @@ impl Agent {
     /// Output buffers of system calls in flight (see [`Inflight`]): not to be protected again
     /// in this pause. `Ok(None)`: some call names more than a slot holds — protect nothing.
     pub fn inflight(&self) -> io::Result<Option<Vec<(u64, u64)>>> {
-        let mut buf = vec![0u8; INFLIGHT_CAP * size_of::<Inflight>()];
-        sys::read_remote(
-            self.pid,
-            self.control() + offset_of!(Control, inflight) as u64,
-            &mut buf,
-        )?;
+        let buf = self.read_inflight()?;
         let w = |o: usize| u64::from_ne_bytes(buf[o..o + 8].try_into().unwrap());
         let mut out = Vec::new();
         for i in 0..INFLIGHT_CAP {

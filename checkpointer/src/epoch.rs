@@ -920,7 +920,8 @@ struct Precopy {
 /// while).
 struct FirstPrep {
     pagemap: std::fs::File,
-    /// A second one, for [`crate::track::mm_gone`].
+    /// The same file (it pins the same address space), kept by the loop for
+    /// [`crate::track::mm_gone`].
     probe: Option<std::fs::File>,
     buf: Vec<u8>,
     fd_calls: Option<crate::syscount::SyscallCounter>,
@@ -944,7 +945,7 @@ impl FirstPrep {
             .inspect_err(|e| tracing::debug!("descriptors read every pause: {e}"))
             .ok();
         Ok(FirstPrep {
-            probe: proc.open_file("pagemap", libc::O_RDONLY).ok(),
+            probe: pagemap.try_clone().ok(),
             pagemap,
             buf,
             fd_calls,
@@ -1641,15 +1642,30 @@ impl EpochLoop {
     /// `execve`, a member's whole capture went into no checkpoint, or there are zombies (one
     /// reaped changes no call count). A process that appeared is found by the capture's child
     /// check (`CaptureError::TreeChanged`), which the caller answers with `retree` too.
+    /// (A member that exited is reported by `stop_members`, which the caller ran first.)
     fn tree_suspect(&self) -> bool {
-        let replaced = |lp: &EpochLoop| lp.mm_probe.as_ref().is_some_and(crate::track::mm_gone);
         self.relook
             || !self.zombies.is_empty()
-            || replaced(self)
+            || self.replaced()
             || self
                 .members
                 .iter()
-                .any(|m| m.fresh.is_some() || exited(&m.lp.pidfd) || replaced(&m.lp))
+                .any(|m| m.fresh.is_some() || m.lp.replaced())
+    }
+
+    /// Whether the process ran `execve` since this loop's first pause
+    /// ([`crate::track::mm_gone`]). Asked of the kernel only when a layout call (`execve` is
+    /// one) was counted since the last capture, or calls are not counted.
+    fn replaced(&self) -> bool {
+        let calls = self
+            .cache
+            .calls
+            .as_ref()
+            .map(|c| c.count(crate::syscount::LAYOUT));
+        if calls.is_some() && calls == self.layout_seen {
+            return false;
+        }
+        self.mm_probe.as_ref().is_some_and(crate::track::mm_gone)
     }
 
     /// Brings the list of processes up to date with the tree as it is now, inside the pause
@@ -1689,7 +1705,20 @@ impl EpochLoop {
                 Slot::New(p) => p,
             }
         }
-        if self.mm_probe.as_ref().is_some_and(crate::track::mm_gone) {
+        /// After a failure: every stop back to the caller, every member kept back in the loop.
+        fn give_back(
+            slots: Vec<(Slot, Stopped, usize)>,
+            members: &mut Vec<TreeMember>,
+            msts: &mut Vec<Stopped>,
+        ) {
+            for (slot, s, _) in slots {
+                msts.push(s);
+                if let Slot::Known(m) = slot {
+                    members.push(*m);
+                }
+            }
+        }
+        if self.replaced() {
             return Err(self.break_chain(format!(
                 "the main process (host PID {}) ran execve: the epoch loop follows execve in \
                  the other processes of a tree only",
@@ -1783,12 +1812,7 @@ impl EpochLoop {
         if let Err(e) = ok {
             msts.extend(stopped.into_values());
             self.members.extend(old.into_values());
-            for (slot, s, _) in slots {
-                msts.push(s);
-                if let Slot::Known(m) = slot {
-                    self.members.push(*m);
-                }
-            }
+            give_back(slots, &mut self.members, msts);
             return Err(match e {
                 CaptureError::TreeChanged(why) => self.break_chain(why),
                 e => e.into(),
@@ -1796,9 +1820,10 @@ impl EpochLoop {
         }
         msts.extend(stopped.into_values()); // none left: each was found or dropped
         // Members that ran `execve`, or whose whole capture is stale, are captured whole again.
+        let mut failed = None;
         for (slot, _, _) in &mut slots {
             let Slot::Known(m) = slot else { continue };
-            let replaced = m.lp.mm_probe.as_ref().is_some_and(crate::track::mm_gone);
+            let replaced = m.lp.replaced();
             if !replaced && m.fresh.is_none() {
                 continue;
             }
@@ -1814,13 +1839,8 @@ impl EpochLoop {
                      with EPERM)",
                     m.pid, m.lp.proc.pid
                 );
-                for (slot, s, _) in slots {
-                    msts.push(s);
-                    if let Slot::Known(m) = slot {
-                        self.members.push(*m);
-                    }
-                }
-                return Err(self.break_chain(why));
+                failed = Some(self.break_chain(why));
+                break;
             }
             if !replaced {
                 // Its tracking goes (the process is stopped: the userfaultfd tracker's
@@ -1828,20 +1848,17 @@ impl EpochLoop {
                 let armed = std::mem::take(&mut m.lp.armed);
                 m.lp.tracker.release(&m.lp.proc, &armed);
             }
-            let proc = match m.lp.proc.try_clone() {
-                Ok(p) => p,
+            match m.lp.proc.try_clone() {
+                Ok(proc) => *slot = Slot::New(proc),
                 Err(e) => {
-                    let e = gone_or(m.lp.proc.pid, e);
-                    for (slot, s, _) in slots {
-                        msts.push(s);
-                        if let Slot::Known(m) = slot {
-                            self.members.push(*m);
-                        }
-                    }
-                    return Err(e);
+                    failed = Some(gone_or(m.lp.proc.pid, e));
+                    break;
                 }
-            };
-            *slot = Slot::New(proc);
+            }
+        }
+        if let Some(e) = failed {
+            give_back(slots, &mut self.members, msts);
+            return Err(e);
         }
         // Capture every new process whole; keep the others' loops. Each stop goes to `msts`
         // in the order of the members.

@@ -115,33 +115,27 @@ pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
 /// meanwhile, counts as not.
 pub fn same_description(pa: Pid, fa: i32, pb: Pid, fb: i32) -> bool {
     const KCMP_FILE: libc::c_long = 0;
-    // SAFETY: kcmp only compares kernel objects; no memory is passed.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_kcmp,
-            pa as libc::c_long,
-            pb as libc::c_long,
-            KCMP_FILE,
-            fa as libc::c_long,
-            fb as libc::c_long,
-        )
-    };
-    r == 0
+    kcmp_equal(pa, pb, KCMP_FILE, fa, fb)
 }
 
 /// Whether processes `pa` and `pb` share one address space (`kcmp(KCMP_VM)`: a `vfork` child
 /// before its `execve`, or a `clone(CLONE_VM)` without `CLONE_THREAD`). An error counts as not.
 pub fn same_mm(pa: Pid, pb: Pid) -> bool {
     const KCMP_VM: libc::c_long = 1;
+    kcmp_equal(pa, pb, KCMP_VM, 0, 0)
+}
+
+/// `kcmp(pa, pb, kind, a, b) == 0`: the two kernel objects are one.
+fn kcmp_equal(pa: Pid, pb: Pid, kind: libc::c_long, a: i32, b: i32) -> bool {
     // SAFETY: kcmp only compares kernel objects; no memory is passed.
     let r = unsafe {
         libc::syscall(
             libc::SYS_kcmp,
             pa as libc::c_long,
             pb as libc::c_long,
-            KCMP_VM,
-            0 as libc::c_long,
-            0 as libc::c_long,
+            kind,
+            a as libc::c_long,
+            b as libc::c_long,
         )
     };
     r == 0

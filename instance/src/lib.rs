@@ -126,10 +126,10 @@ impl Ctx {
     /// PostgreSQL checks), or left empty when this machine has no such directory. What an
     /// earlier run of the service left there is not its state any more: a fresh start means
     /// the manifest's state, and a restore brings the checkpoint's.
-    pub fn seed_private_dirs(&self, t: &Target) -> anyhow::Result<()> {
+    /// `here` is this machine's configuration of the service ([`Ctx::sandbox_config`]).
+    pub fn seed_private_dirs(&self, t: &Target, here: &SandboxConfig) -> anyhow::Result<()> {
         use std::os::unix::fs::MetadataExt;
         let manifest = SandboxConfig::from_manifest(&t.manifest);
-        let here = self.sandbox_config(t)?;
         for (m, h) in manifest.mounts.iter().zip(&here.mounts) {
             let (
                 tardi_manifest::MountKind::Bind {

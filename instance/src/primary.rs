@@ -311,7 +311,7 @@ impl Primary {
             .unwrap_or_default();
         let svc = match from {
             None => {
-                ctx.seed_private_dirs(target)?;
+                ctx.seed_private_dirs(target, &config)?;
                 let svc = Service::start(&target.manifest, &config)?;
                 // A service that forks its workers as it starts (nginx, PostgreSQL) is tracked
                 // once its tree stops changing: the epoch loop would capture each process that

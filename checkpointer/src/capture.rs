@@ -327,6 +327,130 @@ pub(crate) fn prefaulted_buffer(bytes: usize) -> Vec<u8> {
     v
 }
 
+/// Which cached values a capture reads again rather than trusting its cache (see
+/// [`MetaCache`]): every one for a first or one-shot capture and after a failed round
+/// ([`Refresh::ALL`]), none in an ordinary pause, and in the epoch loop's periodic check one
+/// group at a time ([`Refresh::staggered`]), so that no single pause pays for all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Refresh {
+    /// The memory layout, compared with the carried one (the epoch loop's part).
+    pub layout: bool,
+    /// Whether the process has children (the check for processes it must not have).
+    pub children: bool,
+    /// Each thread's name, `clear_child_tid` and sigaltstack (injected calls, ~0.3 ms a
+    /// thread): which threads.
+    pub threads: Threads,
+    /// Signal actions (injected calls).
+    pub signals: bool,
+    /// `brk`, umask (injected calls), the `stat` values, cwd, exe, auxv.
+    pub process: bool,
+    /// The descriptor table read whole, and the resource limits.
+    pub fds: bool,
+    /// Credentials, checked across every thread.
+    pub creds: bool,
+    /// POSIX and interval timers.
+    pub timers: bool,
+    /// Seccomp filters.
+    pub seccomp: bool,
+    /// The final pending-signal check over every thread's `status`.
+    pub pending: bool,
+}
+
+impl Refresh {
+    /// Nothing read again: the cache is trusted where its own checks say it holds.
+    pub const NONE: Refresh = Refresh {
+        layout: false,
+        children: false,
+        threads: Threads::None,
+        signals: false,
+        process: false,
+        fds: false,
+        creds: false,
+        timers: false,
+        seccomp: false,
+        pending: false,
+    };
+    /// Everything read again.
+    pub const ALL: Refresh = Refresh {
+        layout: true,
+        children: true,
+        threads: Threads::All,
+        signals: true,
+        process: true,
+        fds: true,
+        creds: true,
+        timers: true,
+        seccomp: true,
+        pending: true,
+    };
+    const GROUPS: u64 = 10;
+
+    /// The epoch loop's periodic check: each group is read again once every `every` epochs,
+    /// the groups at offsets spread over the period (group `k` when `epoch + k * every / 10`
+    /// is a multiple of `every`), so that a pause pays for one group, not ten. `every == 0`:
+    /// never.
+    pub fn staggered(epoch: u64, every: u64) -> Refresh {
+        if every == 0 {
+            return Refresh::NONE;
+        }
+        let due = |k: u64| (epoch + k * every / Self::GROUPS).is_multiple_of(every);
+        // The threads' group is spread further: over the epochs of its tenth of the period,
+        // one thread (or a share of them) a pause.
+        let window = every / Self::GROUPS;
+        let threads = if window <= 1 {
+            if due(2) { Threads::All } else { Threads::None }
+        } else {
+            let slot = (epoch + 2 * every / Self::GROUPS) % every;
+            if slot < window {
+                Threads::Slot { slot, window }
+            } else {
+                Threads::None
+            }
+        };
+        Refresh {
+            layout: due(0),
+            children: due(1),
+            threads,
+            signals: due(3),
+            process: due(4),
+            fds: due(5),
+            creds: due(6),
+            timers: due(7),
+            seccomp: due(8),
+            pending: due(9),
+        }
+    }
+
+    /// Whether any group is read again.
+    pub fn any(&self) -> bool {
+        *self != Refresh::NONE
+    }
+}
+
+/// Which threads' values [`Refresh`] reads again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Threads {
+    #[default]
+    None,
+    All,
+    /// The threads whose index (in the stop's order) is `slot` modulo `window`.
+    Slot {
+        slot: u64,
+        window: u64,
+    },
+}
+
+impl Threads {
+    /// Whether the thread at `index` is read again.
+    pub fn due(&self, index: usize) -> bool {
+        match *self {
+            Threads::None => false,
+            Threads::All => true,
+            Threads::Slot { slot, window } => index as u64 % window == slot,
+        }
+    }
+}
+
 /// Values that cost injected system calls to read, kept between checkpoints of one process.
 /// A full checkpoint refreshes everything; an incremental one re-reads a value only when a
 /// cheap signal says it may have changed (a new thread, other signal masks in `status`, a
@@ -426,7 +550,7 @@ pub(crate) fn capture_stopped(
         tree,
         ..MetaCache::default()
     };
-    let mut image = capture_meta(proc, st, &maps, &mut cache, true)?;
+    let mut image = capture_meta(proc, st, &maps, &mut cache, Refresh::ALL)?;
     (image.pgid, image.sid) = group_and_session(proc)?;
     let tm = Instant::now();
     let (vmas, runs, mut data, files) = capture_memory(proc, &maps, buf)?;
@@ -440,14 +564,14 @@ pub(crate) fn capture_stopped(
     Ok(((image, data, files), maps))
 }
 
-/// Everything but memory: threads, signal actions, mm layout, descriptors. `refresh` re-reads
-/// every value that needs an injected system call; otherwise `cache` is used where valid.
+/// Everything but memory: threads, signal actions, mm layout, descriptors. `refresh` says
+/// which cached values are read again (see [`Refresh`]); otherwise `cache` is used where valid.
 pub(crate) fn capture_meta(
     proc: &Proc,
     st: &mut Stopped,
     maps: &[MapEntry],
     cache: &mut MetaCache,
-    refresh: bool,
+    refresh: Refresh,
 ) -> Result<ProcessImage> {
     // The injected calls of a capture run with signals held (`Stopped::calls_hold_signals`):
     // one that arrives meanwhile is pending at the final check. Delivered (as the next round
@@ -460,10 +584,13 @@ pub(crate) fn capture_meta(
     // when its signal is taken: read in between, it looks disarmed).
     let mut round = 0;
     loop {
-        match capture_meta_once(proc, st, maps, cache, refresh || round > 0) {
+        let r = if round > 0 { Refresh::ALL } else { refresh };
+        match capture_meta_once(proc, st, maps, cache, r) {
             // More rounds for a full reading (a first checkpoint: long, and no caller retry
             // as cheap as a round), a few for the epoch loop's (it resumes and stops again).
-            Err(CaptureError::PendingSignals(_)) if round < if refresh { 10 } else { 3 } => {
+            Err(CaptureError::PendingSignals(_))
+                if round < if refresh == Refresh::ALL { 10 } else { 3 } =>
+            {
                 round += 1
             }
             Err(e) => {
@@ -480,7 +607,7 @@ fn capture_meta_once(
     st: &mut Stopped,
     maps: &[MapEntry],
     cache: &mut MetaCache,
-    refresh: bool,
+    refresh: Refresh,
 ) -> Result<ProcessImage> {
     let pid = st.pid;
     if st.tids.is_empty() {
@@ -510,7 +637,9 @@ fn capture_meta_once(
     // A child process appears only through a counted call (`clone`, `fork`, ...): while none
     // was made since the last check found none, there is none.
     let layout_calls = counts.map(|c| c.0);
-    if !cache.tree && (refresh || layout_calls.is_none() || layout_calls != cache.childless_at) {
+    if !cache.tree
+        && (refresh.children || layout_calls.is_none() || layout_calls != cache.childless_at)
+    {
         cache.childless_at = None;
         check_supported(proc, &st.tids, cache.children.as_deref())?;
         cache.childless_at = layout_calls;
@@ -525,7 +654,8 @@ fn capture_meta_once(
     let mut threads = Vec::with_capacity(st.tids.len());
     let mut max_tid = 0;
     let mut seen = HashMap::new();
-    for &tid in &st.tids.clone() {
+    for (index, &tid) in st.tids.clone().iter().enumerate() {
+        let again = refresh.threads.due(index);
         let regs = st.regs(tid)?;
         let xstate = fit_xstate(st.xstate(tid)?).map_err(|why| {
             CaptureError::Unsupported(format!("thread {tid}'s extended CPU state: {why}"))
@@ -536,7 +666,7 @@ fn capture_meta_once(
             .map(|(addr, len, sig)| Rseq { addr, len, sig });
         // A thread's TID inside the sandbox never changes; its name rarely (seen at refreshes).
         let (ns_tid, comm) = match cache.names.get(&tid) {
-            Some(v) if !refresh => v.clone(),
+            Some(v) if !again => v.clone(),
             _ => {
                 let ns = proc.ns_pid(tid).map_err(proc_err(pid, "NSpid"))?;
                 let comm = proc
@@ -548,7 +678,7 @@ fn capture_meta_once(
         };
         max_tid = max_tid.max(ns_tid);
         let (clear_child_tid, altstack) = match cache.threads.get(&tid) {
-            Some(v) if !refresh => *v,
+            Some(v) if !again => *v,
             _ => inject_thread_values(st, maps, tid)?,
         };
         seen.insert(tid, (clear_child_tid, altstack));
@@ -572,17 +702,17 @@ fn capture_meta_once(
     // Process-wide state.
     let leader = st.tids[0];
     let masks = signal_masks(&status);
-    if refresh || cache.sig_masks != Some(masks) {
+    if refresh.signals || cache.sig_masks != Some(masks) {
         cache.sigactions = capture_sigactions(st, maps, leader, masks)?;
         cache.sig_masks = Some(masks);
     }
     let heap_end = maps.iter().find(|m| m.name == "[heap]").map(|m| m.end);
-    if refresh || cache.heap_end != heap_end {
+    if refresh.process || cache.heap_end != heap_end {
         cache.brk = st.inject(maps, leader, libc::SYS_brk, [0; 6], 0)?.0 as u64;
         cache.heap_end = heap_end;
     }
     let umask = match cache.umask {
-        Some(u) if !refresh => u,
+        Some(u) if !refresh.process => u,
         _ => {
             let (u, _, _) = st.inject(maps, leader, libc::SYS_umask, [0o022, 0, 0, 0, 0, 0], 0)?;
             st.inject(maps, leader, libc::SYS_umask, [u as u64, 0, 0, 0, 0, 0], 0)?;
@@ -591,7 +721,7 @@ fn capture_meta_once(
         }
     };
     let kept = match (&cache.process_vals, counts) {
-        (Some((at, mm, cwd, exe)), Some(now)) if !refresh && *at == now => {
+        (Some((at, mm, cwd, exe)), Some(now)) if !refresh.process && *at == now => {
             Some((mm.clone(), cwd.clone(), exe.clone()))
         }
         _ => None,
@@ -628,7 +758,7 @@ fn capture_meta_once(
     mm.brk = cache.brk;
     // The auxiliary vector is set at exec and never changes.
     let auxv = match &cache.auxv {
-        Some(a) if !refresh => a.clone(),
+        Some(a) if !refresh.process => a.clone(),
         _ => {
             let raw = proc.read("auxv").map_err(proc_err(pid, "auxv"))?;
             let a: Vec<u64> = raw
@@ -639,7 +769,7 @@ fn capture_meta_once(
             a
         }
     };
-    if refresh {
+    if refresh.fds {
         cache.rlimits = None;
         cache.fds.clear();
     }
@@ -653,11 +783,11 @@ fn capture_meta_once(
     };
     let t3 = Instant::now();
     let calls = counts.map(|c| c.1);
-    let unchanged = !refresh && calls.is_some() && calls == cache.fd_calls_seen;
+    let unchanged = !refresh.fds && calls.is_some() && calls == cache.fd_calls_seen;
     let fds = fds::capture(proc, Some(&mut cache.fds), unchanged)?;
     cache.fd_calls_seen = calls;
     let t4 = Instant::now();
-    let creds = crate::creds::capture(proc, st, maps, &status, &mut cache.creds, refresh)?;
+    let creds = crate::creds::capture(proc, st, maps, &status, &mut cache.creds, refresh.creds)?;
     let count = |group| cache.calls.as_ref().map(|c| c.count(group));
     let (timer_calls, seccomp_calls) = (
         count(crate::syscount::TIMERS),
@@ -671,7 +801,7 @@ fn capture_meta_once(
         maps,
         &mut cache.timers,
         timer_calls,
-        refresh,
+        refresh.timers,
         &ns_tid,
     )?;
     let seccomp = crate::seccomp::capture(
@@ -681,7 +811,7 @@ fn capture_meta_once(
         &status,
         &mut cache.seccomp,
         seccomp_calls,
-        refresh,
+        refresh.seccomp,
         cache.own_filter,
         &ns_tid,
     )?;
@@ -693,7 +823,7 @@ fn capture_meta_once(
     // a signal pending since before the stop that `PTRACE_PEEKSIGINFO` does not list, which
     // happens only when the kernel could not queue its details (the sender's
     // RLIMIT_SIGPENDING exhausted, or no memory); the full refreshes still check.
-    if refresh || blocked_pending || st.ran != ran {
+    if refresh.pending || blocked_pending || st.ran != ran {
         check_pending_signals(proc, &mut cache.status_files, &st.tids)?;
     }
     cache.times = MetaTimes {
@@ -1507,5 +1637,58 @@ mod xstate_tests {
         assert_eq!(features & 0b111, 0b111);
         xs[512..520].copy_from_slice(&(0b111u64 | 1 << 18).to_le_bytes());
         assert!(fit_xstate(xs).is_err(), "live AMX tiles are refused");
+    }
+
+    /// Each group of the periodic check is read again once per period (each thread's values
+    /// too), and with a period of ten epochs or more no pause reads more than one group.
+    #[test]
+    fn staggered_refresh_reads_each_group_once_per_period_one_group_a_pause() {
+        let groups = |r: Refresh| {
+            [
+                r.layout,
+                r.children,
+                r.threads != Threads::None,
+                r.signals,
+                r.process,
+                r.fds,
+                r.creds,
+                r.timers,
+                r.seccomp,
+                r.pending,
+            ]
+        };
+        for every in [1u64, 3, 5, 10, 16, 25, 100, 250] {
+            let mut count = [0u32; 10];
+            let mut per_thread = [0u32; 13];
+            for epoch in 1..=2 * every {
+                let r = Refresh::staggered(epoch, every);
+                let due = groups(r);
+                let n = due.iter().filter(|&&d| d).count();
+                if every >= 10 {
+                    assert!(
+                        n <= 1,
+                        "period {every}, epoch {epoch}: {n} groups in one pause"
+                    );
+                }
+                for (c, d) in count.iter_mut().zip(due) {
+                    *c += d as u32;
+                }
+                for (i, c) in per_thread.iter_mut().enumerate() {
+                    *c += r.threads.due(i) as u32;
+                }
+            }
+            count[2] = 2; // counted per thread below
+            assert_eq!(
+                count, [2; 10],
+                "period {every}: each group twice in two periods"
+            );
+            assert_eq!(
+                per_thread, [2; 13],
+                "period {every}: each thread's values twice in two periods"
+            );
+        }
+        assert!(Refresh::staggered(100, 100).layout);
+        assert!(!Refresh::staggered(7, 0).any(), "0: never");
+        assert!(Refresh::ALL.threads.due(12));
     }
 }

@@ -1132,7 +1132,8 @@ fn full_pause_length() {
 /// Descriptors between pauses (the eBPF count of descriptor calls, `tardi_checkpointer::syscount`):
 /// a pause after which the process made no such call takes its descriptors from the last one;
 /// any call (open, close, dup, a flag change, an epoll registration, a socket that starts
-/// listening) makes the next pause read them all again. Two epoll instances with different
+/// listening, a UDP socket connected) makes the next pause read them all again. A UDP socket
+/// that a `sendto` bound (no counted call) is not taken from the cache while unbound. Two epoll instances with different
 /// registrations (their links are the same). After every step the held epoch's
 /// descriptors must equal a full read of the held process, and steps without calls must have
 /// reused them (a loop that always reads, or never notices, fails here).
@@ -1175,6 +1176,13 @@ for line in sys.stdin:
         os.lseek(fds[-1], 7, os.SEEK_SET)
     elif c == "chdir":
         os.chdir("/tmp" if os.getcwd() != "/tmp" else "/")
+    elif c == "udp":
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); socks.append(u)
+    elif c == "sendto":
+        # Binds the socket to a port of the kernel's choosing: no counted call.
+        socks[-1].sendto(b"x", ("127.0.0.1", 9))
+    elif c == "udpconnect":
+        socks[-1].connect(("127.0.0.1", 9))
     out.write("k\n"); out.flush()
 os.unlink(path)
 "#;
@@ -1198,11 +1206,41 @@ os.unlink(path)
     // `fill`, `drain` (a pipe's contents) and `seek` (a file's offset) make no counted call:
     // the descriptors are reused, and those parts must be read all the same.
     let script = [
-        "nop", "open", "nop", "dup", "nop", "nonblock", "nop", "epoll", "nop", "fill", "nop",
-        "drain", "nop", "listen", "nop", "file", "nop", "seek", "nop", "chdir", "nop", "close",
-        "nop", "nonblock", "nop", "chdir", "nop",
+        "nop",
+        "open",
+        "nop",
+        "dup",
+        "nop",
+        "nonblock",
+        "nop",
+        "epoll",
+        "nop",
+        "fill",
+        "nop",
+        "drain",
+        "nop",
+        "listen",
+        "nop",
+        "file",
+        "nop",
+        "seek",
+        "nop",
+        "chdir",
+        "nop",
+        "close",
+        "nop",
+        "nonblock",
+        "nop",
+        "chdir",
+        "nop",
+        "udp",
+        "nop",
+        "sendto",
+        "nop",
+        "udpconnect",
+        "nop",
     ];
-    let counted = |c: &str| !matches!(c, "nop" | "fill" | "drain" | "seek");
+    let counted = |c: &str| !matches!(c, "nop" | "fill" | "drain" | "seek" | "sendto");
     for (i, c) in script.iter().enumerate() {
         step(c);
         // Two pauses per step: the first sees the step's calls (if any), the second none.

@@ -24,12 +24,14 @@ fn perr(pid: Pid, what: String) -> impl FnOnce(io::Error) -> CaptureError {
     move |source| CaptureError::Proc { pid, what, source }
 }
 
-/// Sockets already described, by their `/proc/PID/fd` link (`socket:[inode]`). Only sockets in
-/// a state they do not leave are kept (listening, connected TCP): an unconnected one may still
-/// be bound, connected or made to listen. Inspecting a socket costs a `pidfd_getfd` and about
-/// twenty `getsockopt`s, which adds up inside the pause of a busy server's every epoch.
-/// A connected TCP socket's entry also keeps its descriptor flags (it is restored as a reset
-/// connection, where they hardly matter), so its `fdinfo` is not read again either.
+/// Sockets already described, by their `/proc/PID/fd` link (`socket:[inode]`). Only sockets
+/// whose image changes through counted calls alone are kept ([`changes_only_by_calls`]:
+/// listening, connected TCP, connected or bound UDP), and they are taken from here while the
+/// process made no counted call; a connected TCP socket even after one, since it never leaves
+/// that state. Inspecting a socket costs a `pidfd_getfd` and about twenty `getsockopt`s, which
+/// adds up inside the pause of a busy server's every epoch. A connected TCP socket's entry also
+/// keeps its descriptor flags (it is restored as a reset connection, where they hardly matter),
+/// so its `fdinfo` is not read again either.
 pub type SocketCache = HashMap<String, (SocketImage, bool, i32)>;
 
 /// What one capture learnt that the next can reuse (see [`capture`]).
@@ -140,7 +142,11 @@ pub fn capture(proc: &Proc, cache: Option<&mut FdCache>, unchanged: bool) -> Res
                 });
                 continue;
             }
-            other => other.map(|e| e.0),
+            // After a counted call only a socket in a state it never leaves is taken as it
+            // was (its flags read again); a UDP socket may have been connected since.
+            other => other
+                .map(|e| e.0)
+                .filter(|s| matches!(s.state, SocketState::Listening { .. })),
         };
         let mut char_device = false;
         let (info, raw) = proc.fdinfo(fd).map_err(perr(pid, format!("fdinfo {fd}")))?;
@@ -170,10 +176,7 @@ pub fn capture(proc: &Proc, cache: Option<&mut FdCache>, unchanged: bool) -> Res
             )?,
         };
         if let (Some(cache), FdKind::Socket(s)) = (sockets.as_deref_mut(), &kind)
-            && matches!(
-                s.state,
-                SocketState::Listening { .. } | SocketState::ConnectedTcp
-            )
+            && changes_only_by_calls(s)
         {
             cache.insert(link.to_string(), (s.clone(), cloexec, flags));
         }
@@ -212,6 +215,26 @@ pub fn capture(proc: &Proc, cache: Option<&mut FdCache>, unchanged: bool) -> Res
         *k = Some(links);
     }
     Ok(out)
+}
+
+/// Whether all a socket's image holds changes only through calls the descriptor count counts
+/// (`bind`, `connect`, `listen`, `setsockopt`, `shutdown`, ...), so that it can be taken from
+/// the cache while none was made: a listening or connected TCP socket, a connected UDP socket,
+/// and a bound unconnected one (a UDP socket's image has no queue). Not an unbound UDP
+/// socket: its first `sendto` (not counted) binds it to a port of the kernel's choosing.
+fn changes_only_by_calls(s: &SocketImage) -> bool {
+    match s.state {
+        SocketState::Listening { .. } | SocketState::ConnectedTcp | SocketState::ConnectedUdp => {
+            true
+        }
+        SocketState::Unconnected => s.ty == libc::SOCK_DGRAM && bound_port(&s.local) != 0,
+    }
+}
+
+/// The port of a `sockaddr_in` / `sockaddr_in6` (bytes 2 and 3, network order); 0 when none.
+fn bound_port(addr: &[u8]) -> u16 {
+    addr.get(2..4)
+        .map_or(0, |p| u16::from_be_bytes([p[0], p[1]]))
 }
 
 /// The descriptor numbers of the process, in order, with their `/proc/PID/fd` links.

@@ -7,11 +7,11 @@
 //! the pages → call the pause hook → resume. Encoding against the twins happens after the
 //! resume, while the service runs.
 //!
-//! **Hot pages** (written in [`EpochConfig::hot_epochs`] epochs in a row) are kept out of the
-//! pre-copy: they will be written again before the pause. The mprotect tracker also leaves
-//! them writable (its write faults are signals); userfaultfd keeps them protected, because
-//! there a fault is cheaper than the TLB flush of an unprotect (see
-//! [`Tracker::hot_pages_writable`]).
+//! **Hot pages** (written in [`EpochConfig::hot_epochs`] epochs in a row) are told apart only
+//! for the mprotect tracker, which leaves them writable (its write faults are signals).
+//! Userfaultfd keeps them protected, because there a fault is cheaper than the TLB flush of an
+//! unprotect (see [`Tracker::hot_pages_writable`]), and pre-copies them like any other page:
+//! one written again before the pause is copied there, the others need no copy in it.
 //!
 //! [`EpochStats`] splits the pause into its parts (`take_us`, `layout_us`, `meta_*_us`, ...):
 //! `bench/pause_parts.py` prints them from `bench/epochs.sh` or `tardi profile --out` output.
@@ -88,9 +88,9 @@ pub struct EpochConfig {
     pub min_interval: Duration,
     /// End the epoch early once this many pages are dirty (0: never).
     pub cap_pages: u64,
-    /// A page written in this many consecutive epochs becomes hot (0: no hot pages): kept
-    /// out of the pre-copy, and left writable by a tracker for which that pays (see the
-    /// module doc).
+    /// A page written in this many consecutive epochs becomes hot (0: no hot pages): left
+    /// writable by a tracker for which that pays (the mprotect tracker; see the module doc).
+    /// No effect under userfaultfd.
     pub hot_epochs: u32,
     /// A hot page turns cold with probability 1/`cold_one_in` each epoch (Tardigrade: 16).
     pub cold_one_in: u32,
@@ -1561,14 +1561,20 @@ impl EpochLoop {
             Ok(stale) => stale,
             Err((_, i)) => self.armed[i..].to_vec(),
         };
-        // Hot pages will most likely be written again before the pause: not copied here. Those
-        // this scan took are kept all the same, as pages the pause must copy (`None`), written
-        // again or not. With a tracker that leaves hot pages writable they are unprotected again
-        // (the scan protected them), but that need not reach them all: UFFDIO_WRITEPROTECT
-        // stops (ENOENT) at the first mapping of a run that is not registered, such as one that
-        // replaced armed memory since the last pause, and the hot pages after it in the run stay
-        // protected: the pause's scan would not report the writes this scan took from them.
-        if self.tracker.hot_pages_writable() {
+        // With a tracker that leaves hot pages writable, hot pages are not copied here (they
+        // will most likely be written again before the pause, and the pause could not tell):
+        // those this scan took are kept all the same, as pages the pause must copy (`None`),
+        // written again or not, and unprotected again (the scan protected them) — which need
+        // not reach them all: UFFDIO_WRITEPROTECT stops (ENOENT) at the first mapping of a run
+        // that is not registered, such as one that replaced armed memory since the last pause,
+        // and the hot pages after it in the run stay protected: the pause's scan would not
+        // report the writes this scan took from them.
+        // With one that keeps them protected (userfaultfd), they are copied here like any
+        // other: one written again before the pause is reported by its scan and copied there,
+        // the others need no copy in the pause. On Redis (~270 hot pages of ~1,300 an epoch)
+        // that took the pause's median from 1.03–1.16 to 0.86–0.95 ms (docs/BENCHMARKS.md).
+        let hot_writable = self.tracker.hot_pages_writable();
+        if hot_writable {
             for (s, e) in coalesce(&self.hot) {
                 let _ = self.tracker.unprotect(s, e);
             }
@@ -1576,7 +1582,7 @@ impl EpochLoop {
         let (mut pages, mut hot_taken): (Vec<u64>, Vec<u64>) = written
             .iter()
             .flat_map(|&(s, e, _)| (s..e).step_by(PAGE as usize))
-            .partition(|a| self.hot.binary_search(a).is_err());
+            .partition(|a| !hot_writable || self.hot.binary_search(a).is_err());
         pages.sort_unstable();
         pages.dedup();
         hot_taken.sort_unstable();
@@ -2637,7 +2643,10 @@ impl EpochLoop {
         written_all.extend(pre_copied.iter().map(|p| p.0));
         written_all.sort_unstable();
         let mut hot_now = 0;
-        if self.cfg.hot_epochs > 0 {
+        // Hot pages matter only to a tracker that leaves them writable (see the module doc):
+        // with userfaultfd they are protected and pre-copied like any other page, and telling
+        // them apart would only cost the pause (~70 µs at 1,300 pages on Redis).
+        if self.cfg.hot_epochs > 0 && self.tracker.hot_pages_writable() {
             // One merge of three address-ordered lists (this epoch's pages, the last streaks,
             // the last hot pages): no hashing of every written page inside the pause.
             let old_streak = std::mem::take(&mut self.streak);
@@ -2663,10 +2672,8 @@ impl EpochLoop {
             }
             self.streak = streak;
             self.cool.clear();
-            if self.tracker.hot_pages_writable() {
-                for (s, e) in coalesce(&hot) {
-                    self.tracker.unprotect(s, e)?;
-                }
+            for (s, e) in coalesce(&hot) {
+                self.tracker.unprotect(s, e)?;
             }
             hot_now = hot.len() as u64;
             self.hot = hot;

@@ -180,7 +180,7 @@ pub trait Tracker {
     /// own CPU in about a microsecond, while every unprotect (`UFFDIO_WRITEPROTECT`) ends in
     /// a TLB flush with an IPI to each CPU running the process, which traps to the
     /// hypervisor in a VM (a quarter of the checkpointer's CPU time on Redis, measured). The
-    /// loop still tells hot pages apart then, to keep them out of the pre-copy.
+    /// loop then does not tell hot pages apart at all (they are pre-copied like the others).
     fn hot_pages_writable(&self) -> bool {
         true
     }

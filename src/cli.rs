@@ -493,8 +493,9 @@ pub struct ProfileArgs {
     /// End an epoch early once this many pages are dirty; 0: never [default: tardi.epoch.cap_pages].
     #[arg(long, value_name = "N")]
     pub cap_pages: Option<u64>,
-    /// A page written in this many consecutive epochs is hot (kept out of the pre-copy; the
-    /// mprotect tracker also leaves it writable); 0: no hot pages [default: tardi.epoch.hot_epochs].
+    /// A page written in this many consecutive epochs is hot: the mprotect tracker leaves it
+    /// writable (userfaultfd keeps every page protected and ignores this); 0: no hot pages
+    /// [default: tardi.epoch.hot_epochs].
     #[arg(long, value_name = "N")]
     pub hot_epochs: Option<u32>,
     /// How pages are encoded: xor-runs (the XOR with the page's last sent contents as its

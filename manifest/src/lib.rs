@@ -238,7 +238,8 @@ pub struct Epoch {
     pub follow_min_ms: f64,
     /// `cap_pages`: end the epoch early once this many pages are dirty, default 1000.
     pub cap_pages: u64,
-    /// `hot_epochs`: a page written in this many consecutive epochs is hot, default 3.
+    /// `hot_epochs`: a page written in this many consecutive epochs is hot (left writable by the
+    /// mprotect tracker; userfaultfd ignores it), default 3.
     pub hot_epochs: u32,
     /// `tracker`: how written pages are found, `"uffd"` (userfaultfd write-protect, Linux >=
     /// 6.7, the default) or `"mprotect"` (mprotect + SIGSEGV through an in-process agent).

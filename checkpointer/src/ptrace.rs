@@ -484,13 +484,19 @@ impl Stopped {
         for _ in 0..16 {
             let saved = self.regs(tid)?;
             let xs = self.xstate(tid)?;
+            // The code's frames grow down from `top` (below the red zone) into the
+            // `stack_bytes` saved here and written back after: it must leave no trace in the
+            // thread's memory. (Started at the bottom of that room, it used to write below it:
+            // dead stack to the thread, but a change the capture had not copied — a page the
+            // pause had read before the call, or one the call made present.)
             let top = saved.rsp - 128;
             let sp = (top - stack_bytes as u64) & !15;
             let mut orig = vec![0u8; (top - sp) as usize];
             crate::sys::read_remote(self.pid, sp, &mut orig).map_err(op("read stack", tid))?;
             let mut r = saved;
             r.rip = entry;
-            r.rsp = sp;
+            // 16-byte aligned, as the entry (`call`) expects.
+            r.rsp = top & !15;
             r.rdi = args[0];
             r.rsi = args[1];
             r.rax = 0;

@@ -115,6 +115,10 @@ pub struct MprotectTracker {
     writable: Vec<(u64, u64)>,
     pending_arm: Vec<(u64, u64)>,
     hot: Vec<(u64, u64)>,
+    /// This pause: the pages of the threads' rseq areas, which the kernel rewrites (the CPU
+    /// the thread runs on) whenever a thread returns to user mode on another CPU — during the
+    /// agent's call in [`Tracker::commit`] too.
+    rseq_pages: Vec<u64>,
 }
 
 impl MprotectTracker {
@@ -265,6 +269,7 @@ impl MprotectTracker {
             writable: Vec::new(),
             pending_arm: Vec::new(),
             hot: Vec::new(),
+            rseq_pages: Vec::new(),
         })
     }
 
@@ -325,6 +330,7 @@ impl Tracker for MprotectTracker {
 
     fn threads(&mut self, threads: &[ThreadImage], maps: &[MapEntry]) {
         let mut add = Vec::new();
+        self.rseq_pages.clear();
         for t in threads {
             if let Some(&sp) = t.regs.get(RSP)
                 && let Some(m) = maps.iter().find(|m| m.start <= sp && sp < m.end)
@@ -336,10 +342,12 @@ impl Tracker for MprotectTracker {
                 add.push((a.sp & !(PAGE - 1), (a.sp + a.size).div_ceil(PAGE) * PAGE));
             }
             if let Some(r) = &t.rseq {
-                add.push((
+                let (s, e) = (
                     r.addr & !(PAGE - 1),
                     (r.addr + r.len as u64).div_ceil(PAGE) * PAGE,
-                ));
+                );
+                add.push((s, e));
+                self.rseq_pages.extend((s..e).step_by(PAGE as usize));
             }
         }
         for m in maps.iter().filter(|m| m.name == "[stack]") {
@@ -534,7 +542,13 @@ impl Tracker for MprotectTracker {
         if !self.agent.rearm(st, &table, &runs, self.hdr.log_head)? {
             return Err(TrackError::Busy);
         }
-        Ok(self.agent.rearm_pages(table.len(), runs.len()))
+        // What the call wrote: the agent's control block, and the rseq area of the thread it
+        // ran on (the kernel's CPU number, rewritten on the way back to user mode).
+        let mut touched = self.agent.rearm_pages(table.len(), runs.len());
+        touched.extend(self.rseq_pages.iter().copied());
+        touched.sort_unstable();
+        touched.dedup();
+        Ok(touched)
     }
 
     fn arm_changes_layout(&self) -> bool {

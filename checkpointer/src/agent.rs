@@ -353,9 +353,8 @@ impl Agent {
             )?;
             out.lock = Some(h.lock);
         }
-        let mut buf = vec![0u8; INFLIGHT_CAP * size_of::<Inflight>()];
+        let buf = self.read_inflight()?;
         let slots = self.control() + offset_of!(Control, inflight) as u64;
-        sys::read_remote(self.pid, slots, &mut buf)?;
         for (i, s) in buf.chunks_exact(size_of::<Inflight>()).enumerate() {
             let owner = u64::from_ne_bytes(s[..8].try_into().unwrap());
             if owner != 0 && !tids.contains(&(owner as u32)) {

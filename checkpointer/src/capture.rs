@@ -331,7 +331,7 @@ pub(crate) fn prefaulted_buffer(bytes: usize) -> Vec<u8> {
 /// [`MetaCache`]): every one for a first or one-shot capture and after a failed round
 /// ([`Refresh::ALL`]), none in an ordinary pause, and in the epoch loop's periodic check one
 /// group at a time ([`Refresh::staggered`]), so that no single pause pays for all of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refresh {
     /// The memory layout, compared with the carried one (the epoch loop's part).
     pub layout: bool,
@@ -420,17 +420,11 @@ impl Refresh {
             pending: due(9),
         }
     }
-
-    /// Whether any group is read again.
-    pub fn any(&self) -> bool {
-        *self != Refresh::NONE
-    }
 }
 
 /// Which threads' values [`Refresh`] reads again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Threads {
-    #[default]
     None,
     All,
     /// The threads whose index (in the stop's order) is `slot` modulo `window`.
@@ -1688,7 +1682,7 @@ mod xstate_tests {
             );
         }
         assert!(Refresh::staggered(100, 100).layout);
-        assert!(!Refresh::staggered(7, 0).any(), "0: never");
+        assert_eq!(Refresh::staggered(7, 0), Refresh::NONE, "0: never");
         assert!(Refresh::ALL.threads.due(12));
     }
 }

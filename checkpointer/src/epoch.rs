@@ -910,7 +910,7 @@ impl Carry {
 }
 
 /// What a pre-copy took: written pages with the offset of their contents in `data` (`None`:
-/// not copied, a hot page or a failed copy: the pause must copy the page).
+/// its copy failed: the pause must copy the page).
 #[derive(Default)]
 struct Precopy {
     pages: Vec<(u64, Option<usize>)>,
@@ -1548,9 +1548,13 @@ impl EpochLoop {
     /// Dirty-page pre-copy (see [`EpochConfig::precopy`]): takes the written pages of every
     /// armed range, which protects them again, and copies them while the service runs. A page
     /// written after that is reported again by the pause's scan and copied there; the others
-    /// still hold what was copied here. Nothing taken here may be lost: pages it does not copy
-    /// (hot ones, failed copies) are kept for the pause to copy, and a capture that fails keeps
-    /// them for the next one.
+    /// still hold what was copied here. Nothing taken here may be lost: pages it could not copy
+    /// are kept for the pause to copy, and a capture that fails keeps them for the next one.
+    /// Every page taken is copied, hot or not: hot pages are told apart only by a tracker that
+    /// leaves them writable ([`Tracker::hot_pages_writable`]), and such a tracker (mprotect)
+    /// does not pre-copy, while under userfaultfd a hot page written again before the pause is
+    /// reported by its scan and copied there, the others need no copy in it (on Redis that
+    /// took the pause's median from 1.03–1.16 to 0.86–0.95 ms: docs/BENCHMARKS.md).
     fn precopy(&mut self) {
         let t = Instant::now();
         let mut written = Vec::new();
@@ -1561,32 +1565,16 @@ impl EpochLoop {
             Ok(stale) => stale,
             Err((_, i)) => self.armed[i..].to_vec(),
         };
-        // With a tracker that leaves hot pages writable, hot pages are not copied here (they
-        // will most likely be written again before the pause, and the pause could not tell):
-        // those this scan took are kept all the same, as pages the pause must copy (`None`),
-        // written again or not, and unprotected again (the scan protected them) — which need
-        // not reach them all: UFFDIO_WRITEPROTECT stops (ENOENT) at the first mapping of a run
-        // that is not registered, such as one that replaced armed memory since the last pause,
-        // and the hot pages after it in the run stay protected: the pause's scan would not
-        // report the writes this scan took from them.
-        // With one that keeps them protected (userfaultfd), they are copied here like any
-        // other: one written again before the pause is reported by its scan and copied there,
-        // the others need no copy in the pause. On Redis (~270 hot pages of ~1,300 an epoch)
-        // that took the pause's median from 1.03–1.16 to 0.86–0.95 ms (docs/BENCHMARKS.md).
-        let hot_writable = self.tracker.hot_pages_writable();
-        if hot_writable {
-            for (s, e) in coalesce(&self.hot) {
-                let _ = self.tracker.unprotect(s, e);
-            }
-        }
-        let (mut pages, mut hot_taken): (Vec<u64>, Vec<u64>) = written
+        debug_assert!(
+            self.hot.is_empty(),
+            "a pre-copying tracker tells no hot pages apart"
+        );
+        let mut pages: Vec<u64> = written
             .iter()
             .flat_map(|&(s, e, _)| (s..e).step_by(PAGE as usize))
-            .partition(|a| !hot_writable || self.hot.binary_search(a).is_err());
+            .collect();
         pages.sort_unstable();
         pages.dedup();
-        hot_taken.sort_unstable();
-        hot_taken.dedup();
         let readable = |a: u64| mapping_at(&self.prev_maps, a).is_some_and(|m| m.read);
         let want: Vec<(u64, u64, bool)> = coalesce(&pages)
             .into_iter()
@@ -1607,7 +1595,6 @@ impl EpochLoop {
             }
             Err(_) => fresh.pages = pages.iter().map(|&a| (a, None)).collect(),
         }
-        fresh.pages.extend(hot_taken.into_iter().map(|a| (a, None)));
         fresh.pages.sort_unstable_by_key(|p| p.0);
         fresh.took = t.elapsed();
         fresh.stale = stale;
@@ -2573,8 +2560,8 @@ impl EpochLoop {
         dirty.sort_unstable();
         dirty.dedup();
         // Pages the pre-copy took: written this epoch too. Those copied then and not written
-        // since (not in `dirty`) keep that copy; those it did not copy (hot pages, failed
-        // copies) are copied now. Pages of fresh ranges are captured with their range.
+        // since (not in `dirty`) keep that copy; those whose copy failed are copied now. Pages
+        // of fresh ranges are captured with their range.
         let tp = Instant::now();
         let mut pre_copied: Vec<(u64, usize)> = Vec::new();
         if let Some(pre) = &self.pre {

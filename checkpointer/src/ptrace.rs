@@ -485,10 +485,9 @@ impl Stopped {
             let saved = self.regs(tid)?;
             let xs = self.xstate(tid)?;
             // The code's frames grow down from `top` (below the red zone) into the
-            // `stack_bytes` saved here and written back after: it must leave no trace in the
-            // thread's memory. (Started at the bottom of that room, it used to write below it:
-            // dead stack to the thread, but a change the capture had not copied — a page the
-            // pause had read before the call, or one the call made present.)
+            // `stack_bytes` saved here and written back after, so the call leaves no trace in
+            // the thread's memory: a write below the room would be dead stack to the thread but
+            // a change a capture that already read (or did not list) that page would miss.
             let top = saved.rsp - 128;
             let sp = (top - stack_bytes as u64) & !15;
             let mut orig = vec![0u8; (top - sp) as usize];

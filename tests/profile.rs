@@ -102,6 +102,13 @@ fn u(v: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("{key} missing or not an integer in {v}"))
 }
 
+/// A profile with `--verify` under a load: verified, and the load wrote (else it proves little).
+fn assert_verified_under_load(epochs: &[Value], s: &Value) {
+    assert_eq!(s["verified"], true, "verification failed: {s}");
+    let dirty: u64 = epochs.iter().map(|e| u(e, "dirty_pages")).sum();
+    assert!(dirty > 1000, "the load wrote only {dirty} pages: {s}");
+}
+
 #[test]
 fn profile_json_totals_rates_and_verify() {
     let scratch = Scratch::new("profile-json");
@@ -342,9 +349,7 @@ fn profile_redis_under_the_mprotect_tracker_verifies() {
             &load,
         ],
     );
-    assert_eq!(s["verified"], true, "verification failed: {s}");
-    let dirty: u64 = epochs.iter().map(|e| u(e, "dirty_pages")).sum();
-    assert!(dirty > 1000, "the load wrote only {dirty} pages: {s}");
+    assert_verified_under_load(&epochs, &s);
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     let done = text.matches("requests per second").count();
     assert!(
@@ -398,9 +403,7 @@ fn profile_redis_with_an_encode_budget_verifies() {
             &load,
         ],
     );
-    assert_eq!(s["verified"], true, "verification failed: {s}");
-    let dirty: u64 = epochs.iter().map(|e| u(e, "dirty_pages")).sum();
-    assert!(dirty > 1000, "the load wrote only {dirty} pages: {s}");
+    assert_verified_under_load(&epochs, &s);
     for e in &epochs {
         u(e, "encode_late_us");
         assert!(e["encode_overran"].is_boolean(), "{e}");

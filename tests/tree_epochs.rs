@@ -15,6 +15,7 @@ mod common;
 use common::programs;
 use common::tardi::{Running, Scratch, manifest_for, manifest_with_tmp, write_chain};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 use tardi_checkpointer::epoch::{EpochConfig, Epochs};
 use tardi_checkpointer::image::{Checkpoint, FdKind, Kind};
@@ -95,6 +96,16 @@ fn apply_epoch(image: &mut Image, mid: Option<&mut Image>, ck: &Checkpoint, i: u
         m.apply(ck)
             .unwrap_or_else(|e| panic!("epoch {i}, on the full: {e}"));
     }
+}
+
+/// The chain's final `image` in place of the tree `run` (stopped first): written with the
+/// sandbox of the first snapshot to `dir/chain.tardi` and restored from there.
+fn restore_in_place_of(run: Running, image: &Image, sandbox: Vec<u8>, dir: &Path) -> Running {
+    let file = dir.join("chain.tardi");
+    write_chain(image, sandbox, &file);
+    let log = run.log.clone();
+    run.stop();
+    Running::restore_or_log(&file, &log)
 }
 
 /// With the tree held stopped after epoch `i`: the receiver's image, and the one built from
@@ -216,11 +227,7 @@ fn tree_chain(tag: &str, tracker: TrackerKind) {
     let before = states(&run);
 
     // The chain's final image in place of the original tree.
-    let file = scratch.0.join("chain.tardi");
-    write_chain(&image, sandbox, &file);
-    let log = run.log.clone();
-    run.stop();
-    let restored = Running::restore_or_log(&file, &log);
+    let restored = restore_in_place_of(run, &image, sandbox, &scratch.0);
     assert_eq!(
         states(&restored),
         before,
@@ -357,11 +364,7 @@ fn tree_shm_chain(tag: &str, tracker: TrackerKind) {
         "every process wrote the last generation: {before:?}"
     );
 
-    let file = scratch.0.join("chain.tardi");
-    write_chain(&image, sandbox, &file);
-    let log = run.log.clone();
-    run.stop();
-    let restored = Running::restore_or_log(&file, &log);
+    let restored = restore_in_place_of(run, &image, sandbox, &scratch.0);
     assert_eq!(
         shm_states(&restored),
         before,
@@ -653,11 +656,7 @@ fn churn_chain(tag: &str, tracker: TrackerKind) {
     let execs = if mprotect { " execs=0" } else { " execs=1" };
     assert!(before[1].contains(execs), "{before:?}");
 
-    let file = scratch.0.join("chain.tardi");
-    write_chain(&image, sandbox, &file);
-    let log = run.log.clone();
-    run.stop();
-    let restored = Running::restore_or_log(&file, &log);
+    let restored = restore_in_place_of(run, &image, sandbox, &scratch.0);
     assert_eq!(
         states(&restored, &live),
         before,
@@ -900,11 +899,7 @@ fn an_ordinary_users_processes_through_a_chain_of_epochs_mprotect() {
 
     // The chain's final image in place of the original tree: the same processes, memory and
     // users, and no_new_privs as the app had it (not as the tracker left the kernel's).
-    let file = scratch.0.join("chain.tardi");
-    write_chain(&image, sandbox, &file);
-    let log = run.log.clone();
-    run.stop();
-    let restored = Running::restore_or_log(&file, &log);
+    let restored = restore_in_place_of(run, &image, sandbox, &scratch.0);
     assert_eq!(
         nobody_states(&restored),
         before,

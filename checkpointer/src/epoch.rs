@@ -3104,12 +3104,23 @@ impl EpochLoop {
         // (The codecs for every worker were made above.)
         let workers = self.cfg.encode_workers.clamp(1, list.len().max(1));
         let kind = self.cfg.codec;
-        let twins = &self.twins;
         let chunk = list.len().div_ceil(workers).max(1);
         let watch = Watch::current();
         let parts: Vec<Encoded> = if workers == 1 {
-            vec![encode_part(&mut self.codecs[0], kind, twins, &list, watch)]
+            // One encoder: a page that had a twin gets its new one right after its encoding,
+            // while both are still in cache (a separate pass afterwards read them from memory
+            // again: `checkpointer/examples/encode_twins.rs`).
+            vec![encode_updating(
+                &mut self.codecs[0],
+                kind,
+                &mut self.twins,
+                &list,
+                epoch,
+                &twin_kept,
+                watch,
+            )]
         } else {
+            let twins = &self.twins;
             std::thread::scope(|sc| {
                 let handles: Vec<_> = self
                     .codecs
@@ -3131,7 +3142,7 @@ impl EpochLoop {
         for (bytes, encs) in parts {
             let base = out.len() as u64;
             out.extend_from_slice(&bytes);
-            for (addr, enc, off) in encs {
+            for (addr, enc, off, updated) in encs {
                 let &(_, page) = next.next().expect("one encoding per page");
                 match enc {
                     PageEncoding::Zero => st.zero_pages += 1,
@@ -3145,7 +3156,7 @@ impl EpochLoop {
                     PageEncoding::Delta { .. } => st.delta_pages += 1,
                     PageEncoding::Compressed { .. } => st.compressed_pages += 1,
                 }
-                if enc != PageEncoding::Same && twin_kept(addr) {
+                if !updated && enc != PageEncoding::Same && twin_kept(addr) {
                     self.twins.put(addr, epoch, page);
                 }
                 pages.push(EncodedPage {
@@ -3270,7 +3281,50 @@ impl EpochLoop {
 }
 
 /// One worker's output: its bytes, and (address, encoding, offset in those bytes) per page.
-type Encoded = (Vec<u8>, Vec<(u64, PageEncoding, u64)>);
+/// The encoded bytes of some pages, and per page its address, encoding, offset in the bytes
+/// and whether its twin was already updated.
+type Encoded = (Vec<u8>, Vec<(u64, PageEncoding, u64, bool)>);
+
+/// [`encode_part`] on one thread that also updates the twins it encodes against: a page
+/// encoded against a twin, not `Same` and kept (`keep`), replaces its twin at once, in place.
+/// A page without a twin gets one later, in list order, as with several encoders: inserting
+/// one may evict another that a later page of the list is encoded against. The addresses of
+/// `part` are distinct (a twin updated early would otherwise be the base of a later page).
+fn encode_updating(
+    codec: &mut PageCodec,
+    kind: Codec,
+    twins: &mut TwinStore,
+    part: &[(u64, &[u8])],
+    epoch: u64,
+    keep: &dyn Fn(u64) -> bool,
+    mut watch: Watch,
+) -> Encoded {
+    debug_assert!(
+        {
+            let mut a: Vec<u64> = part.iter().map(|p| p.0).collect();
+            a.sort_unstable();
+            a.windows(2).all(|w| w[0] != w[1])
+        },
+        "a page listed twice in one checkpoint"
+    );
+    let mut out = Vec::with_capacity(part.len() * 64);
+    let mut encs = Vec::with_capacity(part.len());
+    for (i, &(addr, page)) in part.iter().enumerate() {
+        if i % 64 == 0 {
+            watch.check();
+        }
+        let at = out.len() as u64;
+        let twin = twins.get(addr);
+        let had = twin.is_some();
+        let enc = codec.encode_page(kind, twin, page, &mut out);
+        let updated = had && enc != PageEncoding::Same && keep(addr);
+        if updated {
+            twins.put(addr, epoch, page);
+        }
+        encs.push((addr, enc, at, updated));
+    }
+    (out, encs)
+}
 
 /// Encodes the pages `part` ((address, contents)) against their twins; `watch` raises the
 /// thread once its budget is spent (see `crate::budget`).
@@ -3289,7 +3343,7 @@ fn encode_part(
         }
         let at = out.len() as u64;
         let enc = codec.encode_page(kind, twins.get(addr), page, &mut out);
-        encs.push((addr, enc, at));
+        encs.push((addr, enc, at, false));
     }
     (out, encs)
 }

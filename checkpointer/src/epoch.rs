@@ -155,7 +155,7 @@ impl Default for EpochConfig {
         EpochConfig {
             interval: Duration::from_millis(10),
             min_interval: Duration::from_millis(1),
-            cap_pages: 1000,
+            cap_pages: 4000,
             hot_epochs: 3,
             cold_one_in: 16,
             codec: Codec::XorRuns,

@@ -53,7 +53,7 @@ fn defaults() {
     assert_eq!(m.tardi.epoch.min_ms, 1.0);
     assert!(m.tardi.epoch.follow_releases);
     assert_eq!(m.tardi.epoch.follow_min_ms, 0.1);
-    assert_eq!(m.tardi.epoch.cap_pages, 1000);
+    assert_eq!(m.tardi.epoch.cap_pages, 4000);
     assert_eq!(m.tardi.epoch.hot_epochs, 3);
     assert_eq!(m.tardi.epoch.precopy_min_pages, 256);
     assert_eq!(m.tardi.epoch.encode_budget, 0);

@@ -4,8 +4,10 @@ JSON lines of bench/epochs.sh (bench/out/epochs-STAMP.jsonl) or from `tardi prof
 epochs.json. Usage: bench/pause_parts.py [--json] FILE...
 With --json, one JSON object per case instead of a table: pause_p50_us, pause_p99_us,
 epochs_per_s (from time_us, when the epochs carry it), dirty_p50, the median of each part, and
-the epochs' interval and encoding (interval_p50_us, encode_p50_us, lengthened_share: the share
-of epochs whose encoding ended past their interval, lengthening the next, encode_overran_share)."""
+the epochs' interval and encoding (interval_p50_us, encode_p50_us, encode_page_p50_us: the
+encoding's time over the pages it encoded, among epochs of at least 500 pages; lengthened_share:
+the share of epochs whose encoding ended past their interval, lengthening the next,
+encode_overran_share)."""
 import json, sys
 
 PARTS = ["quiesce_us", "take_us", "precheck_us", "hot_us", "cow_us", "scan_us", "copy_us", "layout_us", "meta_checks_us",
@@ -41,6 +43,9 @@ def summary(eps):
     out.update({k[:-3] + "_p50_us": pct(g(k), .5) for k in PARTS})
     out["interval_p50_us"] = pct(g("interval_us"), .5)
     out["encode_p50_us"] = pct(g("encode_us"), .5)
+    big = [e for e in eps if (e.get("dirty_pages", 0) or 0) + (e.get("fresh_pages", 0) or 0) >= 500]
+    out["encode_page_p50_us"] = round(pct([e["encode_us"] / (e["dirty_pages"] + (e.get("fresh_pages", 0) or 0))
+                                           for e in big if "encode_us" in e], .5), 3)
     n = max(len(eps), 1)
     out["lengthened_share"] = sum(1 for e in eps if e.get("encode_late_us", 0)) / n
     out["encode_overran_share"] = sum(1 for e in eps if e.get("encode_overran")) / n

@@ -45,6 +45,18 @@ fn creds(uid: u32) -> Vec<String> {
     panic!("no memcached running as uid {uid}");
 }
 
+/// The uid of `user` in `/etc/passwd`.
+fn uid_of(user: &str) -> u32 {
+    std::fs::read_to_string("/etc/passwd")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.first() == Some(&user)).then(|| f[2].parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no user {user} in /etc/passwd"))
+}
+
 fn cmd(addr: SocketAddr, line: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -82,13 +94,15 @@ fn memcached_as_its_user_keeps_its_credentials() {
         ),
     )
     .unwrap();
-    let uid = 103; // memcache (scripts/setup.sh installs memcached, which creates it)
+    // memcache: created by Debian's memcached package (scripts/setup.sh installs it), with
+    // whatever uid was free then.
+    let uid = uid_of("memcache");
     let cur = Running::run(&m).expect("tardi run");
     let addr = SocketAddr::new(cur.address.into(), 11211);
     assert_eq!(cmd(addr, "set k 0 0 5\r\nhello\r\n"), "STORED\r\n");
     let before = creds(uid);
     assert!(
-        before[0].starts_with("Uid: 103\t103\t103\t103"),
+        before[0].starts_with(&format!("Uid: {uid}\t{uid}\t{uid}\t{uid}")),
         "{before:?}"
     );
     let file = scratch.0.join("mc.tardi");

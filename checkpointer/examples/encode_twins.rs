@@ -1,6 +1,6 @@
 //! What the encoding of an epoch's pages costs when their twins are cold, and what updating
 //! each twin right after its page's encoding saves against a second pass (the epoch loop's
-//! single-encoder path, `encode_updating` in `src/epoch.rs`).
+//! single-encoder path, `TwinUse::Update` in `src/epoch.rs`).
 //!
 //! A twin store of `TWINS` pages (16 MiB by default, Redis under SET load keeps ~4,000) and an
 //! epoch of 1,000 of them, in two versions that differ in three bytes per page on 60% of the

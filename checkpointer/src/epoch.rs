@@ -3110,15 +3110,12 @@ impl EpochLoop {
             // One encoder: a page that had a twin gets its new one right after its encoding,
             // while both are still in cache (a separate pass afterwards read them from memory
             // again: `checkpointer/examples/encode_twins.rs`).
-            vec![encode_updating(
-                &mut self.codecs[0],
-                kind,
-                &mut self.twins,
-                &list,
+            let twins = TwinUse::Update {
+                twins: &mut self.twins,
                 epoch,
-                &twin_kept,
-                watch,
-            )]
+                keep: &twin_kept,
+            };
+            vec![encode_part(&mut self.codecs[0], kind, twins, &list, watch)]
         } else {
             let twins = &self.twins;
             std::thread::scope(|sc| {
@@ -3127,7 +3124,9 @@ impl EpochLoop {
                     .iter_mut()
                     .zip(list.chunks(chunk))
                     .map(|(codec, part)| {
-                        sc.spawn(move || encode_part(codec, kind, twins, part, watch))
+                        sc.spawn(move || {
+                            encode_part(codec, kind, TwinUse::Read(twins), part, watch)
+                        })
                     })
                     .collect();
                 handles
@@ -3285,22 +3284,36 @@ impl EpochLoop {
 /// and whether its twin was already updated.
 type Encoded = (Vec<u8>, Vec<(u64, PageEncoding, u64, bool)>);
 
-/// [`encode_part`] on one thread that also updates the twins it encodes against: a page
-/// encoded against a twin, not `Same` and kept (`keep`), replaces its twin at once, in place.
-/// A page without a twin gets one later, in list order, as with several encoders: inserting
-/// one may evict another that a later page of the list is encoded against. The addresses of
-/// `part` are distinct (a twin updated early would otherwise be the base of a later page).
-fn encode_updating(
+/// How [`encode_part`] uses the twins.
+enum TwinUse<'a> {
+    /// Reads them only (one of several encoders; the updates are applied afterwards, in
+    /// order).
+    Read(&'a TwinStore),
+    /// Also updates them, the one encoder: a page encoded against a twin, not `Same` and kept
+    /// (`keep`), replaces its twin at once, in place, while both are still in cache (a pass
+    /// afterwards read them from memory again). A page without a twin gets one later, in list
+    /// order, as with several encoders: inserting one may evict another that a later page of
+    /// the list is encoded against. The addresses of the list must be distinct (a twin updated
+    /// early would otherwise be the base of a later page).
+    Update {
+        twins: &'a mut TwinStore,
+        epoch: u64,
+        keep: &'a dyn Fn(u64) -> bool,
+    },
+}
+
+/// Encodes the pages `part` ((address, contents)) against their twins; `watch` raises the
+/// thread once its budget is spent (see `crate::budget`). Per page: its address, encoding,
+/// offset in the bytes and whether its twin was updated (only with [`TwinUse::Update`]).
+fn encode_part(
     codec: &mut PageCodec,
     kind: Codec,
-    twins: &mut TwinStore,
+    mut twins: TwinUse,
     part: &[(u64, &[u8])],
-    epoch: u64,
-    keep: &dyn Fn(u64) -> bool,
     mut watch: Watch,
 ) -> Encoded {
     debug_assert!(
-        {
+        matches!(twins, TwinUse::Read(_)) || {
             let mut a: Vec<u64> = part.iter().map(|p| p.0).collect();
             a.sort_unstable();
             a.windows(2).all(|w| w[0] != w[1])
@@ -3314,36 +3327,23 @@ fn encode_updating(
             watch.check();
         }
         let at = out.len() as u64;
-        let twin = twins.get(addr);
+        let store: &TwinStore = match &twins {
+            TwinUse::Read(t) => t,
+            TwinUse::Update { twins, .. } => twins,
+        };
+        let twin = store.get(addr);
         let had = twin.is_some();
         let enc = codec.encode_page(kind, twin, page, &mut out);
-        let updated = had && enc != PageEncoding::Same && keep(addr);
-        if updated {
-            twins.put(addr, epoch, page);
-        }
+        let updated = match &mut twins {
+            TwinUse::Update { twins, epoch, keep }
+                if had && enc != PageEncoding::Same && keep(addr) =>
+            {
+                twins.put(addr, *epoch, page);
+                true
+            }
+            _ => false,
+        };
         encs.push((addr, enc, at, updated));
-    }
-    (out, encs)
-}
-
-/// Encodes the pages `part` ((address, contents)) against their twins; `watch` raises the
-/// thread once its budget is spent (see `crate::budget`).
-fn encode_part(
-    codec: &mut PageCodec,
-    kind: Codec,
-    twins: &TwinStore,
-    part: &[(u64, &[u8])],
-    mut watch: Watch,
-) -> Encoded {
-    let mut out = Vec::with_capacity(part.len() * 64);
-    let mut encs = Vec::with_capacity(part.len());
-    for (i, &(addr, page)) in part.iter().enumerate() {
-        if i % 64 == 0 {
-            watch.check();
-        }
-        let at = out.len() as u64;
-        let enc = codec.encode_page(kind, twins.get(addr), page, &mut out);
-        encs.push((addr, enc, at, false));
     }
     (out, encs)
 }

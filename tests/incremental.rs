@@ -572,6 +572,59 @@ fn hot_page_after_a_replaced_one_keeps_its_write() {
     );
 }
 
+/// A page of a private file mapping that was copied on write, zapped (it shows the file
+/// again) and then read, with the file written afterwards: the image must show the file. A
+/// pause that carries the layout adds this epoch's written pages in file mappings to the
+/// copied-on-write list ("a written page is never the file's own"); that holds only because
+/// the kernel leaves a write-protect marker where it zapped a page of a registered file
+/// mapping, so the read maps the file's page protected and the tracker reports no write (had
+/// it reported one, the receiver would keep the file's bytes of that moment as B's own copy,
+/// stale after the file's write). `hotpair`'s page B: written, zapped, read in the next epoch
+/// (no layout call: the layout is carried), then the file is written.
+#[test]
+fn a_zapped_file_page_read_again_shows_the_file() {
+    use std::io::BufRead;
+    let scratch = Scratch::new("zapread");
+    let mut prog = Commanded::spawn("hotpair", &[scratch.0.join("pair.dat")]);
+    let pid = prog.pid();
+    let mut line = String::new();
+    prog.output.read_line(&mut line).unwrap();
+    let b = u64::from_str_radix(line.trim(), 16).expect("hotpair prints its address") + 4096;
+    let mut step = |c: u8| prog.step(c);
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(1),
+        ..Default::default()
+    };
+    let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
+    let mut image = Image::from_full(&roundtrip(&full)).unwrap();
+    let next = |ep: &mut Epochs, image: &mut Image, what: &str| {
+        let (ck, st) = ep.next().unwrap_or_else(|e| panic!("{what}: {e}"));
+        image.apply(&roundtrip(&ck)).unwrap();
+        st
+    };
+    step(b'b');
+    next(&mut ep, &mut image, "after B's write");
+    step(b'z');
+    next(&mut ep, &mut image, "after B's zap");
+    step(b'l');
+    let st = next(&mut ep, &mut image, "after B's read");
+    step(b'f');
+    let (ck, _) = ep.next_held().expect("the epoch after the file's write");
+    image.apply(&roundtrip(&ck)).unwrap();
+    let diffs = compare_live(pid, &image, 20).unwrap();
+    ep.release();
+    ep.stop();
+    assert!(
+        st.layout_carried,
+        "the pause after the read carried the layout"
+    );
+    assert!(
+        diffs.is_empty(),
+        "the image differs from the live process (B at {b:#x}):\n{}",
+        diffs.join("\n")
+    );
+}
+
 /// A test program driven by one-byte commands on stdin, each answered with `k` on stdout once
 /// done (`hotpair`, `stackgrow`); killed when dropped.
 struct Commanded {

@@ -10,6 +10,10 @@
  *   w  write both pages (new contents every time)
  *   r  replace A with a new anonymous mapping at the same address (MAP_FIXED) and write it
  *   b  write B only
+ *   z  zap B (MADV_DONTNEED: its copy is dropped, it shows the file again)
+ *   l  read B (after a zap: maps the file's page, read-only)
+ *   f  write new bytes into the file itself (through a descriptor): B shows them unless it
+ *      holds a copy of its own
  * Exits 0 at end of input, 1 on any error.
  */
 #define _GNU_SOURCE
@@ -53,12 +57,12 @@ int main(int argc, char **argv)
     unsigned char *b = mmap(a + PG, PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, 0);
     if (b != a + PG)
         die("mmap of the file");
-    close(fd);
     char line[64];
     int n = snprintf(line, sizeof line, "%lx\n", (unsigned long)a);
     if (write(1, line, (size_t)n) != n)
         die("write");
     uint64_t count = 0;
+    static volatile unsigned char sink;
     for (;;) {
         char c;
         ssize_t r = read(0, &c, 1);
@@ -81,6 +85,20 @@ int main(int argc, char **argv)
         case 'b':
             scribble(b, count);
             break;
+        case 'z':
+            if (madvise(b, PG, MADV_DONTNEED) != 0)
+                die("madvise");
+            break;
+        case 'l':
+            sink += b[100];
+            break;
+        case 'f': {
+            unsigned char bytes[16];
+            memset(bytes, (int)(count & 0xff), sizeof bytes);
+            if (pwrite(fd, bytes, sizeof bytes, 64) != (ssize_t)sizeof bytes)
+                die("pwrite");
+            break;
+        }
         default:
             fprintf(stderr, "hotpair: unknown command %c\n", c);
             return 1;

@@ -4,9 +4,9 @@
 # (tests/programs/dirtier.c) and on Redis under redis-benchmark, outside any sandbox (tracking
 # is the same inside one). Four parts, all run by checkpointer/examples/epoch_bench.rs:
 #
-#   1. slowdown  the dirtier at 0/10/50/200 MB/s, untracked vs tracked (10 ms epochs, default cap
-#                of 1,000 pages, and cap off): its CPU time, minor faults, UDP ping round trips,
-#                and whether it kept its rate
+#   1. slowdown  the dirtier at 0/10/50/200 MB/s, untracked vs tracked (10 ms epochs, the default
+#                cap, 4,000 pages since 2026-11-26 and 1,000 before, and cap off): its CPU time,
+#                minor faults, UDP ping round trips, and whether it kept its rate
 #   2. pause     pause per epoch at ~10, 100, 1,000 and 10,000 dirty pages (cap off), and its parts
 #   3. bytes     page-granular bytes vs encoded bytes per codec, on the dirtier at 50 MB/s, on
 #                Redis under `redis-benchmark -t set,get,incr,lpush -r 100000 -d 64

@@ -7,7 +7,8 @@
 //! and with `--raw-epochs` one per epoch, to the file given by `--raw`):
 //!
 //! - `slowdown`: the dirtier at several rates, untracked (`none`) and under the epoch loop
-//!   (`uffd` = default config: cap 1,000 pages, hot pages on; `uffd-nocap` = cap off). Measures
+//!   (`uffd` = default config, whose cap is 4,000 pages since 2026-11-26 and was 1,000 before;
+//!   `uffd-nocap` = cap off). Measures
 //!   the dirtier's CPU time (clock_getcpuclockid, and utime/stime ticks from /proc/PID/stat),
 //!   its minor faults, the pages it actually dirtied (its `pong` counter) and the round-trip
 //!   time of UDP pings sent by a client thread during the run.

@@ -199,7 +199,9 @@ pub struct EpochStats {
     pub resumed_at: Option<Instant>,
     /// From the previous resume to this stop.
     pub interval_us: u64,
-    /// From the stop request to the resume.
+    /// From the stop request to the release of the last thread (the clock read right before
+    /// the call that detaches it: the service runs from then, even if that call returns later;
+    /// see `Stopped::resume_at`).
     pub pause_us: u64,
     pub quiesce_us: u64,
     /// Tracker scans and capture of new mappings' page lists (inside the pause).
@@ -217,6 +219,8 @@ pub struct EpochStats {
     pub meta_fds_us: u64,
     pub meta_pending_us: u64,
     pub walk_us: u64,
+    /// The detaches, until the last one returns: with the time a released thread ran before
+    /// the loop got its CPU back, which [`EpochStats::pause_us`] leaves out.
     pub resume_us: u64,
     /// The descriptors were not read again: the process made no descriptor call since the
     /// last pause (counted by eBPF: see [`crate::syscount`]).
@@ -2140,8 +2144,14 @@ impl EpochLoop {
         }
         let tr = Instant::now();
         let members_resumed = resume_all(msts);
-        let resumed = st.resume().and(members_resumed);
-        let pause = t0.elapsed();
+        // The pause ends when the main process's last thread is released (see
+        // `Stopped::resume_at`), not when that call returns.
+        let resumed = st.resume_at();
+        let pause = match &resumed {
+            Ok(released) => released.duration_since(t0),
+            Err(_) => t0.elapsed(),
+        };
+        let resumed = resumed.map(|_| ()).and(members_resumed);
         self.last_resume = Instant::now();
         if let Err(e) = resumed {
             // Number `epoch` is given out (the hook saw it) but not produced.

@@ -531,13 +531,8 @@ fn full_checkpoint_mid_stream_and_failures_churn_uffd() {
 /// pause's scan must still report B's last write.)
 #[test]
 fn hot_page_after_a_replaced_one_keeps_its_write() {
-    use std::io::BufRead;
-    let scratch = Scratch::new("hotpair");
-    let mut prog = Commanded::spawn("hotpair", &[scratch.0.join("pair.dat")]);
+    let (_scratch, mut prog, a) = hotpair("hotpair");
     let pid = prog.pid();
-    let mut line = String::new();
-    prog.output.read_line(&mut line).unwrap();
-    let a = u64::from_str_radix(line.trim(), 16).expect("hotpair prints its address");
     let mut step = |c: u8| prog.step(c);
     let cfg = EpochConfig {
         precopy_min_pages: 0, // pre-copy every epoch, however few pages
@@ -559,11 +554,7 @@ fn hot_page_after_a_replaced_one_keeps_its_write() {
     assert_eq!(hot, 0, "userfaultfd tells no hot pages apart");
     step(b'r');
     step(b'b');
-    let (ck, _) = ep.next_held().expect("the epoch after the replacement");
-    image.apply(&roundtrip(&ck)).unwrap();
-    let diffs = compare_live(pid, &image, 20).unwrap();
-    ep.release();
-    ep.stop();
+    let diffs = last_held(ep, &mut image, pid, "the epoch after the replacement");
     assert!(
         diffs.is_empty(),
         "the image differs from the live process (A at {a:#x}, B at {:#x}):\n{}",
@@ -583,13 +574,8 @@ fn hot_page_after_a_replaced_one_keeps_its_write() {
 /// (no layout call: the layout is carried), then the file is written.
 #[test]
 fn a_zapped_file_page_read_again_shows_the_file() {
-    use std::io::BufRead;
-    let scratch = Scratch::new("zapread");
-    let mut prog = Commanded::spawn("hotpair", &[scratch.0.join("pair.dat")]);
-    let pid = prog.pid();
-    let mut line = String::new();
-    prog.output.read_line(&mut line).unwrap();
-    let b = u64::from_str_radix(line.trim(), 16).expect("hotpair prints its address") + 4096;
+    let (_scratch, mut prog, a) = hotpair("zapread");
+    let (pid, b) = (prog.pid(), a + 4096);
     let mut step = |c: u8| prog.step(c);
     let cfg = EpochConfig {
         interval: Duration::from_millis(1),
@@ -609,11 +595,7 @@ fn a_zapped_file_page_read_again_shows_the_file() {
     step(b'l');
     let st = next(&mut ep, &mut image, "after B's read");
     step(b'f');
-    let (ck, _) = ep.next_held().expect("the epoch after the file's write");
-    image.apply(&roundtrip(&ck)).unwrap();
-    let diffs = compare_live(pid, &image, 20).unwrap();
-    ep.release();
-    ep.stop();
+    let diffs = last_held(ep, &mut image, pid, "the epoch after the file's write");
     assert!(
         st.layout_carried,
         "the pause after the read carried the layout"
@@ -623,6 +605,28 @@ fn a_zapped_file_page_read_again_shows_the_file() {
         "the image differs from the live process (B at {b:#x}):\n{}",
         diffs.join("\n")
     );
+}
+
+/// One last epoch, held while `image` (with it applied) is compared with the live process `pid`;
+/// the loop is stopped after. The differences.
+fn last_held(mut ep: Epochs, image: &mut Image, pid: i32, what: &str) -> Vec<String> {
+    let (ck, _) = ep.next_held().unwrap_or_else(|e| panic!("{what}: {e}"));
+    image.apply(&roundtrip(&ck)).unwrap();
+    let diffs = compare_live(pid, image, 20).unwrap();
+    ep.release();
+    ep.stop();
+    diffs
+}
+
+/// `hotpair` started on a file of a new scratch directory `name`, with its page A's address.
+fn hotpair(name: &str) -> (Scratch, Commanded, u64) {
+    use std::io::BufRead;
+    let scratch = Scratch::new(name);
+    let mut prog = Commanded::spawn("hotpair", &[scratch.0.join("pair.dat")]);
+    let mut line = String::new();
+    prog.output.read_line(&mut line).unwrap();
+    let a = u64::from_str_radix(line.trim(), 16).expect("hotpair prints its address");
+    (scratch, prog, a)
 }
 
 /// A test program driven by one-byte commands on stdin, each answered with `k` on stdout once

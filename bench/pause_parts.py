@@ -43,9 +43,9 @@ def summary(eps):
     out.update({k[:-3] + "_p50_us": pct(g(k), .5) for k in PARTS})
     out["interval_p50_us"] = pct(g("interval_us"), .5)
     out["encode_p50_us"] = pct(g("encode_us"), .5)
-    big = [e for e in eps if (e.get("dirty_pages", 0) or 0) + (e.get("fresh_pages", 0) or 0) >= 500]
-    out["encode_page_p50_us"] = round(pct([e["encode_us"] / (e["dirty_pages"] + (e.get("fresh_pages", 0) or 0))
-                                           for e in big if "encode_us" in e], .5), 3)
+    pages = lambda e: (e.get("dirty_pages", 0) or 0) + (e.get("fresh_pages", 0) or 0)
+    out["encode_page_p50_us"] = round(pct([e["encode_us"] / pages(e) for e in eps
+                                           if pages(e) >= 500 and "encode_us" in e], .5), 3)
     n = max(len(eps), 1)
     out["lengthened_share"] = sum(1 for e in eps if e.get("encode_late_us", 0)) / n
     out["encode_overran_share"] = sum(1 for e in eps if e.get("encode_overran")) / n

@@ -1096,16 +1096,29 @@ fn first_capture(
 }
 
 /// Resumes the processes of a tree stopped in `sts` (parents first): children first, so that no
-/// parent runs while a child it might signal is still held. The first error is returned.
-fn resume_all(sts: Vec<Stopped>) -> std::result::Result<(), crate::ptrace::PtraceError> {
-    let mut resumed = Ok(());
+/// parent runs while a child it might signal is still held. Returns when the last thread was
+/// released (`Stopped::resume_at`: the first process's leader), or the first error.
+fn resume_all(sts: Vec<Stopped>) -> std::result::Result<Instant, crate::ptrace::PtraceError> {
+    let mut resumed = Ok(Instant::now());
     for st in sts.into_iter().rev() {
-        let r = st.resume();
+        let r = st.resume_at();
         if resumed.is_ok() {
             resumed = r;
         }
     }
     resumed
+}
+
+/// A pause's length: from `t0` to the release of its last thread, or to now if the resume
+/// failed. The service runs from that release even if the call that made it returns later.
+fn pause_since(
+    t0: Instant,
+    resumed: &std::result::Result<Instant, crate::ptrace::PtraceError>,
+) -> Duration {
+    match resumed {
+        Ok(released) => released.duration_since(t0),
+        Err(_) => t0.elapsed(),
+    }
 }
 
 impl EpochLoop {
@@ -1300,7 +1313,7 @@ impl EpochLoop {
             }
         }
         let resumed = resume_all(sts);
-        let pause = t0.elapsed();
+        let pause = pause_since(t0, &resumed);
         let (firsts, groups) = r.map_err(gone)?;
         resumed
             .map_err(CaptureError::from)
@@ -2144,14 +2157,9 @@ impl EpochLoop {
         }
         let tr = Instant::now();
         let members_resumed = resume_all(msts);
-        // The pause ends when the main process's last thread is released (see
-        // `Stopped::resume_at`), not when that call returns.
         let resumed = st.resume_at();
-        let pause = match &resumed {
-            Ok(released) => released.duration_since(t0),
-            Err(_) => t0.elapsed(),
-        };
-        let resumed = resumed.map(|_| ()).and(members_resumed);
+        let pause = pause_since(t0, &resumed);
+        let resumed = resumed.and(members_resumed);
         self.last_resume = Instant::now();
         if let Err(e) = resumed {
             // Number `epoch` is given out (the hook saw it) but not produced.
@@ -3289,8 +3297,7 @@ impl EpochLoop {
     }
 }
 
-/// One worker's output: its bytes, and (address, encoding, offset in those bytes) per page.
-/// The encoded bytes of some pages, and per page its address, encoding, offset in the bytes
+/// One worker's output: its bytes, and per page its address, encoding, offset in those bytes
 /// and whether its twin was already updated.
 type Encoded = (Vec<u8>, Vec<(u64, PageEncoding, u64, bool)>);
 

@@ -137,6 +137,12 @@ pub struct EpochConfig {
     /// [`EpochStats::encode_late_us`]) rather than queueing. The pause keeps its priority. See
     /// [`crate::budget`] and docs/BENCHMARKS.md ("Checkpoint path").
     pub encode_budget: u32,
+    /// Test support: the pre-copy waits this long, half between taking the written pages
+    /// (which protects them again) and copying them, half after the copy, so that the service
+    /// writes pages the pre-copy has taken and not yet copied, and pages it has copied, before
+    /// the pause. Zero (the default) outside tests.
+    #[doc(hidden)]
+    pub precopy_stall: Duration,
 }
 
 impl EpochConfig {
@@ -169,6 +175,7 @@ impl Default for EpochConfig {
             follow_releases: false,
             follow_min: Duration::from_micros(100),
             encode_budget: DEFAULT_ENCODE_BUDGET,
+            precopy_stall: Duration::ZERO,
         }
     }
 }
@@ -271,6 +278,9 @@ pub struct EpochStats {
     pub precopy_us: u64,
     /// A pre-copy ran before this pause (see [`EpochConfig::precopy_min_pages`]).
     pub precopy_ran: bool,
+    /// Pages the pre-copy copied that were written again before the pause: the pause copied
+    /// them again, and its copy is the checkpoint's.
+    pub precopy_rewritten: u64,
     /// How long after the interval (from the resume) had passed this epoch's encoding ended,
     /// µs: the next epoch ends that much later than its interval (backpressure, see
     /// [`EpochConfig::encode_budget`]). 0: done in time.
@@ -305,6 +315,7 @@ impl EpochStats {
         self.raw_pages += s.raw_pages;
         self.twin_bytes += s.twin_bytes;
         self.precopy_pages += s.precopy_pages;
+        self.precopy_rewritten += s.precopy_rewritten;
         self.full_bytes += s.full_bytes;
         self.layout_carried &= s.layout_carried;
         self.fds_reused &= s.fds_reused;
@@ -922,6 +933,9 @@ struct Precopy {
     /// Armed ranges whose scan failed part-way (see `capture`).
     stale: Vec<(u64, u64)>,
     took: Duration,
+    /// Pages it copied that the pause found written again since (set by the pause): their
+    /// copy here is void, the pause's holds.
+    rewritten: u64,
 }
 
 /// What the first pause needs of a process, made before it (loading the call counter takes a
@@ -1597,6 +1611,10 @@ impl EpochLoop {
             .into_iter()
             .map(|(s, e)| (s, e - s, readable(s)))
             .collect();
+        let stall = self.cfg.precopy_stall / 2;
+        if !stall.is_zero() {
+            std::thread::sleep(stall);
+        }
         let buf = std::mem::take(&mut self.prebuf);
         let mut fresh = Precopy::default();
         match copy_ranges(&self.proc, &want, buf) {
@@ -1613,6 +1631,9 @@ impl EpochLoop {
             Err(_) => fresh.pages = pages.iter().map(|&a| (a, None)).collect(),
         }
         fresh.pages.sort_unstable_by_key(|p| p.0);
+        if !stall.is_zero() {
+            std::thread::sleep(stall);
+        }
         fresh.took = t.elapsed();
         fresh.stale = stale;
         // Pages left from a capture that failed: the newer copy wins.
@@ -2582,6 +2603,7 @@ impl EpochLoop {
         // of fresh ranges are captured with their range.
         let tp = Instant::now();
         let mut pre_copied: Vec<(u64, usize)> = Vec::new();
+        let mut rewritten = 0;
         if let Some(pre) = &self.pre {
             // Still mapped: a range unmapped since the pre-copy is gone from the layout.
             let armed = &self.armed;
@@ -2592,7 +2614,11 @@ impl EpochLoop {
             // (`dirty` stays sorted for the searches: the pages to copy now join it after.)
             let mut copy_now = Vec::new();
             for &(a, off) in &pre.pages {
-                if in_fresh(a) || !mapped(a) || dirty.binary_search(&a).is_ok() {
+                if in_fresh(a) || !mapped(a) {
+                    continue;
+                }
+                if dirty.binary_search(&a).is_ok() {
+                    rewritten += u64::from(off.is_some());
                     continue;
                 }
                 match off {
@@ -2822,7 +2848,10 @@ impl EpochLoop {
             j.pages
                 .extend(pre.pages.iter().map(|&(a, _)| (a, a + PAGE)));
         }
-        let pre = self.pre.take().map(|p| (pre_copied, p));
+        let pre = self.pre.take().map(|mut p| {
+            p.rewritten = rewritten;
+            (pre_copied, p)
+        });
         self.last_dirty = written_all.len() as u64;
         // The count after everything this pause did to the process (injected calls included):
         // the next pause carries the layout if it has not moved by then.
@@ -3059,9 +3088,11 @@ impl EpochLoop {
         // them next to the pause's pages cost a pass over memory as long as the encoding).
         let precopy_ran = pre.is_some();
         let (mut precopy_pages, mut precopy_time) = (0, Duration::ZERO);
+        let mut precopy_rewritten = 0;
         let (mut pre_list, mut pre_data) = (Vec::new(), Vec::new());
         if let Some((pages, pre)) = pre {
             precopy_pages = pre.pages.iter().filter(|p| p.1.is_some()).count() as u64;
+            precopy_rewritten = pre.rewritten;
             precopy_time = pre.took;
             (pre_list, pre_data) = (pages, pre.data);
         }
@@ -3233,6 +3264,7 @@ impl EpochLoop {
         st.write_faults = write_faults;
         st.precopy_us = precopy_time.as_micros() as u64;
         st.precopy_ran = precopy_ran;
+        st.precopy_rewritten = precopy_rewritten;
         st.processes = 1;
         // The shared memory objects' pages, raw, after the encoded ones.
         let (mut objects, shm_data) = shm;

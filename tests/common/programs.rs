@@ -424,6 +424,32 @@ pub fn dirtier_written(addr: SocketAddr, timeout: Duration) -> io::Result<u64> {
         })
 }
 
+/// A test program run directly (not in a sandbox), killed and reaped when dropped: a test
+/// that fails leaves no process behind (nor one holding the harness's output pipe open).
+pub struct Spawned(pub std::process::Child);
+
+impl Spawned {
+    pub fn new(bin: &Path, args: &[&str]) -> Spawned {
+        Spawned(
+            std::process::Command::new(bin)
+                .args(args)
+                .spawn()
+                .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display())),
+        )
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A UDP port that was free a moment ago (racy; prefer retrying on
 /// "Address already in use").
 pub fn free_udp_port() -> u16 {

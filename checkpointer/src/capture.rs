@@ -1480,9 +1480,18 @@ pub(crate) fn copy_ranges(
     let mut off = 0u64;
     let mut batch: Vec<(u64, u64)> = Vec::new();
     let mut batch_off = 0u64;
-    let mem = proc
-        .open_file("mem", libc::O_RDONLY)
-        .map_err(proc_err(pid, "mem"))?;
+    // `/proc/PID/mem`, opened only if needed: most copies never fall back to it, and an open
+    // of a `/proc` file costs a few microseconds of the pause.
+    let mem_file = std::cell::OnceCell::new();
+    let mem = || -> Result<&std::fs::File> {
+        if let Some(f) = mem_file.get() {
+            return Ok(f);
+        }
+        let f = proc
+            .open_file("mem", libc::O_RDONLY)
+            .map_err(proc_err(pid, "mem"))?;
+        Ok(mem_file.get_or_init(|| f))
+    };
     let flush = |batch: &mut Vec<(u64, u64)>, at: u64, data: &mut [u8]| -> Result<()> {
         if batch.is_empty() {
             return Ok(());
@@ -1493,7 +1502,7 @@ pub(crate) fn copy_ranges(
             // Some page turned unreadable: read each range through /proc/PID/mem instead.
             let mut o = 0usize;
             for &(a, l) in batch.iter() {
-                read_mem(&mem, a, &mut dst[o..o + l as usize])
+                read_mem(mem()?, a, &mut dst[o..o + l as usize])
                     .map_err(proc_err(pid, format!("memory at {a:#x}")))?;
                 o += l as usize;
             }
@@ -1517,7 +1526,7 @@ pub(crate) fn copy_ranges(
             }
         } else {
             flush(&mut batch, batch_off, &mut data)?;
-            read_mem(&mem, addr, &mut data[off as usize..(off + len) as usize])
+            read_mem(mem()?, addr, &mut data[off as usize..(off + len) as usize])
                 .map_err(proc_err(pid, format!("memory at {addr:#x}")))?;
         }
         off += len;

@@ -198,6 +198,10 @@ static long g_exit_after_ms = -1;
 static int g_stats;
 static char g_path[512];
 static int g_have_file;
+/* CHURN_FILE_BIAS set: most new and replacing mappings are private file mappings (7/8 of the
+ * new ones, 2/3 of the replacing ones, against 1/8 and 1/3), to stress copied-on-write file
+ * pages, their zapping and their remapping. */
+static int g_file_bias;
 static _Atomic long g_pages;     /* pages held in regions, all threads */
 static _Atomic int g_go;
 static volatile uint64_t g_sink;
@@ -454,7 +458,7 @@ static void op_mmap(struct thr *t)
     int kind = K_ANON;
     uint32_t foff = 0;
     void *p;
-    if (c == 1 && g_have_file) {
+    if ((c == 1 || (g_file_bias && c > 1)) && g_have_file) {
         kind = K_FILE;
         foff = below(t, FILE_PAGES - np + 1);
         p = map_file(NULL, np, foff, 0);
@@ -660,7 +664,8 @@ static void op_replace(struct thr *t)
     int ri = (int)below(t, (uint32_t)t->nr);
     struct region *g = &t->r[ri];
     uint32_t np = g->np;
-    int kind = (g_have_file && np <= FILE_PAGES && below(t, 3) == 0)
+    int kind = (g_have_file && np <= FILE_PAGES &&
+                (g_file_bias ? below(t, 3) != 0 : below(t, 3) == 0))
                    ? K_FILE : K_ANON;
     uint32_t foff = kind == K_FILE ? below(t, FILE_PAGES - np + 1) : 0;
     void *addr = g->addr, *p;
@@ -841,6 +846,7 @@ static int pick_op(struct thr *t)
 
 static void parse_skip(void)
 {
+    g_file_bias = getenv("CHURN_FILE_BIAS") != NULL;
     const char *e = getenv("CHURN_SKIP");
     if (!e)
         return;

@@ -278,8 +278,9 @@ pub struct EpochStats {
     pub precopy_us: u64,
     /// A pre-copy ran before this pause (see [`EpochConfig::precopy_min_pages`]).
     pub precopy_ran: bool,
-    /// Pages the pre-copy copied that were written again before the pause: the pause copied
-    /// them again, and its copy is the checkpoint's.
+    /// Pages the pre-copy copied that the pause copied again, its copy being the checkpoint's:
+    /// written again before the pause (or taken by a failed pause before it, whose pages the
+    /// next pause copies whatever the pre-copy did).
     pub precopy_rewritten: u64,
     /// How long after the interval (from the resume) had passed this epoch's encoding ended,
     /// µs: the next epoch ends that much later than its interval (backpressure, see

@@ -2749,6 +2749,31 @@ impl EpochLoop {
         }
         cow_list.sort_unstable();
         cow_list.dedup();
+        // After a layout call, every copied-on-write page is copied again, written or not. The
+        // kernel can give such a page new contents without a write being reported: `madvise
+        // (MADV_DONTNEED)` on a protected copy leaves a write-protect marker, and the next
+        // write faults in a fresh copy of the file's page, installed protected (the marker's
+        // bit) before the store runs again and faults once more. A thread stopped between the
+        // two faults leaves a present copy that equals the file, not reported written: the
+        // receiver would keep the old copy (seen once in ~230 runs of
+        // `full_checkpoint_mid_stream_and_failures_churn_uffd`, and reproduced by
+        // `file_mapping_churn_stress`). Such a zap takes a layout call, so a carried layout
+        // needs none of this. (A page the pre-copy took is copied again too: its copy may be
+        // from before the zap.)
+        if !(layout_carried && stale.is_empty()) {
+            let extra: Vec<u64> = cow_list
+                .iter()
+                .copied()
+                .filter(|&a| !in_fresh(a) && dirty.binary_search(&a).is_err())
+                .collect();
+            if !extra.is_empty() {
+                dirty.extend_from_slice(&extra);
+                dirty.sort_unstable();
+                written_all.extend_from_slice(&extra);
+                written_all.sort_unstable();
+                written_all.dedup();
+            }
+        }
         let cow = coalesce(&cow_list);
         parts.cow = tcow.elapsed();
         let scan = ts.elapsed();

@@ -552,32 +552,13 @@ fn full_checkpoint_mid_stream_statemachine_mprotect() {
 /// the live process.
 #[test]
 fn full_checkpoint_mid_stream_and_failures_churn_uffd() {
-    let (_scratch, run, _name) = churn_run("fullchurn", "loader.env.CHURN_MREMAP_SKIP = \"2\"");
-    let cfg = EpochConfig {
-        precopy_min_pages: 0, // pre-copy every epoch, however few pages
-        interval: Duration::from_millis(5),
-        private_dirs: vec!["/mnt".into()],
-        ..Default::default()
-    };
-    let extra = Extra {
-        fulls_at: vec![20, 75, 130],
-        fail_at: vec![
-            (30, FailPoint::AfterScan),
-            (50, FailPoint::AfterCopy),
-            (70, FailPoint::AfterResume),
-            (74, FailPoint::AfterScan),
-            (100, FailPoint::AfterResume),
-            (101, FailPoint::AfterCopy),
-        ],
-    };
-    chain_with(run.pid, cfg, 160, 20, &extra);
-    run.stop();
+    churn_fulls_and_failures("fullchurn", "", 1, 20);
 }
 
 /// A stress variant of the test above, for a failure seen once in ~230 runs of it: a page of a
 /// private file mapping whose image copy was stale. Most of churn's new and replacing mappings
 /// are private file mappings here (`CHURN_FILE_BIAS`), the image is checked every 5 epochs, and
-/// the run is twice as long; a failure prints what the last checkpoints said of the page
+/// the schedule is stretched twice; a failure prints what the last checkpoints said of the page
 /// (`explain`). It failed once in 70 runs before the fix (a copy zapped and faulted in again
 /// between two pauses without a write reported: see the copied-on-write list in
 /// `EpochLoop::capture`). Not in the default suite (~1 minute, and rare): `cargo test --test
@@ -585,28 +566,34 @@ fn full_checkpoint_mid_stream_and_failures_churn_uffd() {
 #[test]
 #[ignore = "stress campaign for a rare failure; run with --ignored, in a loop"]
 fn file_mapping_churn_stress() {
-    let (_scratch, run, _name) = churn_run(
-        "filechurn",
-        "loader.env.CHURN_MREMAP_SKIP = \"2\"\nloader.env.CHURN_FILE_BIAS = \"1\"",
-    );
+    churn_fulls_and_failures("filechurn", "loader.env.CHURN_FILE_BIAS = \"1\"", 2, 5);
+}
+
+/// The churn chain with full checkpoints and failures, on a schedule stretched `scale` times
+/// (160 epochs at 1; a failure right before a full at each scale), checked every `check_every`
+/// epochs; `env`: more manifest lines (churn's settings).
+fn churn_fulls_and_failures(tag: &str, env: &str, scale: u64, check_every: u64) {
+    let (_scratch, run, _name) =
+        churn_run(tag, &format!("loader.env.CHURN_MREMAP_SKIP = \"2\"\n{env}"));
     let cfg = EpochConfig {
         precopy_min_pages: 0, // pre-copy every epoch, however few pages
         interval: Duration::from_millis(5),
         private_dirs: vec!["/mnt".into()],
         ..Default::default()
     };
+    let s = scale;
     let extra = Extra {
-        fulls_at: vec![40, 150, 260],
+        fulls_at: vec![20 * s, 75 * s, 130 * s],
         fail_at: vec![
-            (30, FailPoint::AfterScan),
-            (70, FailPoint::AfterCopy),
-            (110, FailPoint::AfterResume),
-            (149, FailPoint::AfterScan),
-            (200, FailPoint::AfterResume),
-            (201, FailPoint::AfterCopy),
+            (30 * s, FailPoint::AfterScan),
+            (50 * s, FailPoint::AfterCopy),
+            (70 * s, FailPoint::AfterResume),
+            (75 * s - 1, FailPoint::AfterScan),
+            (100 * s, FailPoint::AfterResume),
+            (100 * s + 1, FailPoint::AfterCopy),
         ],
     };
-    chain_with(run.pid, cfg, 320, 5, &extra);
+    chain_with(run.pid, cfg, 160 * s, check_every, &extra);
     run.stop();
 }
 

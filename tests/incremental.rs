@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tardi_checkpointer::epoch::{ChainState, EpochConfig, Epochs, FailPoint};
-use tardi_checkpointer::image::{Backing, Checkpoint, Kind};
+use tardi_checkpointer::image::{Backing, Checkpoint, Kind, ProcessImage};
 use tardi_checkpointer::store::Image;
 use tardi_checkpointer::verify::compare_live;
 
@@ -47,7 +47,8 @@ fn chain_with(pid: i32, cfg: EpochConfig, epochs: u64, check_every: u64, extra: 
     let mut skip = false;
     let mut fails = 0;
     // The last checkpoints' metadata (no page data), to explain a page that differs.
-    let mut history: std::collections::VecDeque<(u64, bool, Checkpoint)> = Default::default();
+    let mut history: std::collections::VecDeque<(u64, bool, u64, ProcessImage)> =
+        Default::default();
     for i in 1..=epochs {
         if let Some(&(_, at)) = extra.fail_at.iter().find(|f| f.0 == i) {
             ep.fail_next(at);
@@ -78,9 +79,7 @@ fn chain_with(pid: i32, cfg: EpochConfig, epochs: u64, check_every: u64, extra: 
         if history.len() == 12 {
             history.pop_front();
         }
-        let mut meta = ck.clone();
-        meta.data = Vec::new();
-        history.push_back((i, st.layout_carried, meta));
+        history.push_back((i, st.layout_carried, ck.epoch, ck.image.clone()));
         image
             .apply(&ck)
             .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
@@ -143,7 +142,7 @@ fn chain_with(pid: i32, cfg: EpochConfig, epochs: u64, check_every: u64, extra: 
 fn explain(
     pid: i32,
     diffs: &[String],
-    history: &std::collections::VecDeque<(u64, bool, Checkpoint)>,
+    history: &std::collections::VecDeque<(u64, bool, u64, ProcessImage)>,
 ) -> String {
     use std::os::unix::fs::FileExt;
     let within = |rs: &[(u64, u64)], a: u64| rs.iter().any(|r| r.0 <= a && a < r.1);
@@ -166,12 +165,10 @@ fn explain(
             "page {a:#x}: pagemap now {:?} (63 present, 62 swapped, 61 file/shared, 57 uffd-wp)\n",
             entry.map(|e| format!("{:#018x}", e & !((1 << 55) - 1)))
         ));
-        for (i, carried, ck) in history {
-            let m = &ck.image;
+        for (i, carried, epoch, m) in history {
             let vma = m.vmas.iter().find(|v| v.start <= a && a < v.end);
             out.push_str(&format!(
-                "  call {i} (epoch {}): layout carried {carried}, in cow {}, in reset {}, page {:?}, vma {:?}\n",
-                ck.epoch,
+                "  call {i} (epoch {epoch}): layout carried {carried}, in cow {}, in reset {}, page {:?}, vma {:?}\n",
                 within(&m.cow, a),
                 within(&m.reset, a),
                 m.pages.iter().find(|p| p.addr == a).map(|p| p.enc),
@@ -1471,8 +1468,7 @@ fn a_zombie_service_is_reported_gone_not_retried_forever() {
 fn precopy_runs_only_after_an_epoch_that_wrote_enough_pages() {
     let bin = programs::build("dirtier");
     for min in [256, 8] {
-        let port = 20000 + (std::process::id() % 20000) as u16 + min as u16;
-        let port = port.to_string();
+        let port = (20000 + (std::process::id() % 20000) as u16 + min as u16).to_string();
         let child =
             programs::Spawned::new(&bin, &["--port", &port, "--mb", "8", "--rate-mbps", "8"]);
         std::thread::sleep(Duration::from_millis(200)); // its region touched
@@ -1527,8 +1523,7 @@ fn precopy_runs_only_after_an_epoch_that_wrote_enough_pages() {
 #[test]
 fn pages_written_while_the_precopy_copies_them_reach_the_checkpoint() {
     let bin = programs::build("dirtier");
-    let port = 20000 + (std::process::id() % 20000) as u16 + 311;
-    let port = port.to_string();
+    let port = (20000 + (std::process::id() % 20000) as u16 + 311).to_string();
     let child = programs::Spawned::new(&bin, &["--port", &port, "--mb", "1", "--rate-mbps", "100"]);
     std::thread::sleep(Duration::from_millis(200)); // its region touched
     let pid = child.pid();

@@ -278,9 +278,8 @@ pub struct EpochStats {
     pub precopy_us: u64,
     /// A pre-copy ran before this pause (see [`EpochConfig::precopy_min_pages`]).
     pub precopy_ran: bool,
-    /// Pages the pre-copy copied that the pause copied again, its copy being the checkpoint's:
-    /// written again before the pause (or taken by a failed pause before it, whose pages the
-    /// next pause copies whatever the pre-copy did).
+    /// Pages the pre-copy copied that were written again before the pause (or taken by a
+    /// failed pause before it): the pause copied them again, and its copy is the checkpoint's.
     pub precopy_rewritten: u64,
     /// How long after the interval (from the resume) had passed this epoch's encoding ended,
     /// µs: the next epoch ends that much later than its interval (backpressure, see
@@ -934,9 +933,6 @@ struct Precopy {
     /// Armed ranges whose scan failed part-way (see `capture`).
     stale: Vec<(u64, u64)>,
     took: Duration,
-    /// Pages it copied that the pause found written again since (set by the pause): their
-    /// copy here is void, the pause's holds.
-    rewritten: u64,
 }
 
 /// What the first pause needs of a process, made before it (loading the call counter takes a
@@ -2718,7 +2714,8 @@ impl EpochLoop {
         let tcow = Instant::now();
         let mut cow_list: Vec<u64> = Vec::new();
         // (Not when a range is stale: a failed scan may have taken writes it did not report.)
-        if layout_carried && stale.is_empty() {
+        let cow_carried = layout_carried && stale.is_empty();
+        if cow_carried {
             // No zap, unmapping or truncation since the last pause (each takes a counted
             // call): its list still holds, and a page becomes copied-on-write only by a write,
             // which the scan reported. So: the last list, plus this epoch's written pages in
@@ -2757,10 +2754,10 @@ impl EpochLoop {
         // two faults leaves a present copy that equals the file, not reported written: the
         // receiver would keep the old copy (seen once in ~230 runs of
         // `full_checkpoint_mid_stream_and_failures_churn_uffd`, and reproduced by
-        // `file_mapping_churn_stress`). Such a zap takes a layout call, so a carried layout
+        // `file_mapping_churn_stress`). Such a zap takes a layout call, so a carried list
         // needs none of this. (A page the pre-copy took is copied again too: its copy may be
         // from before the zap.)
-        if !(layout_carried && stale.is_empty()) {
+        if !cow_carried {
             let extra: Vec<u64> = cow_list
                 .iter()
                 .copied()
@@ -2874,10 +2871,7 @@ impl EpochLoop {
             j.pages
                 .extend(pre.pages.iter().map(|&(a, _)| (a, a + PAGE)));
         }
-        let pre = self.pre.take().map(|mut p| {
-            p.rewritten = rewritten;
-            (pre_copied, p)
-        });
+        let pre = self.pre.take().map(|p| (pre_copied, p));
         self.last_dirty = written_all.len() as u64;
         // The count after everything this pause did to the process (injected calls included):
         // the next pause carries the layout if it has not moved by then.
@@ -2898,6 +2892,7 @@ impl EpochLoop {
             fresh,
             cow,
             pre,
+            precopy_rewritten: rewritten,
             full,
             dirty: written_all.len() as u64,
             fresh_pages: nfresh,
@@ -3085,6 +3080,7 @@ impl EpochLoop {
             full,
             write_faults,
             pre,
+            precopy_rewritten,
             cow,
             runs,
             data,
@@ -3114,11 +3110,9 @@ impl EpochLoop {
         // them next to the pause's pages cost a pass over memory as long as the encoding).
         let precopy_ran = pre.is_some();
         let (mut precopy_pages, mut precopy_time) = (0, Duration::ZERO);
-        let mut precopy_rewritten = 0;
         let (mut pre_list, mut pre_data) = (Vec::new(), Vec::new());
         if let Some((pages, pre)) = pre {
             precopy_pages = pre.pages.iter().filter(|p| p.1.is_some()).count() as u64;
-            precopy_rewritten = pre.rewritten;
             precopy_time = pre.took;
             (pre_list, pre_data) = (pages, pre.data);
         }
@@ -3455,6 +3449,8 @@ struct Captured {
     write_faults: Option<u64>,
     /// Pre-copied pages to add (address, offset in the pre-copy's bytes), and the pre-copy.
     pre: Option<(Vec<(u64, usize)>, Precopy)>,
+    /// `EpochStats::precopy_rewritten`.
+    precopy_rewritten: u64,
     cow: Vec<(u64, u64)>,
     runs: Vec<PageRun>,
     data: Vec<u8>,

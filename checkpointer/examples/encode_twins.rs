@@ -11,6 +11,11 @@
 //! alternate the two versions, so every round has the same work. Prints the median and p10
 //! of 60 rounds per mode, modes alternated.
 //!
+//! `WARM=pages`, `WARM=twins` or `WARM=both` reads the epoch's pages, their twins or both
+//! after the eviction and before the clock starts, to show which cold reads the encoding
+//! waits for. The first two rounds also time one cold read of the pages (contiguous) and of
+//! their twins (one 4 KiB box each, in list order): `probe` lines.
+//!
 //! Usage: `encode_twins [ROUNDS]` (default 60). Pure computation: no process is touched.
 
 use std::time::Instant;
@@ -61,11 +66,44 @@ fn main() {
     let mut junk = vec![0u8; 128 << 20];
     let mut codec = PageCodec::new().expect("zstd context");
     let mut times: [Vec<u128>; 2] = [Vec::new(), Vec::new()];
+    let warm = std::env::var("WARM").unwrap_or_default();
+    // One read of every cache line of the pages, or of their twins; the time it took.
+    let touch = |what: &str, data: &[u8], twins: &TwinStore| {
+        let t = Instant::now();
+        let mut x = 0u8;
+        if what == "pages" {
+            for i in (0..data.len()).step_by(64) {
+                x ^= data[i];
+            }
+        } else {
+            for &a in &list {
+                let twin = twins.get(a).expect("twin put above");
+                for i in (0..PAGE_SIZE).step_by(64) {
+                    x ^= twin[i];
+                }
+            }
+        }
+        std::hint::black_box(x);
+        t.elapsed().as_micros()
+    };
     for round in 0..2 * rounds {
         let fused = round % 2 == 1;
         let data = &versions[(round / 2) % 2];
         for i in (0..junk.len()).step_by(64) {
             junk[i] = junk[i].wrapping_add(1);
+        }
+        if round < 2 {
+            let what = ["pages", "twins"][round];
+            let us = touch(what, data, &twins);
+            println!("   probe: one cold read of the {PAGES} {what}: {us} µs");
+            for i in (0..junk.len()).step_by(64) {
+                junk[i] = junk[i].wrapping_add(1);
+            }
+        }
+        for what in ["pages", "twins"] {
+            if warm == what || warm == "both" {
+                touch(what, data, &twins);
+            }
         }
         let t = Instant::now();
         let mut out = Vec::with_capacity(1 << 20);

@@ -77,12 +77,17 @@ echo "perf on CPU 0 for ${PERF_SECONDS}s..." >&2
 perf record -q -C 0 -g -o "$OUT/perf.data" -- sleep "$PERF_SECONDS" 2>/dev/null
 wait "$load"
 rps=$(tail -1 "$TMP/bench.csv" | cut -d, -f2 | tr -d '"')
+# Reported once the service has stopped (while it ran, perf resolved none of the
+# checkpointer's own symbols).
+kill -INT "$pid"
+wait "$pid" || true
+pid=""
 
 perf report -i "$OUT/perf.data" --children --sort comm,sym -q -g none --stdio 2>/dev/null >"$TMP/children"
 perf report -i "$OUT/perf.data" --no-children --sort comm -q -g none --stdio 2>/dev/null >"$TMP/comms"
 python3 - "$TMP/children" "$TMP/comms" "$rps" "$MODE" "$INTERVAL" "${TARDI_ENV[*]} ${PROFILE_ARGS[*]}" >"$OUT.md" <<'EOF'
 import re, sys
-children, comms, rps, mode, interval = sys.argv[1:]
+children, comms, rps, mode, interval, extra = sys.argv[1:]
 rows = []
 for line in open(children):
     m = re.match(r"\s*([\d.]+)%\s+([\d.]+)%\s+(\S+)\s+\[[.k]\]\s+(.*\S)", line)
@@ -105,7 +110,7 @@ for line in open(comms):
     m = re.match(r"\s*([\d.]+)%\s+(\S+)", line)
     if m:
         by_comm[m[2]] = by_comm.get(m[2], 0) + float(m[1])
-extra = f", {sys.argv[6].strip()}" if len(sys.argv) > 6 and sys.argv[6].strip() else ""
+extra = f", {extra.strip()}" if extra.strip() else ""
 print(f"# CPU 0 of {mode} Redis ({interval} ms epochs{extra}): {rps} SET/s\n")
 print("| thread | share of CPU 0 |\n|---|---:|")
 for c, p in sorted(by_comm.items(), key=lambda x: -x[1])[:8]:

@@ -225,6 +225,27 @@ fn postgres_profiled_while_clients_connect_verifies_mprotect() {
     profiled_while_clients_connect("pgprof-mp", "pgpm", &["--tracker", "mprotect"]);
 }
 
+/// KNOWN BUG, not fixed (found 2026-11-26): the epoch loop cannot start while a backend
+/// waits in `pg_sleep` (a latch wait). `tardi profile --load` with clients that each hold
+/// their backend for 0.2 s fails at once, every time here: "starting the epoch loop (full
+/// checkpoint): the service is gone (exited or killed): process N: No such process", where N
+/// is such a backend, still alive and stopped by the loop (`ps`: `ts`, "SELECT"). Some
+/// `ptrace` request on it returns `ESRCH` (the tracee not in a stop the request needs), and
+/// the start takes that for the service's death. With 0.03 s sleeps (the test above) a
+/// backend is rarely in that wait at the start. Run with `--ignored` to reproduce.
+#[test]
+#[ignore = "known bug: the loop cannot start while a backend sleeps in a latch wait"]
+fn postgres_profile_starts_while_a_backend_sleeps() {
+    let scratch = Scratch::new("pgsleep");
+    let name = format!("pgs-{}", std::process::id() % 10000);
+    let m = setup(&scratch.0, &name);
+    let load = "psql -h {address} -U postgres -c 'create table if not exists t (id int)' \
+         >/dev/null 2>&1; while :; do psql -h {address} -U postgres -At \
+         -c 'insert into t values (1)' -c 'select pg_sleep(0.2)' >/dev/null 2>&1; done";
+    let lines = common::tardi::profile_verified_with(&m, load, 4, &scratch.0, &[]);
+    assert!(lines.len() > 10, "only {} epochs", lines.len() - 1);
+}
+
 fn profiled_while_clients_connect(tag: &str, short: &str, extra: &[&str]) {
     let scratch = Scratch::new(tag);
     let name = format!("{short}-{}", std::process::id() % 10000);

@@ -225,16 +225,13 @@ fn postgres_profiled_while_clients_connect_verifies_mprotect() {
     profiled_while_clients_connect("pgprof-mp", "pgpm", &["--tracker", "mprotect"]);
 }
 
-/// KNOWN BUG, not fixed (found 2026-11-26): the epoch loop cannot start while a backend
-/// waits in `pg_sleep` (a latch wait). `tardi profile --load` with clients that each hold
-/// their backend for 0.2 s fails at once, every time here: "starting the epoch loop (full
-/// checkpoint): the service is gone (exited or killed): process N: No such process", where N
-/// is such a backend, still alive and stopped by the loop (`ps`: `ts`, "SELECT"). Some
-/// `ptrace` request on it returns `ESRCH` (the tracee not in a stop the request needs), and
-/// the start takes that for the service's death. With 0.03 s sleeps (the test above) a
-/// backend is rarely in that wait at the start. Run with `--ignored` to reproduce.
+/// The epoch loop starts while backends wait in `pg_sleep` (a latch wait) and exit soon after
+/// the first pause: clients each hold their backend for 0.2 s. Before the fix the start failed
+/// at once, every time: "the service is gone (exited or killed): process N: No such process",
+/// N a backend captured in the first pause that exited once resumed, before the loop opened
+/// its pidfd (ESRCH, taken for the service's death). The members' pidfds are now opened in
+/// the pause.
 #[test]
-#[ignore = "known bug: the loop cannot start while a backend sleeps in a latch wait"]
 fn postgres_profile_starts_while_a_backend_sleeps() {
     let scratch = Scratch::new("pgsleep");
     let name = format!("pgs-{}", std::process::id() % 10000);

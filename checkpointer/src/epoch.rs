@@ -1160,7 +1160,7 @@ impl EpochLoop {
         let member_cfg = cfg.for_member();
         let mut hook = hooks.on_pause;
         let mut attempt = 0u32;
-        let (sts, r, t0, quiesce, procs, parents, zombies) = loop {
+        let (sts, r, t0, quiesce, procs, parents, zombies, member_fds) = loop {
             // A process of the tree that exits while it is listed or stopped (a PostgreSQL
             // backend whose client left) makes its /proc unreadable: list the tree again.
             let vanished = |e: &CaptureError| match e {
@@ -1238,6 +1238,27 @@ impl EpochLoop {
                 .into());
             }
             let quiesce = t0.elapsed();
+            // The members' pidfds, opened while they are stopped: a member may exit as soon as
+            // it is resumed (a PostgreSQL backend whose client's query ended), and a pidfd
+            // opened after that fails with ESRCH, which is not the service's death. Opened
+            // now, it outlives the process, and the loop learns of the exit from it.
+            let mut member_fds = Vec::with_capacity(procs.len().saturating_sub(1));
+            for p in &procs[1..] {
+                match crate::sys::pidfd_open(p.pid) {
+                    Ok(fd) => member_fds.push(fd),
+                    Err(_) => break, // killed while stopped: list the tree again
+                }
+            }
+            if member_fds.len() + 1 < procs.len() {
+                let _ = resume_all(sts);
+                if attempt < 20 {
+                    attempt += 1;
+                    continue;
+                }
+                return Err(EpochError::ServiceGone(format!(
+                    "a process of the tree of {pid} kept exiting while the tree was stopped"
+                )));
+            }
             // Each process's children, zombies included (host PIDs, sorted): what the chain
             // begins with.
             let children = |i: usize| -> Vec<Pid> {
@@ -1315,7 +1336,7 @@ impl EpochLoop {
                 std::thread::sleep(Duration::from_millis(u64::from(attempt)));
                 continue;
             }
-            break (sts, r, t0, quiesce, procs, parents, zombies);
+            break (sts, r, t0, quiesce, procs, parents, zombies, member_fds);
         };
         if r.is_ok() {
             trigger.clear();
@@ -1333,12 +1354,15 @@ impl EpochLoop {
         // After the pause: identify each process's files, then lay the tree out.
         let mut loops: Vec<EpochLoop> = Vec::with_capacity(procs.len());
         let mut images: Vec<(ProcessImage, Vec<u8>)> = Vec::with_capacity(procs.len());
+        let mut member_fds = member_fds.into_iter();
         for (i, (proc, First { lp, mut img })) in procs.into_iter().zip(firsts).enumerate() {
             img.identify(&proc).map_err(|e| gone(e.into()))?;
             let lp_pidfd = if i == 0 {
                 pidfd.try_clone().map_err(|e| gone_or(pid, e))?
             } else {
-                crate::sys::pidfd_open(proc.pid).map_err(|e| gone_or(proc.pid, e))?
+                member_fds
+                    .next()
+                    .expect("one pidfd per member, opened in the pause")
             };
             let (cfg, hook, trigger) = if i == 0 {
                 (cfg.clone(), hook.take(), trigger.clone())

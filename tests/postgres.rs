@@ -278,12 +278,11 @@ fn profiled_while_clients_connect(tag: &str, short: &str, extra: &[&str]) {
             .sum();
         whole += run;
         // (processes, interval, pause, encoding µs) of each epoch, for the message below.
-        let field = |e: &serde_json::Value, k: &str| e[k].as_u64().unwrap_or(0);
         seen.push(
             epochs
                 .iter()
                 .map(|e| {
-                    let f = |k| field(e, k);
+                    let f = |k: &str| e[k].as_u64().unwrap_or(0);
                     (
                         f("processes"),
                         f("interval_us"),

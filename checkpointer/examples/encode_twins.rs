@@ -64,6 +64,12 @@ fn main() {
         }
     }
     let mut junk = vec![0u8; 128 << 20];
+    // Evicts the caches: one write to every line of 128 MiB.
+    let mut evict = move || {
+        for i in (0..junk.len()).step_by(64) {
+            junk[i] = junk[i].wrapping_add(1);
+        }
+    };
     let mut codec = PageCodec::new().expect("zstd context");
     let mut times: [Vec<u128>; 2] = [Vec::new(), Vec::new()];
     let warm = std::env::var("WARM").unwrap_or_default();
@@ -89,16 +95,12 @@ fn main() {
     for round in 0..2 * rounds {
         let fused = round % 2 == 1;
         let data = &versions[(round / 2) % 2];
-        for i in (0..junk.len()).step_by(64) {
-            junk[i] = junk[i].wrapping_add(1);
-        }
+        evict();
         if round < 2 {
             let what = ["pages", "twins"][round];
             let us = touch(what, data, &twins);
             println!("   probe: one cold read of the {PAGES} {what}: {us} µs");
-            for i in (0..junk.len()).step_by(64) {
-                junk[i] = junk[i].wrapping_add(1);
-            }
+            evict();
         }
         for what in ["pages", "twins"] {
             if warm == what || warm == "both" {

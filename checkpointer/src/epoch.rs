@@ -1185,8 +1185,26 @@ impl EpochLoop {
                 parents.push(parent);
             }
             let mut preps = Vec::with_capacity(procs.len());
+            // The members' pidfds, opened before the stop, while they are alive: a member may
+            // exit as soon as the first pause resumes it (a PostgreSQL backend whose client's
+            // query ended), and a pidfd opened after that fails with ESRCH, which is not the
+            // service's death. One opened now outlives the process, and the loop learns of the
+            // exit from it. (One that exits before the stop is found by `stop_all`.)
+            let mut member_fds = Vec::with_capacity(procs.len() - 1);
             for p in &procs {
-                match FirstPrep::new(p, copy) {
+                let prep = FirstPrep::new(p, copy).and_then(|prep| {
+                    if p.pid != pid {
+                        let fd =
+                            crate::sys::pidfd_open(p.pid).map_err(|source| CaptureError::Proc {
+                                pid: p.pid,
+                                what: "pidfd".into(),
+                                source,
+                            })?;
+                        member_fds.push(fd);
+                    }
+                    Ok(prep)
+                });
+                match prep {
                     Ok(prep) => preps.push(prep),
                     // A process of the tree that exited since the listing (a PostgreSQL backend
                     // whose client left): list the tree again.
@@ -1238,27 +1256,6 @@ impl EpochLoop {
                 .into());
             }
             let quiesce = t0.elapsed();
-            // The members' pidfds, opened while they are stopped: a member may exit as soon as
-            // it is resumed (a PostgreSQL backend whose client's query ended), and a pidfd
-            // opened after that fails with ESRCH, which is not the service's death. Opened
-            // now, it outlives the process, and the loop learns of the exit from it.
-            let mut member_fds = Vec::with_capacity(procs.len().saturating_sub(1));
-            for p in &procs[1..] {
-                match crate::sys::pidfd_open(p.pid) {
-                    Ok(fd) => member_fds.push(fd),
-                    Err(_) => break, // killed while stopped: list the tree again
-                }
-            }
-            if member_fds.len() + 1 < procs.len() {
-                let _ = resume_all(sts);
-                if attempt < 20 {
-                    attempt += 1;
-                    continue;
-                }
-                return Err(EpochError::ServiceGone(format!(
-                    "a process of the tree of {pid} kept exiting while the tree was stopped"
-                )));
-            }
             // Each process's children, zombies included (host PIDs, sorted): what the chain
             // begins with.
             let children = |i: usize| -> Vec<Pid> {
@@ -1362,7 +1359,7 @@ impl EpochLoop {
             } else {
                 member_fds
                     .next()
-                    .expect("one pidfd per member, opened in the pause")
+                    .expect("one pidfd per member, opened before the first stop")
             };
             let (cfg, hook, trigger) = if i == 0 {
                 (cfg.clone(), hook.take(), trigger.clone())

@@ -30,6 +30,7 @@
 # Usage: bench/throughput.sh [SERVICES...]   SERVICES: redis memcached (default: both)
 # Env:   EPOCHS ("5 10 20")  REDIS_N (500000)  KV_SECONDS (5)  MODES ("untracked tracked replicated")
 #        PIN (1)  SVC_CPUS (0)  LOAD_CPUS (1)   see "CPUs" above
+#        TARDI         the tardi binary to measure (default: the one built here), for A/B runs
 #        WAIT_QUIET=N  wait up to N s for the CPUs to be <= 20% busy before each case
 #        EPOCH_TOML    more lines for the tracked and replicated cases' [tardi.epoch] table,
 #                      for an A/B of a setting (e.g. EPOCH_TOML="encode_budget = 0"); recorded
@@ -60,7 +61,7 @@ ensure_tools redis-server redis-server redis-benchmark redis-tools memcached mem
 echo "building tardi and kv_load (release)..." >&2
 (cd "$ROOT" && cargo build --release -q && cargo build --release -q --example kv_load) >&2
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-TARDI="$TARGET/release/tardi"
+TARDI="${TARDI:-$TARGET/release/tardi}"
 KV="$TARGET/release/examples/kv_load"
 mkdir -p "$OUT_DIR"
 STAMP="$(date -u +%Y%m%d-%H%M%S)"

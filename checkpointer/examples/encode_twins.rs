@@ -14,7 +14,7 @@
 //! `WARM=pages`, `WARM=twins` or `WARM=both` reads the epoch's pages, their twins or both
 //! after the eviction and before the clock starts, to show which cold reads the encoding
 //! waits for. The first two rounds also time one cold read of the pages (contiguous) and of
-//! their twins (one 4 KiB box each, in list order): `probe` lines.
+//! their twins (one slot of the twin store's huge-page arena each, in list order): `probe` lines.
 //!
 //! Usage: `encode_twins [ROUNDS]` (default 60). Pure computation: no process is touched.
 

@@ -24,6 +24,7 @@
 //! Wire form of one page: the [`PageEncoding`] (serialise it with the container's serde
 //! format; postcard takes 1–4 bytes) followed by [`PageEncoding::encoded_len`] bytes.
 
+use crate::arena::PageArena;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -558,7 +559,8 @@ struct Twin {
     epoch: u64,
     /// Position in [`TwinStore::order`] of its latest write.
     seq: u64,
-    page: Box<[u8; PAGE_SIZE]>,
+    /// Its slot in [`TwinStore::arena`].
+    slot: u32,
 }
 
 /// The twins (last sent contents) of recently written pages, keyed by page address, holding at
@@ -568,10 +570,20 @@ struct Twin {
 /// Recency is kept as a queue of (address, write sequence number) with lazy deletion: a
 /// re-write pushes a new entry and leaves the old one stale; eviction pops from the front,
 /// skipping stale entries; the queue is compacted when it holds more stale entries than live
-/// ones. Every operation is O(1) amortised, and evicted buffers are reused for new twins.
+/// ones. Every operation is O(1) amortised, and evicted slots are reused for new twins.
+///
+/// The contents live in one huge-page arena (`arena.rs`: page-aligned slots, so reading a cold
+/// twin does not also miss the TLB), mapped at the first twin kept.
 pub struct TwinStore {
     budget: usize,
     map: HashMap<u64, Twin, PageHash>,
+    /// `None` until the first [`TwinStore::put`], or if the mapping failed (then no twin is
+    /// kept: every page is encoded alone, correct but larger).
+    arena: Option<PageArena>,
+    /// Slots freed by [`TwinStore::remove`] and friends.
+    free: Vec<u32>,
+    /// Slots below this have been handed out at least once.
+    fresh: u32,
     order: VecDeque<(u64, u64)>,
     next_seq: u64,
     hits: AtomicU64,
@@ -596,6 +608,9 @@ impl TwinStore {
         TwinStore {
             budget: budget_bytes,
             map: HashMap::with_hasher(PageHash),
+            arena: None,
+            free: Vec::new(),
+            fresh: 0,
             order: VecDeque::new(),
             next_seq: 0,
             hits: AtomicU64::new(0),
@@ -610,7 +625,30 @@ impl TwinStore {
     }
 
     fn capacity_pages(&self) -> usize {
-        self.budget / PAGE_SIZE
+        (self.budget / PAGE_SIZE).min(u32::MAX as usize)
+    }
+
+    fn slot(&self, t: &Twin) -> &[u8] {
+        match &self.arena {
+            Some(a) => a.slot(t.slot as usize),
+            None => unreachable!("a twin is kept only with an arena"),
+        }
+    }
+
+    /// A slot for a new twin: a freed one, the next never used, or the least recently written
+    /// twin's (evicted); `None` if no twin can be kept.
+    fn take_slot(&mut self, cap: usize) -> Option<u32> {
+        if self.arena.is_none() {
+            self.arena = Some(PageArena::new(cap)?);
+        }
+        if let Some(s) = self.free.pop() {
+            return Some(s);
+        }
+        if (self.fresh as usize) < cap {
+            self.fresh += 1;
+            return Some(self.fresh - 1);
+        }
+        self.evict_oldest()
     }
 
     /// The twin of the page at `addr`, if kept (counted as a hit or a miss).
@@ -618,7 +656,7 @@ impl TwinStore {
         match self.map.get(&addr) {
             Some(t) => {
                 self.hits.fetch_add(1, Ordering::Relaxed);
-                Some(&t.page[..])
+                Some(self.slot(t))
             }
             None => {
                 self.misses.fetch_add(1, Ordering::Relaxed);
@@ -644,37 +682,33 @@ impl TwinStore {
             return;
         }
         let seq = self.next_seq;
-        self.next_seq += 1;
         if let Some(t) = self.map.get_mut(&addr) {
-            t.page.copy_from_slice(page);
             t.epoch = epoch;
             t.seq = seq;
-        } else {
-            let mut buf = None;
-            while self.map.len() >= cap {
-                buf = self.evict_oldest();
+            let slot = t.slot as usize;
+            if let Some(a) = &mut self.arena {
+                a.slot_mut(slot).copy_from_slice(page);
             }
-            let mut buf = buf.unwrap_or_else(|| Box::new([0; PAGE_SIZE]));
-            buf.copy_from_slice(page);
-            self.map.insert(
-                addr,
-                Twin {
-                    epoch,
-                    seq,
-                    page: buf,
-                },
-            );
+        } else {
+            let Some(slot) = self.take_slot(cap) else {
+                return;
+            };
+            if let Some(a) = &mut self.arena {
+                a.slot_mut(slot as usize).copy_from_slice(page);
+            }
+            self.map.insert(addr, Twin { epoch, seq, slot });
         }
+        self.next_seq += 1;
         self.order.push_back((addr, seq));
         self.maybe_compact();
     }
 
-    /// Drops the least recently written twin and returns its buffer.
-    fn evict_oldest(&mut self) -> Option<Box<[u8; PAGE_SIZE]>> {
+    /// Drops the least recently written twin and returns its slot.
+    fn evict_oldest(&mut self) -> Option<u32> {
         while let Some((addr, seq)) = self.order.pop_front() {
             if self.map.get(&addr).is_some_and(|t| t.seq == seq) {
                 self.evictions += 1;
-                return self.map.remove(&addr).map(|t| t.page);
+                return self.map.remove(&addr).map(|t| t.slot);
             }
         }
         None
@@ -690,11 +724,12 @@ impl TwinStore {
 
     /// Drops the twin of `addr`, if kept; whether there was one.
     pub fn remove(&mut self, addr: u64) -> bool {
-        let removed = self.map.remove(&addr).is_some();
-        if removed {
-            self.maybe_compact();
-        }
-        removed
+        let Some(t) = self.map.remove(&addr) else {
+            return false;
+        };
+        self.free.push(t.slot);
+        self.maybe_compact();
+        true
     }
 
     /// Drops the twins of every page address in `start..end` (memory unmapped); how many.
@@ -708,15 +743,17 @@ impl TwinStore {
             // Fewer pages in the range than twins: look each page up.
             let mut a = start.next_multiple_of(PAGE_SIZE as u64);
             while a < end {
-                self.map.remove(&a);
+                if let Some(t) = self.map.remove(&a) {
+                    self.free.push(t.slot);
+                }
                 a += PAGE_SIZE as u64;
             }
             // Unaligned keys are not expected, but must not survive either.
             if !start.is_multiple_of(PAGE_SIZE as u64) || !end.is_multiple_of(PAGE_SIZE as u64) {
-                self.map.retain(|&a, _| !(start..end).contains(&a));
+                self.retain_outside(start, end);
             }
         } else {
-            self.map.retain(|&a, _| !(start..end).contains(&a));
+            self.retain_outside(start, end);
         }
         let removed = before - self.map.len();
         if removed > 0 {
@@ -725,10 +762,24 @@ impl TwinStore {
         removed
     }
 
+    /// Drops the twins of the addresses in `start..end` by a walk over all twins.
+    fn retain_outside(&mut self, start: u64, end: u64) {
+        let free = &mut self.free;
+        self.map.retain(|a, t| {
+            let inside = (start..end).contains(a);
+            if inside {
+                free.push(t.slot);
+            }
+            !inside
+        });
+    }
+
     /// Drops every twin (stats are kept).
     pub fn clear(&mut self) {
         self.map.clear();
         self.order.clear();
+        self.free.clear();
+        self.fresh = 0;
     }
 
     /// Bytes of page contents held (twins × [`PAGE_SIZE`]; bookkeeping adds about 60 bytes a
@@ -1365,6 +1416,13 @@ mod tests {
             assert_eq!(s.len(), model.len());
             assert!(s.bytes() <= cap * PAGE_SIZE);
             assert!(s.order.len() <= 2 * s.map.len() + 65);
+            // Every slot is either a live twin's (one twin each) or free, never both.
+            let mut slots: Vec<u32> = s.map.values().map(|t| t.slot).collect();
+            slots.extend(&s.free);
+            slots.sort_unstable();
+            slots.dedup();
+            assert_eq!(slots.len(), s.map.len() + s.free.len());
+            assert!(slots.iter().all(|&x| x < s.fresh) && s.fresh as usize <= cap);
         }
         assert_eq!(s.stats().evictions, evictions);
         assert!(evictions > 1000);

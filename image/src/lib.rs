@@ -22,6 +22,7 @@
 //! test run (see there for longer runs); `fuzz/` has AFL++ targets for the same
 //! (`fuzz/run.sh SECONDS`).
 
+mod arena;
 mod bytes;
 pub mod delta;
 pub mod files;

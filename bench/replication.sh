@@ -33,6 +33,7 @@
 #                       results and plots get the suffix -full
 #        KEEP_SCRATCH=1 keep the scratch directory (the instances' epoch logs, one JSON line per
 #                       epoch with the pause's parts: `bench/pause_parts.py` reads them)
+#        TARDI         the tardi binary to measure (default: the one built here), for A/B runs
 #        REDIS_MANIFEST another manifest for the redis part (e.g. with other [tardi.epoch] knobs)
 #        EXTRA          more arguments for replication_bench (e.g. --fresh-lab)
 # Run as root (namespaces, sandboxes). Needs gcc, redis-server and redis-benchmark. The whole
@@ -64,7 +65,7 @@ fi
 
 STAMP="$(date -u +%Y%m%d-%H%M%S)"
 OUT="$OUT_DIR/replication-$STAMP.md"
-COMMON=(--tardi "$TARGET/release/tardi" --dirtier "$DIRTIER" --wait-quiet "${WAIT_QUIET:-0}" --stamp "$STAMP")
+COMMON=(--tardi "${TARDI:-$TARGET/release/tardi}" --dirtier "$DIRTIER" --wait-quiet "${WAIT_QUIET:-0}" --stamp "$STAMP")
 
 {
     echo "# Tardi replication benchmarks ($STAMP)"

@@ -408,7 +408,28 @@ impl Image {
 
     /// Applies what [`Image::stage`] prepared on this image (which it was staged against).
     fn commit(&mut self, st: Staged<'_>, epoch: u64) {
-        self.pages.retain(|&a, _| st.keep(a));
+        if same_layout(&self.meta.vmas, &st.meta.vmas) {
+            // Every page held already passed the last commit's `keep` (or came with the full
+            // checkpoint, inside its layout): with the layout unchanged, only pages in a reset
+            // range or in a private file mapping (whose `cow` list changes) can fail it now.
+            // Not a walk over all pages every epoch: on a backup of Redis that walk was a
+            // quarter of the apply.
+            let mut gone = Vec::new();
+            for &(s, e) in st.reset.0.iter().chain(&st.file_private.0) {
+                gone.extend(
+                    self.pages
+                        .range(s..e)
+                        .map(|(&a, _)| a)
+                        .filter(|&a| !st.keep(a)),
+                );
+            }
+            for a in gone {
+                self.pages.remove(&a);
+            }
+            debug_assert!(self.pages.keys().all(|&a| st.keep(a)));
+        } else {
+            self.pages.retain(|&a, _| st.keep(a));
+        }
         let Staged {
             img,
             data,
@@ -749,6 +770,24 @@ impl MetaCarry {
 
 /// Half-open address ranges, sorted and merged, for lookups in O(log n).
 struct Ranges(Vec<(u64, u64)>);
+
+/// Whether two layouts hold the same mappings as far as [`Staged::keep`] can tell them apart:
+/// the same ranges, each as much shared memory's, as much a private file mapping.
+fn same_layout(a: &[Vma], b: &[Vma]) -> bool {
+    let key = |v: &Vma| {
+        (
+            v.start,
+            v.end,
+            matches!(v.backing, Backing::Shm { .. }),
+            matches!(v.backing, Backing::File { .. }) && !v.shared,
+        )
+    };
+    let (mut a, mut b): (Vec<_>, Vec<_>) =
+        (a.iter().map(key).collect(), b.iter().map(key).collect());
+    a.sort_unstable();
+    b.sort_unstable();
+    a == b
+}
 
 impl Ranges {
     fn new(ranges: impl Iterator<Item = (u64, u64)>) -> Ranges {

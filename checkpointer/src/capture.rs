@@ -1051,7 +1051,7 @@ fn deliver_pending_signals_now(st: &mut Stopped, maps: &[MapEntry]) -> Result<bo
 
 /// Signals that are pending (queued but not yet delivered) would be lost: refuse them, naming
 /// the signal. (Capturing and re-queueing them is not implemented yet.)
-fn check_pending_signals(
+pub(crate) fn check_pending_signals(
     proc: &Proc,
     files: &mut HashMap<String, std::fs::File>,
     tids: &[Pid],

@@ -5,7 +5,8 @@
 //! - [`image`]: the wire format of one checkpoint ([`Checkpoint`], [`ProcessImage`]) and its
 //!   validation on read: a checkpoint that passes [`Checkpoint::from_bytes`] is internally
 //!   consistent (every offset, length and index inside what it refers to).
-//! - [`delta`]: the page codecs (XOR + zstd, xdelta3, zstd, raw) and the twin store.
+//! - [`delta`]: the page codecs (XOR + zstd, xdelta3, zstd, raw) and the twin store, whose
+//!   pages live in a huge-page arena (`arena.rs`, the crate's only `unsafe` code).
 //! - [`files`]: the private directories' tree and the changes a checkpoint carries for it.
 //! - [`store`]: [`store::Image`], a process image a chain of checkpoints is applied to: what a
 //!   backup keeps, and turns back into a full checkpoint to restore from.

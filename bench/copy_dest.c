@@ -5,10 +5,12 @@
  * encoding). The caches are evicted before each round (a 64 MiB walk); rounds alternate the
  * two ways. Prints each round's time.
  *
- *   cc -O2 -o /tmp/copy_dest bench/copy_dest.c && taskset -c 0 /tmp/copy_dest [WRITER_CPU]
+ *   cc -O2 -o /tmp/copy_dest bench/copy_dest.c && taskset -c 0 /tmp/copy_dest [WRITER_CPU] [huge]
  *
  * WRITER_CPU (default: the same CPU as the reader, as Redis and its checkpointer in
- * bench/throughput.sh's pinned cases) is where the child writes. Reports only. */
+ * bench/throughput.sh's pinned cases) is where the child writes. `huge` puts the large
+ * buffer on transparent huge pages (2 MiB aligned, MADV_HUGEPAGE), as the epoch loop's copy
+ * buffers are; without it the buffer is plain malloc memory (4 KiB pages). Reports only. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <signal.h>
@@ -56,7 +58,15 @@ int main(int argc, char **argv) {
         }
     }
     static uint64_t addrs[N];
-    char *big = malloc((size_t)N * PG), *ring = aligned_alloc(PG, BATCH * PG);
+    size_t big_len = ((size_t)N * PG + (2 << 20) - 1) & ~(size_t)((2 << 20) - 1);
+    char *big, *ring = aligned_alloc(PG, BATCH * PG);
+    if (argc > 2 && strcmp(argv[2], "huge") == 0) {
+        big = aligned_alloc(2 << 20, big_len);
+        if (big) madvise(big, big_len, MADV_HUGEPAGE);
+    } else {
+        big = malloc(big_len);
+    }
+    if (!big || !ring) return perror("alloc"), 1;
     char *junk = malloc(64 << 20);
     memset(big, 0, (size_t)N * PG), memset(ring, 0, BATCH * PG), memset(junk, 0, 64 << 20);
     uint64_t r = 88172645463325252ull;

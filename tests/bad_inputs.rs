@@ -726,14 +726,60 @@ fn snapshot_refuses_a_memfd_and_the_service_keeps_running() {
     });
 }
 
+/// Signals pending (blocked) at a snapshot go into the checkpoint with their details and are
+/// queued again by the restore: a process-directed SIGUSR1, two SIGRTMIN with values (a
+/// real-time signal is queued as often as it is sent, with its value), and a SIGUSR2 sent to
+/// the main thread alone. The restored service takes them in the order the original would.
 #[test]
-fn snapshot_refuses_a_pending_signal_and_the_service_keeps_running() {
-    snapshot_refused("pending-signal", |_, _| {
-        vec![
-            "signals SIGUSR1 are pending".to_string(),
-            "capturing pending signals is not implemented yet".to_string(),
-        ]
-    });
+fn pending_signals_survive_snapshot_and_restore() {
+    let svc = Svc::start(
+        "pending-signal",
+        "bad_resources",
+        &["pending-signal"],
+        BAD_PORT,
+    );
+    let want = "pending=SIGUSR1,SIGUSR2,SIGRTMIN";
+    let pong = svc.ping();
+    assert!(pong.ends_with(want), "before the snapshot: {pong}");
+    let file = svc.scratch.0.join("pending.tardi");
+    svc.run
+        .snapshot(&file)
+        .unwrap_or_else(|e| panic!("snapshot with signals pending: {e}"));
+    let ck = tardi_checkpointer::image::Checkpoint::from_bytes(std::fs::read(&file).unwrap())
+        .expect("the checkpoint reads back");
+    let rtmin = libc::SIGRTMIN() as u32;
+    let signos = |l: &[tardi_checkpointer::image::PendingSignal]| -> Vec<u32> {
+        l.iter().map(|p| p.signo).collect()
+    };
+    assert_eq!(
+        signos(&ck.image.pending),
+        [10, rtmin, rtmin],
+        "the process's queue"
+    );
+    assert_eq!(
+        signos(&ck.image.threads[0].pending),
+        [12],
+        "the main thread's queue"
+    );
+    let Svc {
+        run, name, port, ..
+    } = svc;
+    let out = run.stop();
+    assert!(out.contains("\"stopped\""), "{name} did not stop: {out}");
+    let restored = Running::restore(&file).unwrap_or_else(|e| panic!("restore: {e}"));
+    let addr = SocketAddr::new(restored.address.into(), port);
+    let pong = programs::ping(addr, Duration::from_secs(5)).expect("the restored service answers");
+    assert!(pong.ends_with(want), "after the restore: {pong}");
+    let drained = programs::request(addr, "drain", Duration::from_secs(5)).unwrap();
+    assert_eq!(drained, "drained SIGUSR2 SIGUSR1 SIGRTMIN:42 SIGRTMIN:43");
+    let pong = programs::ping(addr, Duration::from_secs(5)).unwrap();
+    assert!(pong.ends_with("pending="), "after draining: {pong}");
+    let out = restored.stop();
+    assert!(
+        out.contains("\"stopped\""),
+        "{name} (restored) did not stop: {out}"
+    );
+    forget(&name);
 }
 
 #[test]

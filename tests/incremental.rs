@@ -1618,13 +1618,12 @@ fn a_stack_grown_without_a_call_is_captured_while_the_layout_is_carried() {
 }
 
 /// The mprotect tracker's start with a signal pending (blocked) at its first pause: the agent
-/// goes into the process during the first capture, which then could not be retried, so the
-/// start used to fail ("capturing pending signals is not implemented yet"; a PostgreSQL backend
-/// that keeps `SIGURG` blocked for its signalfd did this now and then). Now the start waits,
-/// with the service running, until the signal is taken. The signal here stays pending for
-/// 0.3 s after the script's answer, and the start begins at once.
+/// goes into the process during the first capture, which then cannot be retried, so the start
+/// used to fail ("capturing pending signals is not implemented yet"; a PostgreSQL backend that
+/// keeps `SIGURG` blocked for its signalfd did this now and then). The capture records the
+/// signal now, and the service still gets it once it unblocks it.
 #[test]
-fn mprotect_start_waits_out_a_briefly_pending_signal() {
+fn mprotect_start_with_a_pending_signal() {
     const SCRIPT: &str = r#"
 import os, signal, sys, time
 got = []
@@ -1664,15 +1663,11 @@ for line in sys.stdin:
     drop(py);
 }
 
-/// A signal that stays pending across a pause (blocked by the service) cannot go into a
-/// checkpoint: the epoch is refused by name and the chain stays intact; once the service
-/// unblocks it, epochs go on. The final pending-signal check reads every thread's `status`
-/// and is skipped when no thread ran during the capture: this shows the skip does not let a
-/// blocked signal through (`PTRACE_PEEKSIGINFO` lists it at the capture's start).
+/// A signal that stays pending across pauses (blocked by the service) is recorded in each
+/// checkpoint with its details (the process's queue, as `kill` sent it), and in none once the
+/// service took it; the backup's image (the chain applied) holds it while it is pending.
 #[test]
-fn a_blocked_pending_signal_refuses_the_epoch_until_it_is_delivered() {
-    use tardi_checkpointer::capture::CaptureError;
-    use tardi_checkpointer::epoch::EpochError;
+fn a_blocked_pending_signal_is_recorded_until_it_is_delivered() {
     const SCRIPT: &str = r#"
 import os, signal, sys
 got = []
@@ -1694,24 +1689,49 @@ for line in sys.stdin:
         interval: Duration::from_millis(2),
         ..Default::default()
     };
-    let (mut ep, _, _) = Epochs::start(pid, cfg).expect("start epochs");
+    let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
+    let mut img = Image::from_full(&roundtrip(&full)).unwrap();
     for i in 0..5 {
-        ep.next().unwrap_or_else(|e| panic!("quiet epoch {i}: {e}"));
+        let (ck, _) = ep.next().unwrap_or_else(|e| panic!("quiet epoch {i}: {e}"));
+        img.apply(&roundtrip(&ck)).unwrap();
     }
     assert_eq!(py.step("raise"), "k 0");
-    match ep.next() {
-        Err(e @ EpochError::Capture(CaptureError::PendingSignals(_))) => {
-            assert_eq!(e.chain(), ChainState::Intact);
-            assert!(e.to_string().contains("SIGUSR1"), "{e}");
-        }
-        Err(e) => panic!("refused, but not for the pending signal: {e}"),
-        Ok((ck, _)) => panic!("epoch {} captured with SIGUSR1 pending", ck.epoch),
+    for i in 0..3 {
+        let (ck, _) = ep
+            .next()
+            .unwrap_or_else(|e| panic!("epoch {i} with SIGUSR1 pending: {e}"));
+        let signos: Vec<u32> = ck.image.pending.iter().map(|p| p.signo).collect();
+        assert_eq!(
+            signos,
+            [10],
+            "epoch {}: the process's pending signals",
+            ck.epoch
+        );
+        assert_eq!(
+            i32::from_ne_bytes(ck.image.pending[0].info[8..12].try_into().unwrap()),
+            0,
+            "si_code SI_USER (kill)"
+        );
+        img.apply(&roundtrip(&ck)).unwrap();
     }
+    let held: Vec<u32> = img.meta.pending.iter().map(|p| p.signo).collect();
+    assert_eq!(held, [10], "the applied image holds the pending signal");
     assert_eq!(py.step("unblock"), "k 1", "the handler ran once unblocked");
     for i in 0..5 {
-        ep.next()
+        let (ck, _) = ep
+            .next()
             .unwrap_or_else(|e| panic!("epoch {i} after the delivery: {e}"));
+        assert!(
+            ck.image.pending.is_empty(),
+            "epoch {}: still pending",
+            ck.epoch
+        );
+        img.apply(&roundtrip(&ck)).unwrap();
     }
+    assert!(
+        img.meta.pending.is_empty(),
+        "the applied image after the delivery"
+    );
     ep.stop();
     drop(py);
 }

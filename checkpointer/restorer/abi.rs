@@ -8,7 +8,7 @@
 #![allow(dead_code)]
 
 pub const PLAN_MAGIC: u64 = 0x4e41_4c50_4944_5254; // "TRDIPLAN"
-pub const PLAN_VERSION: u32 = 5;
+pub const PLAN_VERSION: u32 = 6;
 
 /// Size of each restorer thread's private stack inside the hole.
 pub const RESTORER_STACK: u64 = 64 * 1024;
@@ -89,6 +89,20 @@ pub struct PlanHeader {
     /// `nr_rmid` i32 shmids at `rmid_off`.
     pub nr_rmid: u32,
     pub rmid_off: u32,
+    /// Signals to queue again, pending (every thread blocks every signal until its
+    /// sigreturn): `nr_pending` [`PendingDesc`]s at `pending_off`, oldest first.
+    pub nr_pending: u32,
+    pub pending_off: u32,
+}
+
+/// One pending signal: queued to thread `tid` (a TID inside the sandbox), or to the process
+/// when `tid` is 0, with its `siginfo_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PendingDesc {
+    pub tid: i32,
+    pub signo: i32,
+    pub info: [u8; 128],
 }
 
 /// One POSIX timer (see `tardi_image::image::PosixTimer`).

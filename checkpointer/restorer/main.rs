@@ -58,9 +58,13 @@ const E_TIMER: u64 = 15;
 const E_SECCOMP: u64 = 16;
 const E_SHMAT: u64 = 17;
 const E_RMID: u64 = 18;
+const E_PENDING: u64 = 19;
 
 mod nr {
     pub const WRITE: u64 = 1;
+    pub const GETPID: u64 = 39;
+    pub const RT_SIGQUEUEINFO: u64 = 129;
+    pub const RT_TGSIGQUEUEINFO: u64 = 297;
     pub const CLOSE: u64 = 3;
     pub const MMAP: u64 = 9;
     pub const MPROTECT: u64 = 10;
@@ -504,6 +508,24 @@ unsafe extern "C" fn stage1(plan: u64, base: u64, total: u64) -> ! {
             );
             if r < 0 {
                 fail(nfd, E_CLONE, r);
+            }
+        }
+        // 6. Pending signals, queued again with their details while every thread blocks every
+        // signal (each gets its own mask back at its sigreturn): before any filter of the
+        // service can refuse the calls (the main thread's own come in `prepare_thread` when
+        // `seccomp_early`). Sent by the process to itself, so the kernel accepts any
+        // `si_code`, a kernel's or `kill`'s included.
+        let tgid = sc(nr::GETPID, 0, 0, 0) as u64;
+        for i in 0..h.nr_pending {
+            let p: &PendingDesc = at(plan, h.pending_off, i);
+            let r = if p.tid == 0 {
+                sc(nr::RT_SIGQUEUEINFO, tgid, p.signo as u64, p.info.as_ptr() as u64)
+            } else {
+                sc6(nr::RT_TGSIGQUEUEINFO, tgid, p.tid as u64, p.signo as u64,
+                    p.info.as_ptr() as u64, 0, 0)
+            };
+            if r != 0 {
+                fail(nfd, E_PENDING, r);
             }
         }
         // The main thread's own state; then wait for the others.

@@ -39,7 +39,7 @@ pub enum CaptureError {
         errno: i64,
     },
     #[error(
-        "cannot checkpoint: signals {} are pending (not yet delivered) and stayed pending; capturing pending signals is not implemented yet",
+        "cannot checkpoint: signals {} kept arriving while the process was read, or are pending without the details a restore needs to queue them again",
         .0.join(", ")
     )]
     PendingSignals(Vec<String>),
@@ -643,6 +643,13 @@ fn capture_meta_once(
     // after their delivery (see `deliver_pending`).
     let ran = st.ran;
     let blocked_pending = deliver_pending_signals(st, maps)?;
+    // What stays pending (blocked) goes into the image with its details; a restore queues it
+    // again before any thread runs.
+    let mut pending = if blocked_pending {
+        read_pending(st)?
+    } else {
+        Pending::default()
+    };
     let t1 = Instant::now();
 
     let mut threads = Vec::with_capacity(st.tids.len());
@@ -687,6 +694,7 @@ fn capture_meta_once(
             clear_child_tid,
             rseq,
             altstack,
+            pending: pending.threads.remove(&tid).unwrap_or_default(),
         });
     }
     cache.names.retain(|t, _| seen.contains_key(t));
@@ -818,7 +826,41 @@ fn capture_meta_once(
     // happens only when the kernel could not queue its details (the sender's
     // RLIMIT_SIGPENDING exhausted, or no memory); the full refreshes still check.
     if refresh.pending || blocked_pending || st.ran != ran {
-        check_pending_signals(proc, &mut cache.status_files, &st.tids)?;
+        let recorded = |list: &[PendingSignal]| {
+            list.iter()
+                .fold(0u64, |m, p| m | 1u64 << (p.signo.clamp(1, 64) - 1))
+        };
+        let mut allowed: HashMap<Pid, u64> = HashMap::new();
+        for (&tid, t) in st.tids.iter().zip(&threads) {
+            allowed.insert(tid, recorded(&t.pending));
+        }
+        check_pending_signals(
+            proc,
+            &mut cache.status_files,
+            &st.tids,
+            recorded(&pending.shared),
+            &allowed,
+        )?;
+        // The same signals as recorded, not one more of the same number (a real-time signal
+        // is queued as often as it is sent).
+        if blocked_pending {
+            let now = read_pending(st)?;
+            let then: Vec<&Vec<PendingSignal>> = threads.iter().map(|t| &t.pending).collect();
+            let now_threads: Vec<Vec<PendingSignal>> = st
+                .tids
+                .iter()
+                .map(|t| now.threads.get(t).cloned().unwrap_or_default())
+                .collect();
+            if now.shared != pending.shared || now_threads.iter().zip(&then).any(|(n, t)| n != *t) {
+                let mut sigs: Vec<u32> = now.shared.iter().map(|p| p.signo).collect();
+                sigs.extend(now.threads.values().flatten().map(|p| p.signo));
+                sigs.sort_unstable();
+                sigs.dedup();
+                return Err(CaptureError::PendingSignals(
+                    sigs.iter().map(|&s| signal_name(s)).collect(),
+                ));
+            }
+        }
     }
     cache.times = MetaTimes {
         checks: t1 - t0,
@@ -829,6 +871,7 @@ fn capture_meta_once(
         fds_reused: unchanged,
     };
     Ok(ProcessImage {
+        pending: std::mem::take(&mut pending.shared),
         pid: threads[0].tid,
         comm: threads[0].comm.clone(),
         exe: FileRef {
@@ -1049,12 +1092,61 @@ fn deliver_pending_signals_now(st: &mut Stopped, maps: &[MapEntry]) -> Result<bo
     Ok(true)
 }
 
-/// Signals that are pending (queued but not yet delivered) would be lost: refuse them, naming
-/// the signal. (Capturing and re-queueing them is not implemented yet.)
-pub(crate) fn check_pending_signals(
+/// The signals pending in the process (queued but not yet delivered) and recorded with their
+/// details: the process's queue and each thread's, oldest first.
+#[derive(Debug, Default, PartialEq)]
+struct Pending {
+    shared: Vec<PendingSignal>,
+    threads: HashMap<Pid, Vec<PendingSignal>>,
+}
+
+/// Reads every pending signal's details (`PTRACE_PEEKSIGINFO`) of the process's queue and of
+/// each thread's.
+fn read_pending(st: &Stopped) -> Result<Pending> {
+    let queue = |tid: Pid, shared: bool| -> Result<Vec<PendingSignal>> {
+        let raw = st.peek_all_pending(tid, shared, PENDING_MAX)?;
+        if raw.len() > PENDING_MAX {
+            return Err(CaptureError::Unsupported(format!(
+                "more than {PENDING_MAX} signals are pending in {}",
+                if shared {
+                    "the process".to_string()
+                } else {
+                    format!("thread {tid}")
+                }
+            )));
+        }
+        Ok(raw
+            .into_iter()
+            .map(|info| PendingSignal {
+                signo: u32::from_ne_bytes([info[0], info[1], info[2], info[3]]),
+                info: info.to_vec(),
+            })
+            .collect())
+    };
+    let mut p = Pending::default();
+    if let Some(&first) = st.tids.first() {
+        p.shared = queue(first, true)?;
+    }
+    for &tid in &st.tids {
+        let q = queue(tid, false)?;
+        if !q.is_empty() {
+            p.threads.insert(tid, q);
+        }
+    }
+    Ok(p)
+}
+
+/// Signals pending (queued but not yet delivered) beyond the ones recorded (`shared_ok`, the
+/// process's queue, and `thread_ok`, each thread's, as signal masks) would be lost: refuse
+/// them, naming the signals. This reads the kernel's own masks (`status`), which also show a
+/// signal queued without details (`PTRACE_PEEKSIGINFO` does not list it: the sender's
+/// `RLIMIT_SIGPENDING` was exhausted).
+fn check_pending_signals(
     proc: &Proc,
     files: &mut HashMap<String, std::fs::File>,
     tids: &[Pid],
+    shared_ok: u64,
+    thread_ok: &HashMap<Pid, u64>,
 ) -> Result<()> {
     let pid = proc.pid;
     let mut parse = |path: String, key: &str| -> Result<u64> {
@@ -1064,9 +1156,10 @@ pub(crate) fn check_pending_signals(
         u64::from_str_radix(v, 16).map_err(|e| CaptureError::Unsupported(format!("{key}: {e}")))
     };
     let shared = parse("status".into(), "ShdPnd")?;
-    let mut all = shared;
+    let mut all = shared & !shared_ok;
     for &t in tids {
-        all |= parse(format!("task/{t}/status"), "SigPnd")?;
+        all |=
+            parse(format!("task/{t}/status"), "SigPnd")? & !thread_ok.get(&t).copied().unwrap_or(0);
     }
     if all != 0 {
         let sigs: Vec<u32> = (0..64)

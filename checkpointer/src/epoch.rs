@@ -1160,7 +1160,6 @@ impl EpochLoop {
         let member_cfg = cfg.for_member();
         let mut hook = hooks.on_pause;
         let mut attempt = 0u32;
-        let mut signal_waits = 0u32;
         let (sts, r, t0, quiesce, procs, parents, zombies, member_fds) = loop {
             // A process of the tree that exits while it is listed or stopped (a PostgreSQL
             // backend whose client left) makes its /proc unreadable: list the tree again.
@@ -1255,26 +1254,6 @@ impl EpochLoop {
                     "the process tree kept changing while it was being stopped".into(),
                 )
                 .into());
-            }
-            // The mprotect tracker's agent and filter go into the process during its first
-            // capture, so a capture refused for a signal that stays pending cannot be retried
-            // (below): look for one before anything is installed, and if there is one, let the
-            // service run until it takes it. (A PostgreSQL backend keeps `SIGURG` blocked and
-            // takes it through a signalfd: pending for a moment now and then.) Once the waits
-            // are spent the capture goes ahead and refuses a signal that is still pending.
-            if matches!(cfg.tracker, TrackerKind::Mprotect)
-                && signal_waits < 20
-                && procs.iter().zip(&sts).any(|(p, st)| {
-                    matches!(
-                        capture::check_pending_signals(p, &mut HashMap::new(), &st.tids),
-                        Err(CaptureError::PendingSignals(_))
-                    )
-                })
-            {
-                signal_waits += 1;
-                let _ = resume_all(sts);
-                std::thread::sleep(Duration::from_millis(5 * u64::from(signal_waits)));
-                continue;
             }
             let quiesce = t0.elapsed();
             // Each process's children, zombies included (host PIDs, sorted): what the chain

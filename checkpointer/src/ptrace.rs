@@ -32,6 +32,8 @@ const PTRACE_GET_RSEQ_CONFIGURATION: u32 = 0x420f;
 const PTRACE_EVENT_STOP: i32 = 128;
 const PTRACE_O_TRACESYSGOOD: u64 = 1;
 const NT_X86_XSTATE: usize = 0x202;
+/// Size of the kernel's `siginfo_t`.
+pub const SIGINFO_BYTES: usize = 128;
 
 /// Errors while stopping or inspecting threads.
 #[derive(Debug, thiserror::Error)]
@@ -601,6 +603,48 @@ impl Stopped {
         }
         .map_err(op("peeksiginfo", tid))?;
         Ok((n > 0).then_some(si.si_signo))
+    }
+
+    /// Every signal queued to thread `tid` (`shared`: to its process) and not yet delivered,
+    /// oldest first, each as its `siginfo_t` bytes (`PTRACE_PEEKSIGINFO`, in batches). At most
+    /// `max` (a longer queue is an error the caller names).
+    pub fn peek_all_pending(
+        &self,
+        tid: Pid,
+        shared: bool,
+        max: usize,
+    ) -> Result<Vec<[u8; SIGINFO_BYTES]>> {
+        #[repr(C)]
+        struct PeekArgs {
+            off: u64,
+            flags: u32,
+            nr: i32,
+        }
+        const BATCH: usize = 32;
+        let mut out = Vec::new();
+        loop {
+            let args = PeekArgs {
+                off: out.len() as u64,
+                flags: shared as u32, // PTRACE_PEEKSIGINFO_SHARED
+                nr: BATCH as i32,
+            };
+            let mut buf = [[0u8; SIGINFO_BYTES]; BATCH];
+            // SAFETY: PEEKSIGINFO reads `args` and writes at most `nr` (BATCH) siginfo_t
+            // (128 bytes each) to `data`, which has room for BATCH of them.
+            let n = unsafe {
+                ptrace(
+                    PTRACE_PEEKSIGINFO,
+                    tid,
+                    (&raw const args) as u64,
+                    buf.as_mut_ptr() as u64,
+                )
+            }
+            .map_err(op("peeksiginfo", tid))? as usize;
+            out.extend_from_slice(&buf[..n.min(BATCH)]);
+            if n < BATCH || out.len() > max {
+                return Ok(out);
+            }
+        }
     }
 
     /// Sets the thread's blocked-signal mask.

@@ -13,8 +13,9 @@
 //!    from the restored process once no thread executes in it.
 
 use crate::abi::{
-    self, CredsDesc, ItimerDesc, MmMap, PLAN_MAGIC, PLAN_VERSION, PlanHeader, Regs, SeccompDesc,
-    SigactionDesc, ThreadDesc, TimerDesc, VMA_ANON, VMA_SHARED, VMA_SYSV, VmaDesc, XSTATE_MAX,
+    self, CredsDesc, ItimerDesc, MmMap, PLAN_MAGIC, PLAN_VERSION, PendingDesc, PlanHeader, Regs,
+    SeccompDesc, SigactionDesc, ThreadDesc, TimerDesc, VMA_ANON, VMA_SHARED, VMA_SYSV, VmaDesc,
+    XSTATE_MAX,
 };
 use crate::capture::regs_from_slice;
 use crate::fds;
@@ -1006,6 +1007,29 @@ fn build_plan(
         })
         .collect();
     let seccomp_off = section(&cat(&seccomp));
+    // Pending signals: the process's queue, then each thread's, each oldest first (validated:
+    // 128 bytes of details each).
+    let pending: Vec<PendingDesc> = img
+        .pending
+        .iter()
+        .map(|p| (0, p))
+        .chain(
+            img.threads
+                .iter()
+                .flat_map(|t| t.pending.iter().map(move |p| (t.tid, p))),
+        )
+        .map(|(tid, p)| {
+            let mut info = [0u8; 128];
+            let n = p.info.len().min(128);
+            info[..n].copy_from_slice(&p.info[..n]);
+            PendingDesc {
+                tid,
+                signo: p.signo as i32,
+                info,
+            }
+        })
+        .collect();
+    let pending_off = section(&cat(&pending));
     let m = &img.mm;
     let hdr = PlanHeader {
         magic: PLAN_MAGIC,
@@ -1071,6 +1095,8 @@ fn build_plan(
         seccomp_early: early as u32,
         nr_rmid: rmid.len() as u32,
         rmid_off,
+        nr_pending: pending.len() as u32,
+        pending_off,
     };
     buf[..std::mem::size_of::<PlanHeader>()].copy_from_slice(as_bytes(&hdr));
     Ok(buf)
@@ -1714,6 +1740,7 @@ fn step_name(step: u64) -> &'static str {
         16 => "installing a seccomp filter",
         17 => "attaching a System V segment (shmat)",
         18 => "marking a System V segment for removal",
+        19 => "queueing a pending signal again",
         _ => "unknown",
     }
 }

@@ -27,8 +27,8 @@ mod libc_types {
 /// session, `pgid` and `sid`; 6: open file descriptions held by several processes of a tree,
 /// `shared_files`, named by `FdKind::Shared`; 7: a tree's shared memory objects listed once, by
 /// the main process, and named by every process's mappings of them; 8: children that exited
-/// and were not reaped, `zombies`).
-pub const FORMAT_VERSION: u32 = 8;
+/// and were not reaped, `zombies`; 9: signals queued and not yet delivered, `pending`).
+pub const FORMAT_VERSION: u32 = 9;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
 /// checkpointer checks equals this).
@@ -162,6 +162,10 @@ pub struct ProcessImage {
     /// Full checkpoints only, in the main process's image: the children of processes of the
     /// tree that exited and were not reaped yet, to be recreated as such (see [`Zombie`]).
     pub zombies: Vec<Zombie>,
+    /// Signals queued to the process as a whole (`kill`, `sigqueue`, a process-directed timer)
+    /// and not yet delivered, oldest first: every thread blocks them. Listed whole in every
+    /// checkpoint. (A thread's own are in [`ThreadImage::pending`].)
+    pub pending: Vec<PendingSignal>,
 }
 
 /// A child that exited and that its parent (a process of the tree) has not reaped yet: it
@@ -560,6 +564,62 @@ pub struct ThreadImage {
     pub clear_child_tid: u64,
     pub rseq: Option<Rseq>,
     pub altstack: AltStack,
+    /// Signals queued to this thread alone (`tgkill`, a fault's signal, a thread-directed
+    /// timer) and not yet delivered, oldest first: blocked by [`ThreadImage::sigmask`]. (One it
+    /// does not block is delivered before the capture, not recorded.)
+    pub pending: Vec<PendingSignal>,
+}
+
+/// Size of the kernel's `siginfo_t`.
+pub const SIGINFO_SIZE: usize = 128;
+
+/// Most pending signals one queue (a thread's, or the process's) may list.
+pub const PENDING_MAX: usize = 4096;
+
+/// A signal queued and not yet delivered, with the details its sender gave (`siginfo_t`,
+/// as `PTRACE_PEEKSIGINFO` reads it): a restore queues it again, with the same details,
+/// before any thread runs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PendingSignal {
+    pub signo: u32,
+    /// The `siginfo_t`, [`SIGINFO_SIZE`] bytes; its first field is `signo`.
+    #[serde(with = "crate::bytes")]
+    pub info: Vec<u8>,
+}
+
+impl PendingSignal {
+    /// Checks one queue (`who`: whose, for the message).
+    fn validate_queue(queue: &[PendingSignal], who: &str) -> Result<(), FormatError> {
+        if queue.len() > PENDING_MAX {
+            return Err(FormatError::Meta(format!(
+                "{who} has {} pending signals (at most {PENDING_MAX})",
+                queue.len()
+            )));
+        }
+        for p in queue {
+            if !(1..=64).contains(&p.signo) || p.signo == 9 || p.signo == 19 {
+                return Err(FormatError::Meta(format!(
+                    "{who} has signal {} pending, which cannot be",
+                    p.signo
+                )));
+            }
+            if p.info.len() != SIGINFO_SIZE {
+                return Err(FormatError::Meta(format!(
+                    "{who}'s pending signal {} has {} bytes of details, not {SIGINFO_SIZE}",
+                    p.signo,
+                    p.info.len()
+                )));
+            }
+            let named = u32::from_ne_bytes([p.info[0], p.info[1], p.info[2], p.info[3]]);
+            if named != p.signo {
+                return Err(FormatError::Meta(format!(
+                    "{who}'s pending signal {}: its details name signal {named}",
+                    p.signo
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
@@ -1125,7 +1185,7 @@ impl ProcessImage {
                 return bad(format!("thread id {} is not positive", t.tid));
             }
             if carried_tids.binary_search(&t.tid).is_ok() {
-                if !t.regs.is_empty() || !t.xstate.is_empty() {
+                if !t.regs.is_empty() || !t.xstate.is_empty() || !t.pending.is_empty() {
                     return bad(format!(
                         "thread {} is carried over and has registers of its own",
                         t.tid
@@ -1148,8 +1208,10 @@ impl ProcessImage {
                     t.xstate.len()
                 ));
             }
+            PendingSignal::validate_queue(&t.pending, &format!("thread {}", t.tid))?;
             tids.push(t.tid);
         }
+        PendingSignal::validate_queue(&self.pending, &format!("process {}", self.pid))?;
         tids.sort_unstable();
         if let Some(w) = tids.windows(2).find(|w| w[0] == w[1]) {
             return bad(format!("thread {} appears twice", w[0]));
@@ -1865,6 +1927,7 @@ pub(crate) mod tests {
             tree: Vec::new(),
             shared_files: Vec::new(),
             zombies: Vec::new(),
+            pending: Vec::new(),
         }
     }
 
@@ -1883,6 +1946,7 @@ pub(crate) mod tests {
             clear_child_tid: 0,
             rseq: None,
             altstack: AltStack::default(),
+            pending: Vec::new(),
         }
     }
 

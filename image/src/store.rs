@@ -626,6 +626,8 @@ fn stored_meta(img: &ProcessImage) -> ProcessImage {
         shared_files: img.shared_files.clone(),
         // Every checkpoint lists the zombies of its epoch (the main image's).
         zombies: img.zombies.clone(),
+        // Listed whole in every checkpoint.
+        pending: img.pending.clone(),
     }
 }
 
@@ -754,6 +756,7 @@ impl MetaCarry {
                     t.regs = Vec::new();
                     t.xstate = Vec::new();
                     t.comm = String::new();
+                    t.pending = Vec::new();
                 }
                 _ => threads.push(t.clone()),
             }

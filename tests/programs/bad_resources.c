@@ -19,7 +19,10 @@
  *                   unlinked (shm_unlink); one mapped shared is captured
  *   sysv-tail       a System V attachment whose first page was unmapped
  *   memfd           an open memfd
- *   pending-signal  SIGUSR1 blocked and pending
+ *   pending-signal  SIGUSR1, SIGUSR2 and SIGRTMIN blocked; SIGUSR1 and SIGRTMIN (twice, values
+ *                   42 and 43) queued to the process, SIGUSR2 to the main thread alone. "ping"
+ *                   reports what is pending now; "drain" takes every pending one
+ *                   (sigtimedwait) and answers "drained" and the list, in the order taken
  *   inotify-queued  an inotify watch on / with an IN_OPEN event queued, never read
  *
  * Protocol (UDP, default port 7100): "ping" -> "pong <n> <mode> <detail>" where n counts the
@@ -43,6 +46,35 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+/* pending-signal mode: the detail of each pong is what is pending at that moment. */
+static int pending_mode;
+
+static void pending_detail(char *out, size_t len) {
+    sigset_t p;
+    sigpending(&p);
+    snprintf(out, len, "pending=%s%s%s", sigismember(&p, SIGUSR1) ? "SIGUSR1," : "",
+             sigismember(&p, SIGUSR2) ? "SIGUSR2," : "", sigismember(&p, SIGRTMIN) ? "SIGRTMIN" : "");
+}
+
+/* Takes every pending signal of the three, reporting each (an RT one with its value). */
+static int drain(char *out, size_t len) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGUSR2);
+    sigaddset(&set, SIGRTMIN);
+    struct timespec zero = {0, 0};
+    int n = snprintf(out, len, "drained");
+    siginfo_t si;
+    while (sigtimedwait(&set, &si, &zero) > 0) {
+        if (si.si_signo == SIGRTMIN)
+            n += snprintf(out + n, len - n, " SIGRTMIN:%d", si.si_value.sival_int);
+        else
+            n += snprintf(out + n, len - n, " %s", si.si_signo == SIGUSR1 ? "SIGUSR1" : "SIGUSR2");
+    }
+    return n;
+}
 
 static void die(const char *what) {
     perror(what);
@@ -153,9 +185,16 @@ int main(int argc, char **argv) {
         sigset_t set;
         sigemptyset(&set);
         sigaddset(&set, SIGUSR1);
+        sigaddset(&set, SIGUSR2);
+        sigaddset(&set, SIGRTMIN);
         if (sigprocmask(SIG_BLOCK, &set, NULL) < 0) die("sigprocmask");
-        if (raise(SIGUSR1) != 0) die("raise");
-        snprintf(detail, sizeof detail, "pending=SIGUSR1");
+        if (kill(getpid(), SIGUSR1) != 0) die("kill");
+        union sigval v = {.sival_int = 42};
+        if (sigqueue(getpid(), SIGRTMIN, v) != 0) die("sigqueue");
+        v.sival_int = 43;
+        if (sigqueue(getpid(), SIGRTMIN, v) != 0) die("sigqueue");
+        if (tgkill(getpid(), gettid(), SIGUSR2) != 0) die("tgkill");
+        pending_mode = 1;
     } else if (strcmp(mode, "inotify-queued") == 0) {
         int fd = inotify_init1(IN_CLOEXEC);
         if (fd < 0 || inotify_add_watch(fd, "/", IN_OPEN) < 0) die("inotify");
@@ -190,7 +229,10 @@ int main(int argc, char **argv) {
         int len;
         if (strncmp(buf, "ping", 4) == 0) {
             n++;
+            if (pending_mode) pending_detail(detail, sizeof detail);
             len = snprintf(out, sizeof out, "pong %lu %s %s", n, mode, detail);
+        } else if (strncmp(buf, "drain", 5) == 0 && pending_mode) {
+            len = drain(out, sizeof out);
         } else if (strncmp(buf, "exit", 4) == 0) {
             sendto(s, "bye", 3, 0, (struct sockaddr *)&peer, plen);
             return 0;

@@ -112,6 +112,14 @@ fn thread(rng: &mut StdRng, tid: i32) -> ThreadImage {
             size: 8192,
             flags: 0,
         },
+        // A blocked SIGUSR1 waiting in every other thread.
+        pending: if tid % 2 == 0 {
+            let mut info = vec![0u8; SIGINFO_SIZE];
+            info[0] = 10;
+            vec![PendingSignal { signo: 10, info }]
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -387,6 +395,7 @@ impl Proc {
             tree: Vec::new(),
             shared_files: Vec::new(),
             zombies: Vec::new(),
+            pending: Vec::new(),
         }
     }
 

@@ -1115,13 +1115,19 @@ fn read_pending(st: &Stopped) -> Result<Pending> {
                 }
             )));
         }
-        Ok(raw
+        let q: Vec<PendingSignal> = raw
             .into_iter()
             .map(|info| PendingSignal {
                 signo: u32::from_ne_bytes([info[0], info[1], info[2], info[3]]),
                 info: info.to_vec(),
             })
-            .collect())
+            .collect();
+        // SIGKILL and SIGSTOP cannot be blocked: one queued now is taken as soon as the process
+        // runs (and no image may hold it). A round later it is gone.
+        if let Some(p) = q.iter().find(|p| p.signo == 9 || p.signo == 19) {
+            return Err(CaptureError::PendingSignals(vec![signal_name(p.signo)]));
+        }
+        Ok(q)
     };
     let mut p = Pending::default();
     if let Some(&first) = st.tids.first() {

@@ -103,7 +103,7 @@ impl Default for Epoch {
     fn default() -> Self {
         Epoch {
             interval_ms: 10.0,
-            min_ms: 1.5,
+            min_ms: 1.75,
             follow_releases: true,
             follow_min_ms: 0.1,
             cap_pages: 4000,
@@ -227,13 +227,14 @@ pub struct Port {
 pub struct Epoch {
     /// `interval_ms`, default 10.
     pub interval_ms: f64,
-    /// `min_ms`: minimum epoch length, default 1.5 (but see `follow_releases`). With many
+    /// `min_ms`: minimum epoch length, default 1.75 (but see `follow_releases`). With many
     /// clients a release answers, a longer minimum lets their next requests join the open
     /// epoch instead of missing it by a few hundred microseconds and waiting a whole cycle:
     /// replicated Redis with 50 clients at 1.5 against 1 ms, four runs alternated, median
-    /// latency 1.65–1.96 against 2.26–2.48 ms, ~20% fewer epochs, throughput a little higher
-    /// (docs/BENCHMARKS.md). A lone request after a release of many packets waits the longer
-    /// minimum.
+    /// latency 1.65–1.96 against 2.26–2.48 ms, ~20% fewer epochs, throughput a little higher;
+    /// at 1.75 against 1.5, four pairs, replicated SET 6% higher (median 22.75K against
+    /// 21.05K/s), 12% fewer epochs (docs/BENCHMARKS.md). A lone request after a release of
+    /// many packets waits the longer minimum.
     pub min_ms: f64,
     /// `follow_releases`: once the clients the last release answered have answered again (this
     /// epoch queued as many output packets as that release sent), end the epoch after

@@ -50,7 +50,7 @@ fn defaults() {
     assert!(m.tardi.ports.is_empty());
     assert!(m.tardi.private_dirs.is_empty());
     assert_eq!(m.tardi.epoch.interval_ms, 10.0);
-    assert_eq!(m.tardi.epoch.min_ms, 1.5);
+    assert_eq!(m.tardi.epoch.min_ms, 1.75);
     assert!(m.tardi.epoch.follow_releases);
     assert_eq!(m.tardi.epoch.follow_min_ms, 0.1);
     assert_eq!(m.tardi.epoch.cap_pages, 4000);

@@ -1724,14 +1724,10 @@ for line in sys.stdin:
     drop(py);
 }
 
-/// The mprotect tracker's start with a signal pending (blocked) at its first pause: the agent
-/// goes into the process during the first capture, which then cannot be retried, so the start
-/// used to fail ("capturing pending signals is not implemented yet"; a PostgreSQL backend that
-/// keeps `SIGURG` blocked for its signalfd did this now and then). The capture records the
-/// signal now, and the service still gets it once it unblocks it.
-#[test]
-fn mprotect_start_with_a_pending_signal() {
-    const SCRIPT: &str = r#"
+/// A Python service that blocks SIGUSR1 and counts its deliveries. Each command is answered
+/// "k N", N the deliveries so far: "raise" sends it SIGUSR1 (pending, blocked), "unblock"
+/// unblocks it, "raise_briefly" sends it and unblocks it 0.3 s after answering.
+const SIGUSR1_SCRIPT: &str = r#"
 import os, signal, sys, time
 got = []
 signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
@@ -1740,22 +1736,31 @@ out = sys.stdout
 out.write("ready\n"); out.flush()
 for line in sys.stdin:
     c = line.strip()
-    if c == "raise":
+    if c in ("raise", "raise_briefly"):
         os.kill(os.getpid(), signal.SIGUSR1)
-        out.write("k %d\n" % len(got)); out.flush()
+    elif c == "unblock":
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
+    out.write("k %d\n" % len(got)); out.flush()
+    if c == "raise_briefly":
         time.sleep(0.3)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
-        continue
-    out.write("k %d\n" % len(got)); out.flush()
 "#;
-    let mut py = PythonScript::spawn(SCRIPT);
+
+/// The mprotect tracker's start with a signal pending (blocked) at its first pause: the agent
+/// goes into the process during the first capture, which then cannot be retried, so the start
+/// used to fail ("capturing pending signals is not implemented yet"; a PostgreSQL backend that
+/// keeps `SIGURG` blocked for its signalfd did this now and then). The capture records the
+/// signal now, and the service still gets it once it unblocks it.
+#[test]
+fn mprotect_start_with_a_pending_signal() {
+    let mut py = PythonScript::spawn(SIGUSR1_SCRIPT);
     let pid = py.pid();
     let cfg = EpochConfig {
         interval: Duration::from_millis(2),
         tracker: tardi_checkpointer::track::TrackerKind::Mprotect,
         ..Default::default()
     };
-    assert_eq!(py.step("raise"), "k 0");
+    assert_eq!(py.step("raise_briefly"), "k 0");
     let pending = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap()
         .lines()
@@ -1775,22 +1780,7 @@ for line in sys.stdin:
 /// service took it; the backup's image (the chain applied) holds it while it is pending.
 #[test]
 fn a_blocked_pending_signal_is_recorded_until_it_is_delivered() {
-    const SCRIPT: &str = r#"
-import os, signal, sys
-got = []
-signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
-signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
-out = sys.stdout
-out.write("ready\n"); out.flush()
-for line in sys.stdin:
-    c = line.strip()
-    if c == "raise":
-        os.kill(os.getpid(), signal.SIGUSR1)
-    elif c == "unblock":
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
-    out.write("k %d\n" % len(got)); out.flush()
-"#;
-    let mut py = PythonScript::spawn(SCRIPT);
+    let mut py = PythonScript::spawn(SIGUSR1_SCRIPT);
     let pid = py.pid();
     let cfg = EpochConfig {
         interval: Duration::from_millis(2),

@@ -645,7 +645,7 @@ fn capture_meta_once(
     let blocked_pending = deliver_pending_signals(st, maps)?;
     // What stays pending (blocked) goes into the image with its details; a restore queues it
     // again before any thread runs.
-    let mut pending = if blocked_pending {
+    let pending = if blocked_pending {
         read_pending(st)?
     } else {
         Pending::default()
@@ -694,7 +694,7 @@ fn capture_meta_once(
             clear_child_tid,
             rseq,
             altstack,
-            pending: pending.threads.remove(&tid).unwrap_or_default(),
+            pending: pending.threads.get(&tid).cloned().unwrap_or_default(),
         });
     }
     cache.names.retain(|t, _| seen.contains_key(t));
@@ -826,34 +826,13 @@ fn capture_meta_once(
     // happens only when the kernel could not queue its details (the sender's
     // RLIMIT_SIGPENDING exhausted, or no memory); the full refreshes still check.
     if refresh.pending || blocked_pending || st.ran != ran {
-        let recorded = |list: &[PendingSignal]| {
-            list.iter()
-                .fold(0u64, |m, p| m | 1u64 << (p.signo.clamp(1, 64) - 1))
-        };
-        let mut allowed: HashMap<Pid, u64> = HashMap::new();
-        for (&tid, t) in st.tids.iter().zip(&threads) {
-            allowed.insert(tid, recorded(&t.pending));
-        }
-        check_pending_signals(
-            proc,
-            &mut cache.status_files,
-            &st.tids,
-            recorded(&pending.shared),
-            &allowed,
-        )?;
+        check_pending_signals(proc, &mut cache.status_files, &st.tids, &pending)?;
         // The same signals as recorded, not one more of the same number (a real-time signal
         // is queued as often as it is sent).
         if blocked_pending {
             let now = read_pending(st)?;
-            let then: Vec<&Vec<PendingSignal>> = threads.iter().map(|t| &t.pending).collect();
-            let now_threads: Vec<Vec<PendingSignal>> = st
-                .tids
-                .iter()
-                .map(|t| now.threads.get(t).cloned().unwrap_or_default())
-                .collect();
-            if now.shared != pending.shared || now_threads.iter().zip(&then).any(|(n, t)| n != *t) {
-                let mut sigs: Vec<u32> = now.shared.iter().map(|p| p.signo).collect();
-                sigs.extend(now.threads.values().flatten().map(|p| p.signo));
+            if now != pending {
+                let mut sigs: Vec<u32> = now.signals().map(|p| p.signo).collect();
                 sigs.sort_unstable();
                 sigs.dedup();
                 return Err(CaptureError::PendingSignals(
@@ -871,7 +850,7 @@ fn capture_meta_once(
         fds_reused: unchanged,
     };
     Ok(ProcessImage {
-        pending: std::mem::take(&mut pending.shared),
+        pending: pending.shared,
         pid: threads[0].tid,
         comm: threads[0].comm.clone(),
         exe: FileRef {
@@ -1097,7 +1076,20 @@ fn deliver_pending_signals_now(st: &mut Stopped, maps: &[MapEntry]) -> Result<bo
 #[derive(Debug, Default, PartialEq)]
 struct Pending {
     shared: Vec<PendingSignal>,
+    /// Only threads with a signal of their own pending.
     threads: HashMap<Pid, Vec<PendingSignal>>,
+}
+
+impl Pending {
+    fn signals(&self) -> impl Iterator<Item = &PendingSignal> {
+        self.shared.iter().chain(self.threads.values().flatten())
+    }
+}
+
+/// The signal mask of the signals in `list`.
+fn mask_of(list: &[PendingSignal]) -> u64 {
+    list.iter()
+        .fold(0, |m, p| m | 1u64 << (p.signo.clamp(1, 64) - 1))
 }
 
 /// Reads every pending signal's details (`PTRACE_PEEKSIGINFO`) of the process's queue and of
@@ -1142,17 +1134,15 @@ fn read_pending(st: &Stopped) -> Result<Pending> {
     Ok(p)
 }
 
-/// Signals pending (queued but not yet delivered) beyond the ones recorded (`shared_ok`, the
-/// process's queue, and `thread_ok`, each thread's, as signal masks) would be lost: refuse
-/// them, naming the signals. This reads the kernel's own masks (`status`), which also show a
+/// Signals pending (queued but not yet delivered) beyond the ones `recorded` would be lost:
+/// refuse them, naming the signals. This reads the kernel's own masks (`status`), which also show a
 /// signal queued without details (`PTRACE_PEEKSIGINFO` does not list it: the sender's
 /// `RLIMIT_SIGPENDING` was exhausted).
 fn check_pending_signals(
     proc: &Proc,
     files: &mut HashMap<String, std::fs::File>,
     tids: &[Pid],
-    shared_ok: u64,
-    thread_ok: &HashMap<Pid, u64>,
+    recorded: &Pending,
 ) -> Result<()> {
     let pid = proc.pid;
     let mut parse = |path: String, key: &str| -> Result<u64> {
@@ -1162,10 +1152,10 @@ fn check_pending_signals(
         u64::from_str_radix(v, 16).map_err(|e| CaptureError::Unsupported(format!("{key}: {e}")))
     };
     let shared = parse("status".into(), "ShdPnd")?;
-    let mut all = shared & !shared_ok;
+    let mut all = shared & !mask_of(&recorded.shared);
     for &t in tids {
-        all |=
-            parse(format!("task/{t}/status"), "SigPnd")? & !thread_ok.get(&t).copied().unwrap_or(0);
+        let own = recorded.threads.get(&t).map_or(0, |l| mask_of(l));
+        all |= parse(format!("task/{t}/status"), "SigPnd")? & !own;
     }
     if all != 0 {
         let sigs: Vec<u32> = (0..64)

@@ -576,9 +576,15 @@ impl Stopped {
         })
     }
 
-    /// The number of the first signal queued for thread `tid` (`shared`: for the whole
-    /// process), without dequeuing it. Cheaper than reading `/proc/PID/task/TID/status`.
-    pub fn peek_pending(&self, tid: Pid, shared: bool) -> Result<Option<i32>> {
+    /// Copies up to `buf.len()` signals queued for thread `tid` (`shared`: for the whole
+    /// process), from the `off`-th on, into `buf` without dequeuing them; how many.
+    fn peek_siginfo(
+        &self,
+        tid: Pid,
+        shared: bool,
+        off: usize,
+        buf: &mut [[u8; SIGINFO_BYTES]],
+    ) -> Result<usize> {
         #[repr(C)]
         struct PeekArgs {
             off: u64,
@@ -586,61 +592,48 @@ impl Stopped {
             nr: i32,
         }
         let args = PeekArgs {
-            off: 0,
+            off: off as u64,
             flags: shared as u32, // PTRACE_PEEKSIGINFO_SHARED
-            nr: 1,
+            nr: buf.len().min(i32::MAX as usize) as i32,
         };
-        // SAFETY: siginfo_t is plain data the kernel fills.
-        let mut si: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: PEEKSIGINFO reads `args` and writes at most `nr` (1) siginfo_t to `data`.
+        // SAFETY: PEEKSIGINFO reads `args` and writes at most `nr` siginfo_t (128 bytes each)
+        // to `data`, which has room for `buf.len()` of them.
         let n = unsafe {
             ptrace(
                 PTRACE_PEEKSIGINFO,
                 tid,
                 (&raw const args) as u64,
-                (&raw mut si) as u64,
+                buf.as_mut_ptr() as u64,
             )
         }
         .map_err(op("peeksiginfo", tid))?;
-        Ok((n > 0).then_some(si.si_signo))
+        Ok((n as usize).min(buf.len()))
+    }
+
+    /// The number of the first signal queued for thread `tid` (`shared`: for the whole
+    /// process), without dequeuing it. Cheaper than reading `/proc/PID/task/TID/status`.
+    pub fn peek_pending(&self, tid: Pid, shared: bool) -> Result<Option<i32>> {
+        let mut si = [[0u8; SIGINFO_BYTES]; 1];
+        let n = self.peek_siginfo(tid, shared, 0, &mut si)?;
+        // si_signo is the first field of siginfo_t.
+        Ok((n > 0).then(|| i32::from_ne_bytes([si[0][0], si[0][1], si[0][2], si[0][3]])))
     }
 
     /// Every signal queued to thread `tid` (`shared`: to its process) and not yet delivered,
-    /// oldest first, each as its `siginfo_t` bytes (`PTRACE_PEEKSIGINFO`, in batches). At most
-    /// `max` (a longer queue is an error the caller names).
+    /// oldest first, each as its `siginfo_t` bytes (in batches). At most a little over `max`
+    /// (a longer queue is an error the caller names).
     pub fn peek_all_pending(
         &self,
         tid: Pid,
         shared: bool,
         max: usize,
     ) -> Result<Vec<[u8; SIGINFO_BYTES]>> {
-        #[repr(C)]
-        struct PeekArgs {
-            off: u64,
-            flags: u32,
-            nr: i32,
-        }
         const BATCH: usize = 32;
         let mut out = Vec::new();
+        let mut buf = [[0u8; SIGINFO_BYTES]; BATCH];
         loop {
-            let args = PeekArgs {
-                off: out.len() as u64,
-                flags: shared as u32, // PTRACE_PEEKSIGINFO_SHARED
-                nr: BATCH as i32,
-            };
-            let mut buf = [[0u8; SIGINFO_BYTES]; BATCH];
-            // SAFETY: PEEKSIGINFO reads `args` and writes at most `nr` (BATCH) siginfo_t
-            // (128 bytes each) to `data`, which has room for BATCH of them.
-            let n = unsafe {
-                ptrace(
-                    PTRACE_PEEKSIGINFO,
-                    tid,
-                    (&raw const args) as u64,
-                    buf.as_mut_ptr() as u64,
-                )
-            }
-            .map_err(op("peeksiginfo", tid))? as usize;
-            out.extend_from_slice(&buf[..n.min(BATCH)]);
+            let n = self.peek_siginfo(tid, shared, out.len(), &mut buf)?;
+            out.extend_from_slice(&buf[..n]);
             if n < BATCH || out.len() > max {
                 return Ok(out);
             }

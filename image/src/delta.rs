@@ -682,21 +682,21 @@ impl TwinStore {
             return;
         }
         let seq = self.next_seq;
-        if let Some(t) = self.map.get_mut(&addr) {
-            t.epoch = epoch;
-            t.seq = seq;
-            let slot = t.slot as usize;
-            if let Some(a) = &mut self.arena {
-                a.slot_mut(slot).copy_from_slice(page);
+        let slot = match self.map.get_mut(&addr) {
+            Some(t) => {
+                (t.epoch, t.seq) = (epoch, seq);
+                t.slot
             }
-        } else {
-            let Some(slot) = self.take_slot(cap) else {
-                return;
-            };
-            if let Some(a) = &mut self.arena {
-                a.slot_mut(slot as usize).copy_from_slice(page);
+            None => {
+                let Some(slot) = self.take_slot(cap) else {
+                    return;
+                };
+                self.map.insert(addr, Twin { epoch, seq, slot });
+                slot
             }
-            self.map.insert(addr, Twin { epoch, seq, slot });
+        };
+        if let Some(a) = &mut self.arena {
+            a.slot_mut(slot as usize).copy_from_slice(page);
         }
         self.next_seq += 1;
         self.order.push_back((addr, seq));

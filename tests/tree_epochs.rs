@@ -8,7 +8,8 @@
 //! checkpoint taken in the middle of the chain. Then the final image is restored in place of
 //! the original tree: every process comes back with its PID, parent, group, session and
 //! memory. A tree that changes between epochs (processes that appear, exit or run execve) is
-//! followed: `processes_that_appear_exit_and_exec_between_epochs_are_carried`.
+//! followed: `processes_that_appear_exit_and_exec_between_epochs_are_carried`; so is one that
+//! changes under the first pause itself: `the_first_pause_of_a_tree_that_keeps_changing_*`.
 
 mod common;
 
@@ -911,4 +912,84 @@ fn an_ordinary_users_processes_through_a_chain_of_epochs_mprotect() {
         "the restored processes' no_new_privs is the app's"
     );
     restored.stop();
+}
+
+/// The first pause of a tree that changes faster than it can be listed and then stopped alike:
+/// a shell with three subshells, each forking a short-lived subshell over and over (it counts
+/// to 300 and exits: a child about every millisecond in each, alive most of the time; no
+/// `execve`, which the mprotect tracker refuses). The start captures the tree as it stopped it, whatever was listed before
+/// (`epoch::adopt_stopped`): starting over until the two agreed gave up here after its 20
+/// rounds ("the process tree kept changing while it was being stopped"), as it did in
+/// PostgreSQL's tests under connection churn. Then a few epochs follow the churn, and every
+/// checkpoint's members descend from the shell.
+fn start_under_churn(tag: &str, tracker: TrackerKind) {
+    let scratch = Scratch::new(&format!("tree-{tag}"));
+    let name = format!("ept-{tag}-{}", std::process::id() % 10000);
+    let m = manifest_for(
+        &scratch.0,
+        &name,
+        Path::new("/bin/sh"),
+        &[
+            "-c",
+            "for k in 1 2 3; do (while :; do (i=0; while [ $i -lt 300 ]; do i=$((i+1)); \
+             done); done) & done; wait",
+        ],
+    );
+    let run = Running::run(&m).expect("tardi run");
+    std::thread::sleep(Duration::from_millis(200));
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(5),
+        tracker,
+        ..Default::default()
+    };
+    let (mut ep, full, _) = Epochs::start(run.pid, cfg).expect("the start under churn");
+    let full = roundtrip(&full);
+    let shell = full.image.pid;
+    // Parents are listed before their children: each member's and zombie's parent is the
+    // shell or a member listed before it.
+    let mut pids = vec![shell];
+    for m in &full.image.tree {
+        assert!(
+            pids.contains(&m.ppid),
+            "member {} of checkpoint 0: parent {}",
+            m.image.pid,
+            m.ppid
+        );
+        pids.push(m.image.pid);
+    }
+    for z in &full.image.zombies {
+        assert!(
+            pids.contains(&z.ppid),
+            "zombie {} of checkpoint 0: parent {}",
+            z.pid,
+            z.ppid
+        );
+    }
+    let mut members = full.image.tree.len() + full.image.zombies.len();
+    for i in 1..=20u64 {
+        let out = ep
+            .next_output(false)
+            .unwrap_or_else(|e| panic!("epoch {i}: {e}"));
+        let ck = roundtrip(&out.incremental);
+        assert_eq!(ck.kind, Kind::Incremental { base: i - 1 }, "epoch {i}");
+        let s = seen(&ck);
+        members += s.members.len() + s.zombies.len();
+    }
+    ep.stop();
+    // The churn went on under the epochs (a shell stopped for good would fork nothing).
+    assert!(
+        members > 0,
+        "no child of the shell was ever captured, alive or a zombie"
+    );
+    run.stop();
+}
+
+#[test]
+fn the_first_pause_of_a_tree_that_keeps_changing_captures_it_uffd() {
+    start_under_churn("start-churn", TrackerKind::Uffd);
+}
+
+#[test]
+fn the_first_pause_of_a_tree_that_keeps_changing_captures_it_mprotect() {
+    start_under_churn("start-churn-mp", TrackerKind::Mprotect);
 }

@@ -972,6 +972,71 @@ impl FirstPrep {
     }
 }
 
+/// A process listed before the first pause, with what was prepared for it then (`pidfd`: a
+/// member's, `None` for the main process).
+struct Listed {
+    proc: Proc,
+    prep: FirstPrep,
+    pidfd: Option<OwnedFd>,
+}
+
+/// The processes, parents' indexes, preparations and members' pidfds of a tree as
+/// [`crate::tree::stop_all`] found it: the first pause's tree.
+type Adopted = (Vec<Proc>, Vec<usize>, Vec<FirstPrep>, Vec<OwnedFd>);
+
+/// The first pause's tree: the one `stop_all` stopped (`found`: the members, each with its
+/// parent's index; the main process is `listed[0]`), which differs from the one listed before
+/// the stop when a process forked or exited in between. Starting over until a listing and a
+/// stop agree need not end while a service forks a process per connection (PostgreSQL under
+/// short connections: a backend every few milliseconds); adopting what was stopped always does.
+///
+/// A listed process that is still there keeps what was prepared for it: it is the same process
+/// when its pidfd (opened at the listing) has not reported an exit, since a PID is not reused
+/// before its process exits. One that appeared (or whose PID now names another process) is
+/// prepared now, while it is stopped, as a process that appears between two later pauses is
+/// ([`EpochLoop::first_member`]). Listed processes that exited are dropped.
+fn adopt_stopped(
+    listed: Vec<Listed>,
+    found: Vec<(Proc, usize)>,
+    copy: bool,
+) -> std::result::Result<Adopted, CaptureError> {
+    let mut listed = listed.into_iter();
+    let root = listed.next().expect("the main process is always listed");
+    let mut old: HashMap<Pid, Listed> = listed
+        .filter(|l| l.pidfd.as_ref().is_some_and(|fd| !exited(fd)))
+        .map(|l| (l.proc.pid, l))
+        .collect();
+    let n = found.len() + 1;
+    let (mut procs, mut parents, mut preps, mut fds) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n - 1),
+    );
+    procs.push(root.proc);
+    parents.push(0);
+    preps.push(root.prep);
+    for (p, parent) in found {
+        let (prep, fd) = match old.remove(&p.pid) {
+            Some(l) => (l.prep, l.pidfd.expect("a member's pidfd")),
+            None => {
+                let prep = FirstPrep::new(&p, copy)?;
+                let fd = crate::sys::pidfd_open(p.pid).map_err(|source| CaptureError::Proc {
+                    pid: p.pid,
+                    what: "pidfd".into(),
+                    source,
+                })?;
+                (prep, fd)
+            }
+        };
+        procs.push(p);
+        parents.push(parent);
+        preps.push(prep);
+        fds.push(fd);
+    }
+    Ok((procs, parents, preps, fds))
+}
+
 /// What the first pause captured of one process: its tracking state and its image.
 struct First {
     lp: FirstLoop,
@@ -1137,8 +1202,9 @@ impl EpochLoop {
     /// the returned checkpoint has the metadata only, no memory: see [`Epochs::start_tracking`]).
     ///
     /// A process tree (`docs/PROCESS-TREES.md`) is listed before the pause (each process is
-    /// prepared as the main one is) and again once stopped, top-down; a process that appeared or
-    /// exited in between starts the pause over. Every process is captured in this one pause;
+    /// prepared as the main one is) and again once stopped, top-down; the tree stopped is the
+    /// one captured, a process that appeared in between prepared while stopped
+    /// ([`adopt_stopped`]). Every process is captured in this one pause;
     /// the checkpoint lists the others as members of the main process's image, with the open
     /// file descriptions they share.
     fn start(
@@ -1168,7 +1234,7 @@ impl EpochLoop {
                 CaptureError::Ptrace(_) => !exited(&pidfd),
                 _ => false,
             };
-            let listed = match crate::tree::list_members(root) {
+            let members_now = match crate::tree::list_members(root) {
                 Ok(l) => l,
                 Err(e) if vanished(&e) && attempt < 20 => {
                     attempt += 1;
@@ -1176,59 +1242,49 @@ impl EpochLoop {
                 }
                 Err(e) => return Err(gone(e.into())),
             };
-            let (mut procs, mut parents) = (
-                vec![root.try_clone().map_err(|e| gone_or(pid, e))?],
-                vec![0],
-            );
-            for (p, parent) in listed {
-                procs.push(p);
-                parents.push(parent);
-            }
-            let mut preps = Vec::with_capacity(procs.len());
-            // The members' pidfds, opened before the stop, while they are alive: a member may
-            // exit as soon as the first pause resumes it (a PostgreSQL backend whose client's
-            // query ended), and a pidfd opened after that fails with ESRCH, which is not the
-            // service's death. One opened now outlives the process, and the loop learns of the
-            // exit from it. (One that exits before the stop is found by `stop_all`.)
-            let mut member_fds = Vec::with_capacity(procs.len() - 1);
-            for p in &procs {
-                let prep = FirstPrep::new(p, copy).and_then(|prep| {
-                    if p.pid != pid {
-                        let fd =
-                            crate::sys::pidfd_open(p.pid).map_err(|source| CaptureError::Proc {
+            let procs = std::iter::once(root.try_clone().map_err(|e| gone_or(pid, e))?)
+                .chain(members_now.into_iter().map(|(p, _)| p));
+            // What is prepared before the stop, per listed process: its preparation and (a
+            // member's) pidfd. The members' pidfds are opened before the stop, while they are
+            // alive: a member may exit as soon as the first pause resumes it (a PostgreSQL
+            // backend whose client's query ended), and a pidfd opened after that fails with
+            // ESRCH, which is not the service's death. One opened now outlives the process, and
+            // the loop learns of the exit from it. A member that exits before it is prepared is
+            // left out: the stop finds the tree as it is ([`adopt_stopped`]).
+            let mut listed: Vec<Listed> = Vec::new();
+            for p in procs {
+                let is_root = p.pid == pid;
+                let prep = FirstPrep::new(&p, copy).and_then(|prep| {
+                    let fd = if is_root {
+                        None
+                    } else {
+                        Some(crate::sys::pidfd_open(p.pid).map_err(|source| {
+                            CaptureError::Proc {
                                 pid: p.pid,
                                 what: "pidfd".into(),
                                 source,
-                            })?;
-                        member_fds.push(fd);
-                    }
-                    Ok(prep)
+                            }
+                        })?)
+                    };
+                    Ok((prep, fd))
                 });
                 match prep {
-                    Ok(prep) => preps.push(prep),
-                    // A process of the tree that exited since the listing (a PostgreSQL backend
-                    // whose client left): list the tree again.
-                    Err(_) if p.pid != pid && attempt < 20 => break,
+                    Ok((prep, pidfd)) => listed.push(Listed {
+                        proc: p,
+                        prep,
+                        pidfd,
+                    }),
+                    Err(_) if !is_root => {}
                     Err(e) => return Err(gone(e.into())),
                 }
             }
-            if preps.len() < procs.len() {
-                attempt += 1;
-                continue;
-            }
             let t0 = Instant::now();
-            let mut sts: Vec<Stopped> = Vec::with_capacity(procs.len());
+            let mut sts: Vec<Stopped> = Vec::with_capacity(listed.len());
             let mut found = Vec::new();
             // Zombies (children that exited and were not reaped) are read, not prepared: the
             // listing above skips them.
             let mut zombies = Vec::new();
             let stopped = crate::tree::stop_all(root, &mut found, &mut zombies, &mut sts);
-            let same = found.len() + 1 == procs.len()
-                && found
-                    .iter()
-                    .zip(&procs[1..])
-                    .zip(&parents[1..])
-                    .all(|((f, p), parent)| f.0.pid == p.pid && f.1 == *parent);
             if let Err(e) = stopped {
                 let _ = resume_all(sts);
                 if vanished(&e) && attempt < 20 {
@@ -1243,18 +1299,19 @@ impl EpochLoop {
                     "process {pid} (or one of its children) has no threads"
                 )));
             }
-            if !same {
-                let _ = resume_all(sts);
-                if attempt < 20 {
-                    attempt += 1;
-                    std::thread::sleep(Duration::from_millis(u64::from(attempt)));
-                    continue;
+            // The tree as stopped, each process with what was prepared for it (a process that
+            // appeared since the listing is prepared now, stopped).
+            let (procs, parents, preps, member_fds) = match adopt_stopped(listed, found, copy) {
+                Ok(t) => t,
+                Err(e) => {
+                    let _ = resume_all(sts);
+                    if vanished(&e) && attempt < 20 {
+                        attempt += 1;
+                        continue;
+                    }
+                    return Err(gone(e.into()));
                 }
-                return Err(CaptureError::Unsupported(
-                    "the process tree kept changing while it was being stopped".into(),
-                )
-                .into());
-            }
+            };
             let quiesce = t0.elapsed();
             // Each process's children, zombies included (host PIDs, sorted): what the chain
             // begins with.
@@ -1307,11 +1364,14 @@ impl EpochLoop {
                     f.img.image.shm = objects;
                 }
                 // A tree: the open file descriptions its processes share, and each process's
-                // group and session (the single process keeps what its creator gave it).
+                // group and session (the single process keeps what its creator gave it; one
+                // with a zombie child is a tree: the zombie's are checked against its own).
                 let mut groups = Vec::new();
                 if procs.len() > 1 {
                     let refs: Vec<&Proc> = procs.iter().collect();
                     groups = crate::tree::find_shared(&refs)?;
+                }
+                if procs.len() > 1 || !zombies.is_empty() {
                     for (p, f) in procs.iter().zip(firsts.iter_mut()) {
                         (f.img.image.pgid, f.img.image.sid) = capture::group_and_session(p)?;
                     }

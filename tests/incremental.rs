@@ -1054,28 +1054,47 @@ fn answered_output_ends_the_epoch_at_the_follow_minimum() {
         Epochs::start_with(run.pid, cfg(true), EpochHooks::default()).expect("start epochs");
     assert_eq!(first.epoch, 0);
     let trigger = ep.trigger();
+    // Each epoch's stats also say what the loop saw of its answers (`EpochStats::answers`).
     let ended = |ep: &mut Epochs| {
         let (ck, st) = ep.next().unwrap();
         assert_eq!(st.ended_by, EndedBy::Output, "epoch {}", ck.epoch);
-        (ck.epoch, Duration::from_micros(st.interval_us))
+        let a = st
+            .answers
+            .clone()
+            .expect("answers recorded under follow_releases");
+        let (first, last) = (a.first_output_us.unwrap(), a.last_output_us.unwrap());
+        assert!(
+            first <= last && last <= st.interval_us,
+            "epoch {}: {a:?}",
+            ck.epoch
+        );
+        if let Some(r) = a.release_us {
+            assert!(r <= st.interval_us, "epoch {}: {a:?}", ck.epoch);
+        }
+        (ck.epoch, Duration::from_micros(st.interval_us), a)
     };
     // Released up to the base (0) with 2 packets; 1 answered: the minimum.
     trigger.released(0, 2);
     trigger.output(1);
-    let (n, d) = ended(&mut ep);
+    let (n, d, a) = ended(&mut ep);
     assert!(
         d >= min,
         "epoch {n}: one answer of two ended it after {d:?}"
     );
+    assert!(a.release_us.is_some(), "epoch {n}: {a:?}");
+    assert_eq!((a.packets, a.release_packets), (1, 2), "epoch {n}");
     // Base 1 released with 2 packets, 2 answered: at once.
     trigger.released(1, 2);
     trigger.output(2);
-    let (n, d) = ended(&mut ep);
+    let (n, d, a) = ended(&mut ep);
     assert!(d < min, "epoch {n}: all answered, still {d:?}");
+    assert_eq!((a.packets, a.release_packets), (2, 2), "epoch {n}");
     // The base (2) is not released yet, only 1: the minimum.
     trigger.output(5);
-    let (n, d) = ended(&mut ep);
+    let (n, d, a) = ended(&mut ep);
     assert!(d >= min, "epoch {n}: base not released, ended after {d:?}");
+    assert_eq!(a.release_us, None, "epoch {n}: no release of its base");
+    assert_eq!((a.packets, a.release_packets), (5, 0), "epoch {n}");
     // The release comes while the loop waits, output already counted: it wakes the loop.
     trigger.output(3);
     let t = trigger.clone();
@@ -1083,9 +1102,15 @@ fn answered_output_ends_the_epoch_at_the_follow_minimum() {
         std::thread::sleep(Duration::from_millis(100));
         t.released(3, 3);
     });
-    let (n, d) = ended(&mut ep);
+    let (n, d, a) = ended(&mut ep);
     releaser.join().unwrap();
     assert!(d < min, "epoch {n}: released while waiting, still {d:?}");
+    let r = a.release_us.expect("released during the epoch");
+    assert!(r >= 100_000, "epoch {n}: released {r} µs after the resume");
+    assert!(
+        a.first_output_us.unwrap() < r,
+        "epoch {n}: output before the release: {a:?}"
+    );
     ep.stop();
     // The rule off: answered or not, the minimum.
     let (mut ep, first, _) =
@@ -1100,6 +1125,7 @@ fn answered_output_ends_the_epoch_at_the_follow_minimum() {
         "epoch {}: the rule is off, ended after {d:?}",
         ck.epoch
     );
+    assert_eq!(st.answers, None, "no answers recorded with the rule off");
     ep.stop();
     run.stop();
 }

@@ -296,6 +296,23 @@ pub struct EpochStats {
     /// full checkpoint's page bytes.
     pub full_copy_us: u64,
     pub full_bytes: u64,
+    /// With [`EpochConfig::follow_releases`]: the answers this epoch waited for.
+    pub answers: Option<Answers>,
+}
+
+/// What the loop knew of the open epoch's output when it ended it (times in µs from the
+/// resume that opened it): the cycle a replicated reply waits, in parts. When the output of
+/// the epochs before it was released (`None`: not during this epoch), when its first and last
+/// output packet was queued (a first one before the release belongs to a client the release
+/// did not answer), how many packets it queued and how many that release sent: the epoch ends
+/// at [`EpochConfig::follow_min`] once `packets` reaches `release_packets`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Answers {
+    pub release_us: Option<u64>,
+    pub first_output_us: Option<u64>,
+    pub last_output_us: Option<u64>,
+    pub packets: u64,
+    pub release_packets: u64,
 }
 
 impl EpochStats {
@@ -404,6 +421,11 @@ struct TriggerState {
     /// The last epoch whose output was released, and how many packets that release sent
     /// ([`Trigger::released`]).
     released: Option<(u64, u64)>,
+    /// When that release was reported, and when the first and the last output packet were
+    /// queued since the last pause (for [`Answers`]).
+    released_at: Option<Instant>,
+    first_output: Option<Instant>,
+    last_output: Option<Instant>,
 }
 
 impl std::fmt::Debug for Trigger {
@@ -424,6 +446,9 @@ impl Trigger {
         let mut st = self.state();
         st.output = true;
         st.packets += packets;
+        let now = Instant::now();
+        st.first_output.get_or_insert(now);
+        st.last_output = Some(now);
         drop(st);
         self.0.1.notify_all();
     }
@@ -435,6 +460,7 @@ impl Trigger {
         let mut st = self.state();
         if st.released.is_none_or(|(e, _)| epoch > e) {
             st.released = Some((epoch, packets));
+            st.released_at = Some(Instant::now());
             drop(st);
             self.0.1.notify_all();
         }
@@ -455,10 +481,30 @@ impl Trigger {
                 .is_some_and(|(e, n)| e >= epoch && st.packets >= n)
     }
 
+    /// The open epoch's [`Answers`], which the resume at `resumed` after checkpoint `epoch`
+    /// opened.
+    fn answers(&self, epoch: u64, resumed: Instant) -> Answers {
+        let st = self.state();
+        let since = |t: Option<Instant>| {
+            t.filter(|&t| t >= resumed)
+                .map(|t| t.duration_since(resumed).as_micros() as u64)
+        };
+        let this = st.released.filter(|&(e, _)| e >= epoch);
+        Answers {
+            release_us: this.and(since(st.released_at)),
+            first_output_us: since(st.first_output),
+            last_output_us: since(st.last_output),
+            packets: st.packets,
+            release_packets: this.map_or(0, |(_, n)| n),
+        }
+    }
+
     fn clear(&self) {
         let mut st = self.state();
         st.output = false;
         st.packets = 0;
+        st.first_output = None;
+        st.last_output = None;
     }
 
     /// Waits until set, at most `timeout`.
@@ -829,6 +875,8 @@ struct EpochLoop {
     carry: Carry,
     hook: Option<Box<dyn FnMut(u64) + Send>>,
     trigger: Trigger,
+    /// The answers the last wait saw ([`EpochStats::answers`]), for the next checkpoint.
+    answers: Option<Answers>,
     /// The service's pidfd (see [`exited`]).
     pidfd: OwnedFd,
     /// Test support: fail the next epoch here.
@@ -1556,6 +1604,7 @@ impl EpochLoop {
             carry: Carry::default(),
             hook,
             trigger,
+            answers: None,
             pidfd,
             fail: None,
             meta_carry: Default::default(),
@@ -2119,6 +2168,9 @@ impl EpochLoop {
             ))));
         }
         let ended_by = self.wait();
+        if self.cfg.follow_releases {
+            self.answers = Some(self.trigger.answers(self.epoch, self.last_resume));
+        }
         self.maybe_precopy();
         for m in &mut self.members {
             m.lp.maybe_precopy();
@@ -3065,6 +3117,7 @@ impl EpochLoop {
         }
         // Nothing fails from here on.
         let mut out = self.encode(main, te, epoch, interval, quiesce, pause, ended_by);
+        out.stats.answers = self.answers.take();
         out.incremental.image.zombies = self.zombies.clone();
         if let Some(f) = &mut out.full {
             f.image.zombies = self.zombies.clone();

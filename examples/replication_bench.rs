@@ -785,6 +785,57 @@ fn epoch_summary(lines: &[Value], window_s: f64) -> Value {
         "encoded_mb_per_s": enc.iter().sum::<f64>() / 1e6 / window_s.max(1e-9),
         "raw_mb_per_s": raw.iter().sum::<f64>() / 1e6 / window_s.max(1e-9),
         "ended_by": ended,
+        "cycle_us": cycle_parts(lines),
+    })
+}
+
+/// The cycle a replicated reply waits, in parts (`EpochStats::answers`; medians in µs over
+/// the epochs that ended on output): from the resume to the release of the epoch before,
+/// from there to the first answer, from the first answer to the last, the epoch's length and
+/// its pause, and the share of epochs whose answers all came in (the others ended at the
+/// minimum length). Null when no epoch recorded answers (a primary alone, or the rule off).
+fn cycle_parts(lines: &[Value]) -> Value {
+    let out: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["ended_by"] == "Output" && l["answers"].is_object())
+        .collect();
+    if out.is_empty() {
+        return Value::Null;
+    }
+    let a = |l: &Value, k: &str| l["answers"][k].as_f64();
+    let med = |mut v: Vec<f64>| -> Value {
+        if v.is_empty() {
+            return Value::Null;
+        }
+        v.sort_by(f64::total_cmp);
+        json!(v[v.len() / 2])
+    };
+    let release: Vec<f64> = out.iter().filter_map(|l| a(l, "release_us")).collect();
+    let first: Vec<f64> = out
+        .iter()
+        .filter_map(|l| Some(a(l, "first_output_us")? - a(l, "release_us")?))
+        .filter(|d| *d >= 0.0)
+        .collect();
+    let spread: Vec<f64> = out
+        .iter()
+        .filter_map(|l| Some(a(l, "last_output_us")? - a(l, "first_output_us")?))
+        .collect();
+    let answered = out
+        .iter()
+        .filter(|l| {
+            let n = a(l, "release_packets").unwrap_or(0.0);
+            n > 0.0 && a(l, "packets").unwrap_or(0.0) >= n
+        })
+        .count();
+    let g = |k: &str| -> Vec<f64> { out.iter().filter_map(|l| l[k].as_f64()).collect() };
+    json!({
+        "epochs": out.len(),
+        "resume_to_release": med(release),
+        "release_to_first_answer": med(first),
+        "first_to_last_answer": med(spread),
+        "epoch": med(g("interval_us")),
+        "pause": med(g("pause_us")),
+        "answered_share": answered as f64 / out.len() as f64,
     })
 }
 
@@ -1750,6 +1801,30 @@ fn bench_redis(env: &Env) -> Value {
                 f(e, "epochs_per_s")
             );
         }
+    }
+    println!(
+        "\nThe replicated cycle in parts (medians in µs over the epochs that ended on output; \
+         `EpochStats::answers`):\n"
+    );
+    println!(
+        "| pipeline | resume -> release | release -> first answer | first -> last answer | epoch | pause | all answered |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for (p, _) in cases {
+        let c = &rec["replicated"][format!("P{p}")]["epochs"]["cycle_us"];
+        if c.is_null() {
+            continue;
+        }
+        let n = |k: &str| c[k].as_f64().map_or("-".to_string(), |v| format!("{v:.0}"));
+        println!(
+            "| {p} | {} | {} | {} | {} | {} | {:.0}% |",
+            n("resume_to_release"),
+            n("release_to_first_answer"),
+            n("first_to_last_answer"),
+            n("epoch"),
+            n("pause"),
+            100.0 * f(c, "answered_share")
+        );
     }
     println!("\nCommands (in the client node): {}", cmds.join("; "));
     let mut v = env.header("redis");

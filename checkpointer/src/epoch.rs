@@ -1275,21 +1275,15 @@ impl EpochLoop {
         let mut hook = hooks.on_pause;
         let mut attempt = 0u32;
         let (sts, r, t0, quiesce, procs, parents, zombies, member_fds) = loop {
-            // A process of the tree that exits while it is listed or stopped (a PostgreSQL
-            // backend whose client left) makes its /proc unreadable: list the tree again.
+            // A process of the tree that exits while it is being stopped (a PostgreSQL backend
+            // whose client left) makes its /proc unreadable: list the tree again. (The listing
+            // leaves out what exits meanwhile.)
             let vanished = |e: &CaptureError| match e {
                 CaptureError::Proc { pid: p, .. } => *p != pid,
                 CaptureError::Ptrace(_) => !exited(&pidfd),
                 _ => false,
             };
-            let members_now = match crate::tree::list_members(root) {
-                Ok(l) => l,
-                Err(e) if vanished(&e) && attempt < 20 => {
-                    attempt += 1;
-                    continue;
-                }
-                Err(e) => return Err(gone(e.into())),
-            };
+            let members_now = crate::tree::list_members(root).map_err(|e| gone(e.into()))?;
             let procs = std::iter::once(root.try_clone().map_err(|e| gone_or(pid, e))?)
                 .chain(members_now.into_iter().map(|(p, _)| p));
             // What is prepared before the stop, per listed process: its preparation and (a

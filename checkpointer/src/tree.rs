@@ -217,18 +217,24 @@ pub(crate) fn zombie(proc: &Proc) -> Result<Zombie> {
 }
 
 /// The descendants of `root` as they are now (not stopped: the epoch loop prepares each before
-/// its first pause, which lists them again with [`stop_all`]), in [`stop_all`]'s order, with
-/// their parent's index (0: `root`). Zombies are left out (`stop_all` reads them).
+/// its first pause, which lists them again with [`stop_all`] and captures the tree as stopped),
+/// in [`stop_all`]'s order, with their parent's index (0: `root`). Zombies are left out
+/// (`stop_all` reads them), and so are processes that exit while they are listed (with their
+/// descendants): the listing only says what to prepare before the stop.
 pub(crate) fn list_members(root: &Proc) -> Result<Vec<(Proc, usize)>> {
     let mut members: Vec<(Proc, usize)> = Vec::new();
     let mut i = 0;
     loop {
         let p = if i == 0 { root } else { &members[i - 1].0 };
-        let tids = p.tids().map_err(proc_err(p.pid, "task"))?;
+        let tids = match p.tids() {
+            Ok(t) => t,
+            Err(_) if i > 0 => Vec::new(), // it exited meanwhile
+            Err(e) => return Err(proc_err(p.pid, "task")(e)),
+        };
         for c in children_of(p, &tids) {
-            // A zombie is read once stopped (`stop_all`), not prepared.
-            let (proc, exited) = open_child(root, c)?;
-            if !exited {
+            // A zombie is read once stopped (`stop_all`), not prepared; a child that exited
+            // and was reaped since it was seen is gone.
+            if let Ok((proc, false)) = open_child(root, c) {
                 members.push((proc, i));
             }
         }

@@ -27,7 +27,8 @@ def report(case, eps):
              for e in eps]
     other = [p - k for p, k in zip(pause, known)]
     cols = [("epochs", len(eps)), ("dirty", pct(g("dirty_pages"), .5)),
-            ("pause p50", pct(pause, .5)), ("p90", pct(pause, .9)), ("p99", pct(pause, .99))]
+            ("pause p50", pct(pause, .5)), ("p90", pct(pause, .9)), ("p99", pct(pause, .99)),
+            ("pause cpu p50", pct(g("pause_cpu_us"), .5))]
     cols += [(k[:-3], pct(g(k), .5)) for k in PARTS] + [("unaccounted", pct(other, .5))]
     print(f"## {case}")
     print("| " + " | ".join(c for c, _ in cols) + " |")
@@ -37,6 +38,7 @@ def report(case, eps):
 def summary(eps):
     g = lambda k: [e.get(k, 0) or 0 for e in eps]
     out = {"epochs": len(eps), "pause_p50_us": pct(g("pause_us"), .5), "pause_p99_us": pct(g("pause_us"), .99),
+           "pause_cpu_p50_us": pct(g("pause_cpu_us"), .5),
            "dirty_p50": pct(g("dirty_pages"), .5)}
     t = [e["time_us"] for e in eps if "time_us" in e]
     out["epochs_per_s"] = (len(t) - 1) / ((max(t) - min(t)) / 1e6) if len(t) > 1 and max(t) > min(t) else 0

@@ -210,6 +210,11 @@ pub struct EpochStats {
     /// the call that detaches it: the service runs from then, even if that call returns later;
     /// see `Stopped::resume_at`).
     pub pause_us: u64,
+    /// CPU time the epoch thread used from the stop request to the return of the resume:
+    /// against `pause_us`, how much of the pause was the loop working and how much it waited
+    /// for a CPU (on a CPU shared with the service, its threads not stopped yet, or already
+    /// released, run meanwhile).
+    pub pause_cpu_us: u64,
     pub quiesce_us: u64,
     /// Tracker scans and capture of new mappings' page lists (inside the pause).
     pub scan_us: u64,
@@ -2183,8 +2188,8 @@ impl EpochLoop {
         // process).
         let mut journal = Carry::default();
         let mut journals: Vec<Carry> = self.members.iter().map(|_| Carry::default()).collect();
-        let (st, msts, t0, quiesce, captured) = loop {
-            let t0 = Instant::now();
+        let (st, msts, (t0, cpu0), quiesce, captured) = loop {
+            let t0 = (Instant::now(), crate::sys::thread_cpu_time());
             let mut st = match Stopped::stop(&self.proc) {
                 Ok(s) => s,
                 Err(e) => return Some(Err(self.classify(CaptureError::from(e).into()))),
@@ -2206,7 +2211,7 @@ impl EpochLoop {
                     return Some(Err(self.classify(e)));
                 }
             };
-            let quiesce = t0.elapsed();
+            let quiesce = t0.0.elapsed();
             // The tree as it is now (step 2 of `docs/PROCESS-TREES.md`): looked at again when
             // it may have changed, or when a process's children are not the known ones.
             changed |= self.tree_suspect();
@@ -2304,6 +2309,7 @@ impl EpochLoop {
         let members_resumed = resume_all(msts);
         let resumed = st.resume_at();
         let pause = pause_since(t0, &resumed);
+        let pause_cpu = crate::sys::thread_cpu_time().saturating_sub(cpu0);
         let resumed = resumed.and(members_resumed);
         self.last_resume = Instant::now();
         if let Err(e) = resumed {
@@ -2324,6 +2330,7 @@ impl EpochLoop {
                 .lengthened(self.last_resume, Instant::now());
             o.stats.encode_late_us = late.as_micros() as u64;
             o.stats.encode_overran = overran;
+            o.stats.pause_cpu_us = pause_cpu.as_micros() as u64;
         }
         Some(self.settle(r, journal, journals))
     }

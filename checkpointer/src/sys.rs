@@ -103,6 +103,20 @@ pub fn write_remote(pid: Pid, addr: u64, buf: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`; zero if unreadable).
+pub fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: one valid timespec the kernel writes; the clock id is a constant.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if r != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
     // SAFETY: plain system call; on success the returned descriptor is ours.
     let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;

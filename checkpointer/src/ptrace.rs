@@ -1065,8 +1065,9 @@ mod tests {
     #[test]
     fn a_real_time_window_is_entered_once_and_left_as_it_was() {
         std::thread::spawn(|| {
-            // SAFETY: policy and nice of the calling thread only.
+            // SAFETY: reads the calling thread's policy; no pointers.
             let policy = || unsafe { libc::sched_getscheduler(0) };
+            // SAFETY: reads the calling thread's nice value; no pointers.
             let nice = || unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
             // SAFETY: as above (0: the calling thread).
             assert_eq!(unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 3) }, 0);

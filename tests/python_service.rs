@@ -561,10 +561,11 @@ fn python_kv_server_survives_two_generations_of_snapshot_and_restore() {
 /// exit right after the restore. `tardi restore` must not fail because a thread exits while it
 /// removes its restorer from the process.
 ///
-/// BUG (checkpointer/src/ptrace.rs `Stopped::stop`, used by `restore::finish` → `unmap_blob`):
-/// a thread that exits between PTRACE_SEIZE and its interrupt stop makes the whole restore fail
-/// with "removing the restorer from the restored process: thread N exited while it was being
-/// stopped" (and a snapshot likewise). Reproduces in a few cycles; un-ignore once fixed.
+/// A regression test: a thread that exited between `PTRACE_SEIZE` and its interrupt stop once
+/// made the whole restore fail (`Stopped::stop`, used by `restore::finish` → `unmap_blob`:
+/// "removing the restorer from the restored process: thread N exited while it was being
+/// stopped", and a snapshot likewise), within a few cycles. `Stopped::stop` now drops a
+/// thread that exits while the others are stopped.
 #[test]
 fn thread_exiting_while_restore_finishes() {
     const CYCLES: usize = 15;

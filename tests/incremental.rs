@@ -1643,6 +1643,23 @@ fn a_stack_grown_without_a_call_is_captured_while_the_layout_is_carried() {
     );
 }
 
+/// 2 ms epochs of `pid`, started and taken five times (the first epochs of a debug build are
+/// long: the first incremental checkpoint holds much of the process), each applied to the
+/// image built from the full checkpoint: the loop and that image.
+fn short_epochs_past_the_first(pid: i32) -> (Epochs, Image) {
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(2),
+        ..Default::default()
+    };
+    let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
+    let mut img = Image::from_full(&roundtrip(&full)).unwrap();
+    for i in 0..5 {
+        let (ck, _) = ep.next().unwrap_or_else(|e| panic!("quiet epoch {i}: {e}"));
+        img.apply(&roundtrip(&ck)).unwrap();
+    }
+    (ep, img)
+}
+
 /// Real-time signals sent all along while epochs are taken (`sigqueue` from another thread of
 /// the test, 1, 2, 3, ... as values, blocked by the service, which never takes them): each
 /// checkpoint records a prefix of the values sent, in order, each once, with its value; the
@@ -1661,18 +1678,8 @@ for line in sys.stdin:
     const SENT: i32 = 300;
     let py = PythonScript::spawn(SCRIPT);
     let pid = py.pid();
-    let cfg = EpochConfig {
-        interval: Duration::from_millis(2),
-        ..Default::default()
-    };
-    let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
-    let mut img = Image::from_full(&roundtrip(&full)).unwrap();
-    // The first epochs of a debug build are long (the first incremental checkpoint holds
-    // much of the process): the signals come once epochs are short.
-    for i in 0..5 {
-        let (ck, _) = ep.next().unwrap_or_else(|e| panic!("quiet epoch {i}: {e}"));
-        img.apply(&roundtrip(&ck)).unwrap();
-    }
+    // The signals come once epochs are short.
+    let (mut ep, mut img) = short_epochs_past_the_first(pid);
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let sender = {
@@ -1808,16 +1815,7 @@ fn mprotect_start_with_a_pending_signal() {
 fn a_blocked_pending_signal_is_recorded_until_it_is_delivered() {
     let mut py = PythonScript::spawn(SIGUSR1_SCRIPT);
     let pid = py.pid();
-    let cfg = EpochConfig {
-        interval: Duration::from_millis(2),
-        ..Default::default()
-    };
-    let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
-    let mut img = Image::from_full(&roundtrip(&full)).unwrap();
-    for i in 0..5 {
-        let (ck, _) = ep.next().unwrap_or_else(|e| panic!("quiet epoch {i}: {e}"));
-        img.apply(&roundtrip(&ck)).unwrap();
-    }
+    let (mut ep, mut img) = short_epochs_past_the_first(pid);
     assert_eq!(py.step("raise"), "k 0");
     for i in 0..3 {
         let (ck, _) = ep

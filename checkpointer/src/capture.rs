@@ -1110,13 +1110,13 @@ fn read_pending(st: &Stopped) -> Result<Pending> {
         let q: Vec<PendingSignal> = raw
             .into_iter()
             .map(|info| PendingSignal {
-                signo: u32::from_ne_bytes([info[0], info[1], info[2], info[3]]),
+                signo: PendingSignal::signo_of(&info),
                 info: info.to_vec(),
             })
             .collect();
-        // SIGKILL and SIGSTOP cannot be blocked: one queued now is taken as soon as the process
-        // runs (and no image may hold it). A round later it is gone.
-        if let Some(p) = q.iter().find(|p| p.signo == 9 || p.signo == 19) {
+        // One that cannot be blocked is taken as soon as the process runs: a round later it is
+        // gone.
+        if let Some(p) = q.iter().find(|p| PendingSignal::unblockable(p.signo)) {
             return Err(CaptureError::PendingSignals(vec![signal_name(p.signo)]));
         }
         Ok(q)

@@ -2188,8 +2188,8 @@ impl EpochLoop {
         // process).
         let mut journal = Carry::default();
         let mut journals: Vec<Carry> = self.members.iter().map(|_| Carry::default()).collect();
-        let (st, msts, (t0, cpu0), quiesce, captured) = loop {
-            let t0 = (Instant::now(), crate::sys::thread_cpu_time());
+        let (st, msts, t0, cpu0, quiesce, captured) = loop {
+            let (t0, cpu0) = (Instant::now(), crate::sys::thread_cpu_time());
             let mut st = match Stopped::stop(&self.proc) {
                 Ok(s) => s,
                 Err(e) => return Some(Err(self.classify(CaptureError::from(e).into()))),
@@ -2211,7 +2211,7 @@ impl EpochLoop {
                     return Some(Err(self.classify(e)));
                 }
             };
-            let quiesce = t0.0.elapsed();
+            let quiesce = t0.elapsed();
             // The tree as it is now (step 2 of `docs/PROCESS-TREES.md`): looked at again when
             // it may have changed, or when a process's children are not the known ones.
             changed |= self.tree_suspect();
@@ -2243,7 +2243,7 @@ impl EpochLoop {
                 }
             };
             match r {
-                Ok(c) => break (st, msts, t0, quiesce, Ok(c)),
+                Ok(c) => break (st, msts, t0, cpu0, quiesce, Ok(c)),
                 Err(e) => {
                     // Keep what was taken for the next attempt (or the next epoch).
                     self.keep_all(&mut journal, &mut journals);
@@ -2261,7 +2261,7 @@ impl EpochLoop {
                             let _ = st.resume();
                             std::thread::sleep(Duration::from_micros(200 * attempt));
                         }
-                        e => break (st, msts, t0, quiesce, Err(e)),
+                        e => break (st, msts, t0, cpu0, quiesce, Err(e)),
                     }
                 }
             }

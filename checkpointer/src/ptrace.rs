@@ -16,6 +16,7 @@
 //!   own vDSO, and put every register and scratch byte back afterwards.
 
 use crate::abi::Regs;
+use crate::image::{PendingSignal, SIGINFO_SIZE};
 use crate::sys::{Pid, cvt};
 use std::io;
 use std::marker::PhantomData;
@@ -32,8 +33,6 @@ const PTRACE_GET_RSEQ_CONFIGURATION: u32 = 0x420f;
 const PTRACE_EVENT_STOP: i32 = 128;
 const PTRACE_O_TRACESYSGOOD: u64 = 1;
 const NT_X86_XSTATE: usize = 0x202;
-/// Size of the kernel's `siginfo_t`.
-pub const SIGINFO_BYTES: usize = 128;
 
 /// Errors while stopping or inspecting threads.
 #[derive(Debug, thiserror::Error)]
@@ -163,14 +162,6 @@ fn process_dead(proc_dir: &OwnedFd) -> bool {
         .is_none_or(|(_, rest)| rest.starts_with(['Z', 'X']))
 }
 
-/// `PTRACE_O_SUSPEND_SECCOMP`: while it is set on a traced thread, the thread's seccomp
-/// filters do not apply, so the system calls we inject (and the agent's operations) are never
-/// refused, trapped or fatal because of a filter the service installed; they apply again from
-/// the detach (which clears every option). It is set only once the thread is in its
-/// interrupt stop: set at the seize, it would let a call the thread makes before it stops
-/// pass its filters (the mprotect tracker's agent's among them). The kernel allows it to a
-/// tracer with `CAP_SYS_ADMIN` that is not itself under seccomp (and with
-/// `CONFIG_CHECKPOINT_RESTORE`); elsewhere threads are traced without it.
 /// Keeps the calling thread on its CPU for a short run of calls that start the stop of many
 /// threads: at `SCHED_FIFO` (lowest real-time priority) until dropped, if it runs at
 /// `SCHED_OTHER` now (nested windows do nothing).
@@ -209,6 +200,14 @@ impl Drop for RtWindow {
     }
 }
 
+/// `PTRACE_O_SUSPEND_SECCOMP`: while it is set on a traced thread, the thread's seccomp
+/// filters do not apply, so the system calls we inject (and the agent's operations) are never
+/// refused, trapped or fatal because of a filter the service installed; they apply again from
+/// the detach (which clears every option). It is set only once the thread is in its
+/// interrupt stop: set at the seize, it would let a call the thread makes before it stops
+/// pass its filters (the mprotect tracker's agent's among them). The kernel allows it to a
+/// tracer with `CAP_SYS_ADMIN` that is not itself under seccomp (and with
+/// `CONFIG_CHECKPOINT_RESTORE`); elsewhere threads are traced without it.
 const PTRACE_O_SUSPEND_SECCOMP: u64 = 1 << 21;
 
 /// Suspends the seccomp filters of `tid`, stopped (see [`PTRACE_O_SUSPEND_SECCOMP`]), where
@@ -625,7 +624,7 @@ impl Stopped {
         tid: Pid,
         shared: bool,
         off: usize,
-        buf: &mut [[u8; SIGINFO_BYTES]],
+        buf: &mut [[u8; SIGINFO_SIZE]],
     ) -> Result<usize> {
         #[repr(C)]
         struct PeekArgs {
@@ -655,10 +654,9 @@ impl Stopped {
     /// The number of the first signal queued for thread `tid` (`shared`: for the whole
     /// process), without dequeuing it. Cheaper than reading `/proc/PID/task/TID/status`.
     pub fn peek_pending(&self, tid: Pid, shared: bool) -> Result<Option<i32>> {
-        let mut si = [[0u8; SIGINFO_BYTES]; 1];
+        let mut si = [[0u8; SIGINFO_SIZE]; 1];
         let n = self.peek_siginfo(tid, shared, 0, &mut si)?;
-        // si_signo is the first field of siginfo_t.
-        Ok((n > 0).then(|| i32::from_ne_bytes([si[0][0], si[0][1], si[0][2], si[0][3]])))
+        Ok((n > 0).then(|| PendingSignal::signo_of(&si[0]) as i32))
     }
 
     /// Every signal queued to thread `tid` (`shared`: to its process) and not yet delivered,
@@ -669,10 +667,10 @@ impl Stopped {
         tid: Pid,
         shared: bool,
         max: usize,
-    ) -> Result<Vec<[u8; SIGINFO_BYTES]>> {
+    ) -> Result<Vec<[u8; SIGINFO_SIZE]>> {
         const BATCH: usize = 32;
         let mut out = Vec::new();
-        let mut buf = [[0u8; SIGINFO_BYTES]; BATCH];
+        let mut buf = [[0u8; SIGINFO_SIZE]; BATCH];
         loop {
             let n = self.peek_siginfo(tid, shared, out.len(), &mut buf)?;
             out.extend_from_slice(&buf[..n]);

@@ -1019,8 +1019,10 @@ fn build_plan(
                 .flat_map(|t| t.pending.iter().map(move |p| (t.tid, p))),
         )
         .map(|(tid, p)| {
-            let mut info = [0u8; 128];
-            let n = p.info.len().min(128);
+            // (`PendingDesc::info` is the restorer's own `[u8; 128]`: this fails to build if
+            // the two sizes part.)
+            let mut info = [0u8; crate::image::SIGINFO_SIZE];
+            let n = p.info.len().min(info.len());
             info[..n].copy_from_slice(&p.info[..n]);
             PendingDesc {
                 tid,

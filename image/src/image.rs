@@ -588,6 +588,17 @@ pub struct PendingSignal {
 }
 
 impl PendingSignal {
+    /// The signal number a `siginfo_t` names (its first field, `si_signo`).
+    pub fn signo_of(info: &[u8; SIGINFO_SIZE]) -> u32 {
+        u32::from_ne_bytes([info[0], info[1], info[2], info[3]])
+    }
+
+    /// SIGKILL and SIGSTOP: they cannot be blocked, so one queued is taken as soon as the
+    /// process runs, and no image may hold one.
+    pub fn unblockable(signo: u32) -> bool {
+        signo == 9 || signo == 19
+    }
+
     /// Checks one queue (`who`: whose, for the message).
     fn validate_queue(queue: &[PendingSignal], who: &str) -> Result<(), FormatError> {
         if queue.len() > PENDING_MAX {
@@ -597,7 +608,7 @@ impl PendingSignal {
             )));
         }
         for p in queue {
-            if !(1..=64).contains(&p.signo) || p.signo == 9 || p.signo == 19 {
+            if !(1..=64).contains(&p.signo) || Self::unblockable(p.signo) {
                 return Err(FormatError::Meta(format!(
                     "{who} has signal {} pending, which cannot be",
                     p.signo
@@ -610,7 +621,9 @@ impl PendingSignal {
                     p.info.len()
                 )));
             }
-            let named = u32::from_ne_bytes([p.info[0], p.info[1], p.info[2], p.info[3]]);
+            // (Its length is checked above.)
+            let named =
+                <&[u8; SIGINFO_SIZE]>::try_from(p.info.as_slice()).map_or(0, Self::signo_of);
             if named != p.signo {
                 return Err(FormatError::Meta(format!(
                     "{who}'s pending signal {}: its details name signal {named}",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Replication benchmarks on the local lab (network namespaces; Tardigrade NSDI'15 §5.2–5.6,
 # Figs. 3–6). Each replicated case is measured against the same service unreplicated
-# (`tardi run` in machine m1) in the same run. Driven by examples/replication_bench.rs:
+# (`tardi run` in machine m1) in the same run. Driven by examples/replication_bench/:
 #
 #   ping       UDP ping latency CDF (sequential pings from the client node) and the primary's
 #              epoch-interval CDF (instances run with --epoch-log), dirtier at 0 MB/s  (Fig. 3)
@@ -11,6 +11,11 @@
 #   failover   the longest silence a pinging client sees when the primary's, or a backup's,
 #              machine loses power at a random moment (20 trials each)                  (§5.6)
 #   redis      redis-benchmark -c 50 -t set,get, unpipelined and -P 16
+#   floor      the same Redis with its output held per epoch and nothing captured: the output
+#              gate alone, the gate and an acknowledgement from m2, and the service also stopped
+#              (ptrace) at each boundary, against unreplicated and against Tardi in one lab:
+#              the bound any checkpoint-replication design meets on this machine (not in the
+#              default set)
 #   transport  gRPC stream against plain TCP round trip (instance/examples/transport_rtt.rs)
 #
 # Writes bench/out/replication-<part>-STAMP.json (raw figures; the failover part also keeps the
@@ -19,13 +24,13 @@
 # asserts nothing about them. The lab is one per machine: each case waits for it (other users'
 # tests) and holds it only while measuring. Traffic stays inside the lab's namespaces.
 #
-# Usage: bench/replication.sh [PARTS...]   PARTS: failover redis ping dirty backups transport
+# Usage: bench/replication.sh [PARTS...]   PARTS: failover redis floor ping dirty backups transport
 #                                          (default: all, in that order)
 # Env:   WAIT_QUIET=N   before each case, wait up to N s for the CPUs to be <= 20% busy (the busy
 #                       share of the 1 s before each case is recorded either way)
 #        PINGS (10000)  ping: pings per case;  DIRTY_PINGS (3000): dirty and backups
 #        TRIALS (20)    failover: trials per fault;  FAILOVER_RATE (10) MB/s, FAILOVER_MB (100) MiB
-#        REDIS_N (100000) REDIS_NP (1000000)   redis-benchmark -n, unpipelined and -P 16
+#        REDIS_N (100000) REDIS_NP (1000000)   redis-benchmark -n, unpipelined and -P 16 (redis, floor)
 #        RATES ("0,12.5,25,37.5,50,62.5")  dirty: MB/s;  BACKUP_RATES ("0,12.5,25")
 #        FULL_PAGES=1   dirty and backups with bench/page_dirtier.c (whole pages of random bytes,
 #                       as Tardigrade's ping server: checkpoints as large as the dirtying) instead
@@ -94,14 +99,14 @@ for part in "${PARTS[@]}"; do
         failover)
             "$BENCH" failover "${COMMON[@]}" --trials "${TRIALS:-20}" \
                 --failover-rate "${FAILOVER_RATE:-10}" --failover-mb "${FAILOVER_MB:-100}" ${EXTRA:-} ;;
-        redis)
-            "$BENCH" redis "${COMMON[@]}" --redis-n "${REDIS_N:-100000}" --redis-np "${REDIS_NP:-1000000}" ${EXTRA:-} ;;
+        redis|floor)
+            "$BENCH" "$part" "${COMMON[@]}" --redis-n "${REDIS_N:-100000}" --redis-np "${REDIS_NP:-1000000}" ${EXTRA:-} ;;
         transport)
             echo
             echo "### Transport round trip (cargo run --release -p tardi-instance --example transport_rtt)"
             echo
             (cd "$ROOT" && cargo run --release -q -p tardi-instance --example transport_rtt) ;;
-        *) echo "unknown part $part (failover redis ping dirty backups transport)" >&2; exit 2 ;;
+        *) echo "unknown part $part (failover redis floor ping dirty backups transport)" >&2; exit 2 ;;
     esac | tee -a "$OUT"
 done
 echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)." | tee -a "$OUT"

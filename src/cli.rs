@@ -126,7 +126,9 @@ pub struct RunArgs {
     /// The manifest (Gramine TOML plus a [tardi] table).
     pub manifest: PathBuf,
     /// Print events as JSON objects, one per line. The first is
-    /// {"event":"started","name":..,"address":..,"pid":..,"log":..,"control":..}.
+    /// {"event":"started","name":..,"address":..,"pid":..,"log":..,"control":..,
+    /// "host_address":..,"host_if":..} (pid: the main process's host PID; host_if: the
+    /// host side of the sandbox's link, where an output gate would sit).
     #[arg(long)]
     pub json: bool,
 }

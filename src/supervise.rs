@@ -43,6 +43,7 @@ pub fn supervise(s: Supervised, signals: libc::sigset_t) -> anyhow::Result<()> {
         v["event"] = "started".into();
         v["control"] = sock_path.display().to_string().into();
         v["host_address"] = service.host_address().to_string().into();
+        v["host_if"] = service.host_if().into();
         if let Some(t) = &restore {
             v["restore"] = serde_json::to_value(t)?;
         }

@@ -41,6 +41,19 @@ fn cycles(tag: &str, threads: u32, cycles: usize) {
     let mut rng = rand::rng();
     let mut cur = Running::run(&manifest).expect("tardi run");
     programs::wait_ready(addr(&cur), Duration::from_secs(10)).expect("state machine ready");
+    // The started event names the host side of the sandbox's link (where an output gate sits,
+    // as `bench/replication.sh floor` puts one): it exists here and carries `host_address`.
+    let host_if = cur.started["host_if"].as_str().expect("host_if in the started event");
+    let host_address = cur.started["host_address"].as_str().expect("host_address");
+    let shown = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "dev", host_if])
+        .output()
+        .expect("ip addr show");
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains(&format!(" {host_address}/")),
+        "{host_if} does not carry {host_address}: {shown:?}"
+    );
     let mut last = query(&cur);
     for i in 0..cycles {
         std::thread::sleep(Duration::from_millis(rng.random_range(5..150)));

@@ -13,6 +13,9 @@
 //!   backup's) machine loses power (`Lab::kill`) at a random moment; with the new primary's
 //!   `takeover_us` and the orchestrator's view history (§5.6).
 //! - `redis`     redis-benchmark, 50 clients, SET/GET, unpipelined and `-P 16`.
+//! - `floor`     the same Redis with its output held per epoch and nothing captured (the gate
+//!   alone, the gate and a peer's acknowledgement, and with the service stopped at each
+//!   boundary), against unreplicated and against Tardi, in one lab: see `floor.rs`.
 //! - `all`       all of the above, in this order: failover, redis, ping, dirty, backups.
 //!
 //! Every loop is bounded by a count and a time limit. Traffic goes only to the lab's addresses
@@ -26,8 +29,10 @@
 //! `cargo run --release --example replication_bench -- SUBCOMMAND [--option value]...`
 //! (options: see `Opts`).
 
+#[path = "../common/mod.rs"]
 mod common;
-#[path = "../src/plot_font.rs"]
+mod floor;
+#[path = "../../src/plot_font.rs"]
 mod plot_font;
 use common::{root, sh};
 
@@ -167,7 +172,7 @@ impl Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: replication_bench plot RESULT.json... | replication_bench ping|dirty|backups|failover|redis|all [--pings N] [--dirty-pings N] \
+        "usage: replication_bench plot RESULT.json... | replication_bench ping|dirty|backups|failover|redis|floor|all [--pings N] [--dirty-pings N] \
          [--rates MB/s,...] [--backup-rates MB/s,...] [--trials N] [--failover-rate MB/s] [--failover-mb MiB] [--fresh-lab] [--wait-quiet S] \
          [--redis-n N] [--redis-np N] [--lock-wait S] [--link 1gbit] [--tardi PATH] [--dirtier PATH] \
          [--out DIR] [--img DIR] [--stamp STAMP] [--interval-ms MS] [--full-pages PAGE_DIRTIER]"
@@ -327,7 +332,7 @@ fn commit() -> String {
     let r = r.display();
     let head = sh(&format!("git -C {r} rev-parse --short HEAD 2>/dev/null"));
     let dirty = sh(&format!(
-        "git -C {r} --no-optional-locks status --porcelain -- . ':!bench' ':!docs' ':!examples/replication_bench.rs' 2>/dev/null | wc -l"
+        "git -C {r} --no-optional-locks status --porcelain -- . ':!bench' ':!docs' ':!examples/replication_bench' 2>/dev/null | wc -l"
     ));
     if dirty != "0" && !dirty.is_empty() {
         format!("{head} + {dirty} uncommitted file(s)")
@@ -652,7 +657,12 @@ impl Cluster {
             .as_str()
             .expect("address in tardi run's started event")
             .to_string();
-        Unreplicated { child, address }
+        Unreplicated {
+            child,
+            address,
+            host_if: v["host_if"].as_str().map(str::to_string),
+            pid: v["pid"].as_i64().map(|p| p as i32),
+        }
     }
 }
 
@@ -660,6 +670,9 @@ impl Cluster {
 struct Unreplicated {
     child: Child,
     address: String,
+    /// The host side of its link in m1, and its main process's host PID.
+    host_if: Option<String>,
+    pid: Option<i32>,
 }
 
 impl Drop for Unreplicated {
@@ -1868,7 +1881,7 @@ fn main() {
     );
     let parts: Vec<&str> = match cmd.as_str() {
         "all" => vec!["failover", "redis", "ping", "dirty", "backups"],
-        "ping" | "dirty" | "backups" | "failover" | "redis" => vec![cmd.as_str()],
+        "ping" | "dirty" | "backups" | "failover" | "redis" | "floor" => vec![cmd.as_str()],
         _ => usage(),
     };
     for part in parts {
@@ -1877,6 +1890,7 @@ fn main() {
             "dirty" => bench_dirty(&env),
             "backups" => bench_backups(&env),
             "failover" => bench_failover(&env),
+            "floor" => floor::bench_floor(&env),
             _ => bench_redis(&env),
         };
         v["loadavg_end"] = json!(loadavg());

@@ -43,7 +43,9 @@ fn cycles(tag: &str, threads: u32, cycles: usize) {
     programs::wait_ready(addr(&cur), Duration::from_secs(10)).expect("state machine ready");
     // The started event names the host side of the sandbox's link (where an output gate sits,
     // as `bench/replication.sh floor` puts one): it exists here and carries `host_address`.
-    let host_if = cur.started["host_if"].as_str().expect("host_if in the started event");
+    let host_if = cur.started["host_if"]
+        .as_str()
+        .expect("host_if in the started event");
     let host_address = cur.started["host_address"].as_str().expect("host_address");
     let shown = std::process::Command::new("ip")
         .args(["-4", "-o", "addr", "show", "dev", host_if])

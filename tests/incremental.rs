@@ -1130,6 +1130,65 @@ fn answered_output_ends_the_epoch_at_the_follow_minimum() {
     run.stop();
 }
 
+/// `after_release`: while the clients of the last release have not all answered, waiting
+/// output ends the epoch no sooner than `after_release` after that release (here later than
+/// the minimum after the resume); once they have all answered, `follow_min` still ends it at
+/// once; with no release during the epoch, the minimum after the resume applies alone.
+#[test]
+fn unanswered_output_waits_after_the_release() {
+    use tardi_checkpointer::epoch::{EndedBy, EpochHooks};
+    let (_scratch, run, _addr) = statemachine_run("after-release");
+    let (min, after) = (Duration::from_millis(1000), Duration::from_millis(1500));
+    let cfg = EpochConfig {
+        interval: Duration::from_secs(6),
+        min_interval: min,
+        follow_releases: true,
+        follow_min: Duration::ZERO,
+        after_release: after,
+        cap_pages: 0,
+        ..Default::default()
+    };
+    let (mut ep, first, _) =
+        Epochs::start_with(run.pid, cfg, EpochHooks::default()).expect("start epochs");
+    let trigger = ep.trigger();
+    let ended = |ep: &mut Epochs| {
+        let (ck, st) = ep.next().unwrap();
+        assert_eq!(st.ended_by, EndedBy::Output, "epoch {}", ck.epoch);
+        let a = st.answers.clone().expect("answers under follow_releases");
+        (ck.epoch, Duration::from_micros(st.interval_us), a)
+    };
+    // One answer of two; the release comes 300 ms into the epoch: not before 300 + 1500 ms.
+    trigger.output(1);
+    let (t, base) = (trigger.clone(), first.epoch);
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        t.released(base, 2);
+    });
+    let (n, d, a) = ended(&mut ep);
+    releaser.join().unwrap();
+    let r = Duration::from_micros(a.release_us.expect("released during the epoch"));
+    assert!(
+        d >= r + after,
+        "epoch {n}: released {r:?} after the resume, ended {d:?} after it"
+    );
+    // Released during the next epoch with 2 packets, both answered: at once.
+    trigger.released(n, 2);
+    trigger.output(2);
+    let (m, d, a) = ended(&mut ep);
+    assert_eq!((a.packets, a.release_packets), (2, 2), "epoch {m}");
+    assert!(d < min, "epoch {m}: all answered, still {d:?}");
+    // No release during the epoch: the minimum after the resume.
+    trigger.output(1);
+    let (k, d, a) = ended(&mut ep);
+    assert_eq!(a.release_us, None, "epoch {k}: {a:?}");
+    assert!(
+        d >= min && d < min + after,
+        "epoch {k}: no release, ended after {d:?}"
+    );
+    ep.stop();
+    run.stop();
+}
+
 /// The service killed between epochs, or inside a pause (by the hook): the loop says the
 /// service is gone, promptly and again on every later call, and stops cleanly. A pause that
 /// completed before the kill still delivers its checkpoint.

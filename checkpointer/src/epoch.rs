@@ -130,6 +130,13 @@ pub struct EpochConfig {
     pub follow_releases: bool,
     /// See [`EpochConfig::follow_releases`].
     pub follow_min: Duration,
+    /// With [`EpochConfig::follow_releases`], while the clients of the last release have not
+    /// all answered: waiting output ends the epoch no sooner than this long after that release,
+    /// when it came during the epoch (besides [`EpochConfig::min_interval`] after the resume).
+    /// The answers to a release only start with it, and it comes later on a slower machine: a
+    /// minimum counted from the resume alone then ends epochs before the clients answered,
+    /// and the latecomers wait a whole cycle more. Zero (the default): off.
+    pub after_release: Duration,
     /// The encoding after each resume yields to the service (the thread at nice
     /// [`crate::budget::BACKGROUND_NICE`]) for up to this many intervals after the resume, then
     /// finishes at normal priority; 0 (the default): it runs at normal priority throughout. Either way the next epoch does not end before the encoding
@@ -174,6 +181,7 @@ impl Default for EpochConfig {
             precopy_min_pages: 256,
             follow_releases: false,
             follow_min: Duration::from_micros(100),
+            after_release: Duration::ZERO,
             encode_budget: DEFAULT_ENCODE_BUDGET,
             precopy_stall: Duration::ZERO,
         }
@@ -474,6 +482,12 @@ impl Trigger {
     /// Whether output is waiting since the last pause.
     pub fn is_set(&self) -> bool {
         self.state().output
+    }
+
+    /// When the output up to `epoch` was released, if it was.
+    fn released_at(&self, epoch: u64) -> Option<Instant> {
+        let st = self.state();
+        st.released.filter(|&(e, _)| e >= epoch).and(st.released_at)
     }
 
     /// Whether the output up to `epoch` is released and this epoch has queued at least as many
@@ -1690,16 +1704,24 @@ impl EpochLoop {
         n
     }
 
-    /// When waiting output ends the open epoch: [`EpochConfig::min_interval`] after the resume,
-    /// or [`EpochConfig::follow_min`] once the clients of the last release have answered
-    /// ([`EpochConfig::follow_releases`]).
+    /// When waiting output ends the open epoch: [`EpochConfig::min_interval`] after the resume
+    /// (and, with [`EpochConfig::after_release`], no sooner than that after a release during
+    /// the epoch), or [`EpochConfig::follow_min`] once the clients of the last release have
+    /// answered ([`EpochConfig::follow_releases`]).
     fn output_deadline(&self) -> Instant {
-        let min = if self.cfg.follow_releases && self.trigger.answered(self.epoch) {
-            self.cfg.follow_min.min(self.cfg.min_interval)
-        } else {
-            self.cfg.min_interval
-        };
-        self.last_resume + min
+        if !self.cfg.follow_releases {
+            return self.last_resume + self.cfg.min_interval;
+        }
+        if self.trigger.answered(self.epoch) {
+            return self.last_resume + self.cfg.follow_min.min(self.cfg.min_interval);
+        }
+        let by_resume = self.last_resume + self.cfg.min_interval;
+        match self.trigger.released_at(self.epoch) {
+            Some(t) if t > self.last_resume && !self.cfg.after_release.is_zero() => {
+                by_resume.max(t + self.cfg.after_release)
+            }
+            _ => by_resume,
+        }
     }
 
     /// Dirty-page pre-copy (see [`EpochConfig::precopy`]): takes the written pages of every

@@ -425,13 +425,7 @@ pub(crate) fn bench_floor(env: &Env) -> Value {
             rows.push(json!({"case": "unreplicated, again", "pipeline": p, "results": r}));
         }
     }
-    c.deploy(&manifest, 1);
-    let svc = c
-        .wait_ready("redis", 1, Duration::from_secs(90))
-        .expect("replicated redis ready");
-    let a = svc["address"].as_str().expect("address").to_string();
-    wait_tcp(&c, &a, 6379);
-    std::thread::sleep(Duration::from_secs(1));
+    let a = deploy_redis(&c, &manifest);
     for (p, n) in cases {
         let from = now_unix_us();
         let (r, _) = redis_benchmark(&c, &a, p, n);

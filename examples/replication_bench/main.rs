@@ -1764,13 +1764,7 @@ fn bench_redis(env: &Env) -> Value {
         }
         rec["unreplicated"] = Value::Object(m);
     }
-    c.deploy(&manifest, 1);
-    let svc = c
-        .wait_ready("redis", 1, Duration::from_secs(90))
-        .expect("replicated redis ready");
-    let a = svc["address"].as_str().expect("address").to_string();
-    wait_tcp(&c, &a, 6379);
-    std::thread::sleep(Duration::from_secs(1));
+    let a = deploy_redis(&c, &manifest);
     let mut m = serde_json::Map::new();
     for (p, n) in cases {
         let cb = conditions();
@@ -1844,6 +1838,19 @@ fn bench_redis(env: &Env) -> Value {
     v["case"] = rec;
     v["commands"] = json!(cmds);
     v
+}
+
+/// Deploys Redis from `manifest` with one backup, waits until it serves (and a second more);
+/// returns its address.
+fn deploy_redis(c: &Cluster, manifest: &Path) -> String {
+    c.deploy(manifest, 1);
+    let svc = c
+        .wait_ready("redis", 1, Duration::from_secs(90))
+        .expect("replicated redis ready");
+    let a = svc["address"].as_str().expect("address").to_string();
+    wait_tcp(c, &a, 6379);
+    std::thread::sleep(Duration::from_secs(1));
+    a
 }
 
 fn wait_tcp(c: &Cluster, a: &str, port: u16) {

@@ -578,6 +578,7 @@ fn epoch_config(m: &tardi_manifest::Manifest, svc: &Service) -> EpochConfig {
         private_dirs: svc.private_dirs(),
         follow_releases: e.follow_releases,
         follow_min: Duration::from_secs_f64(e.follow_min_ms / 1e3),
+        after_release: Duration::from_secs_f64(e.after_release_ms / 1e3),
         ..EpochConfig::default()
     }
 }

@@ -99,6 +99,10 @@ impl Manifest {
     }
 }
 
+fn default_after_release_ms() -> f64 {
+    1.3
+}
+
 impl Default for Epoch {
     fn default() -> Self {
         Epoch {
@@ -106,6 +110,7 @@ impl Default for Epoch {
             min_ms: 1.75,
             follow_releases: true,
             follow_min_ms: 0.1,
+            after_release_ms: default_after_release_ms(),
             cap_pages: 4000,
             hot_epochs: 3,
             tracker: "uffd".to_string(),
@@ -243,6 +248,14 @@ pub struct Epoch {
     pub follow_releases: bool,
     /// `follow_min_ms`: minimum epoch length under `follow_releases`, default 0.1.
     pub follow_min_ms: f64,
+    /// `after_release_ms`: under `follow_releases`, while the clients the last release answered
+    /// have not all answered again, waiting output ends the epoch no sooner than this long
+    /// after that release (when it came during the epoch), besides `min_ms` after the resume;
+    /// default 1.3, 0 turns it off. Their answers only start at the release, which comes later
+    /// on a slower machine: there a minimum counted from the resume alone ended about half of
+    /// replicated Redis's epochs before its 50 clients had answered (docs/BENCHMARKS.md).
+    #[serde(default = "default_after_release_ms")]
+    pub after_release_ms: f64,
     /// `cap_pages`: end the epoch early once this many pages are dirty, default 4000 (16 MiB
     /// written: at 1000, Redis under SET load ended most 10 ms epochs early and lost 10–15% of
     /// its tracked throughput to the extra epochs; `docs/BENCHMARKS.md`).

@@ -60,6 +60,7 @@ const KNOWN_KEYS: &[&str] = &[
     "tardi.epoch.min_ms",
     "tardi.epoch.follow_releases",
     "tardi.epoch.follow_min_ms",
+    "tardi.epoch.after_release_ms",
     "tardi.epoch.cap_pages",
     "tardi.epoch.hot_epochs",
     "tardi.epoch.tracker",
@@ -797,6 +798,10 @@ impl<'t> Ctx<'t> {
                 "follow_releases" => st.epoch.follow_releases = self.boolean(&e)?,
                 "follow_min_ms" => match self.number(&e)? {
                     v if v >= 0.0 => (st.epoch.follow_min_ms, st.follow_at) = (v, Some(e.at)),
+                    v => return Err(self.invalid(&e, format!("must not be negative, got {v}"))),
+                },
+                "after_release_ms" => match self.number(&e)? {
+                    v if v >= 0.0 => st.epoch.after_release_ms = v,
                     v => return Err(self.invalid(&e, format!("must not be negative, got {v}"))),
                 },
                 "cap_pages" => match self.integer(&e)? {

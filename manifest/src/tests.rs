@@ -53,6 +53,7 @@ fn defaults() {
     assert_eq!(m.tardi.epoch.min_ms, 1.75);
     assert!(m.tardi.epoch.follow_releases);
     assert_eq!(m.tardi.epoch.follow_min_ms, 0.1);
+    assert_eq!(m.tardi.epoch.after_release_ms, 1.3);
     assert_eq!(m.tardi.epoch.cap_pages, 4000);
     assert_eq!(m.tardi.epoch.hot_epochs, 3);
     assert_eq!(m.tardi.epoch.precopy_min_pages, 256);
@@ -96,6 +97,7 @@ interval_ms = 20
 min_ms = 0.5
 follow_releases = false
 follow_min_ms = 0.25
+after_release_ms = 0.9
 cap_pages = 64
 hot_epochs = 5
 tracker = "mprotect"
@@ -141,6 +143,7 @@ window_s = 60
     assert_eq!(m.tardi.epoch.min_ms, 0.5);
     assert!(!m.tardi.epoch.follow_releases);
     assert_eq!(m.tardi.epoch.follow_min_ms, 0.25);
+    assert_eq!(m.tardi.epoch.after_release_ms, 0.9);
     assert_eq!(m.tardi.epoch.cap_pages, 64);
     assert_eq!(m.tardi.epoch.hot_epochs, 5);
     assert_eq!(m.tardi.epoch.tracker, "mprotect");
@@ -556,6 +559,11 @@ fn error_invalid_values() {
         (
             "[tardi.epoch]\nfollow_min_ms = -1\n",
             "tardi.epoch.follow_min_ms",
+            4,
+        ),
+        (
+            "[tardi.epoch]\nafter_release_ms = -0.5\n",
+            "tardi.epoch.after_release_ms",
             4,
         ),
         (

@@ -4,18 +4,21 @@
 //!
 //! The same Redis (`tardi run` in m1, unreplicated) runs under `redis-benchmark -c 50`,
 //! unpipelined and with `-P 16`, in these cases:
-//! - *unreplicated*: nothing in its way;
-//! - *gate*: its output held by the output gate (the `tardi-netfilter` crate, NFQUEUE) and each
-//!   epoch released as soon as it is marked: the gate's own cost;
+//! - *unreplicated*: nothing in its way, at the start and again at the end (the ratios are
+//!   against the mean of the two);
+//! - *queue alone*: its output goes through the output gate (the `tardi-netfilter` crate,
+//!   NFQUEUE) and the gate's reader releases each batch it reads at once: no epochs at all;
+//! - *gate*: the gate with an epoch loop that releases each epoch as soon as it is marked;
 //! - *gate + ack*: each epoch's release waits until a peer in m2 has echoed the epoch's number
 //!   over TCP (a round trip of the checkpoint stream carrying an empty checkpoint);
 //! - *gate + stop + ack*: the same, with every epoch boundary marked while Redis is stopped
 //!   (every thread seized and interrupted, then detached: the checkpointer's own
 //!   `ptrace::Stopped`), as any consistent checkpoint of a running process needs;
 //!
-//! each with epochs that end at the first waiting output (`min 0`) and with Tardi's rule (once
-//! the clients of the last release have answered, after 0.1 ms, else after 1.75 ms); then
-//! Tardi itself, deployed with one backup in m2, in the same lab.
+//! the two "ack" cases with epochs that end at the first waiting output (`min 0`), at the first
+//! after 0.5 ms or 1 ms, and by Tardi's rule (once the clients of the last release have
+//! answered, after 0.1 ms, else after 1.75 ms); then Tardi itself, deployed with one backup in
+//! m2, in the same lab.
 //!
 //! Nothing here is a usable replication (no state reaches the peer): it measures the floor.
 //! The loop is bounded by the benchmark it runs beside; traffic stays in the lab.
@@ -37,8 +40,7 @@ const QUEUE: u16 = 60_000;
 #[derive(Clone, Copy, Debug)]
 struct Schedule {
     /// The gate's reader marks and releases each batch of packets itself as it reads them,
-    /// with no other thread woken: the least any NFQUEUE gate can cost (the other fields are
-    /// then unused).
+    /// with no other thread woken and no epochs (the other fields are then unused).
     inline: bool,
     /// Every epoch boundary is marked with the service stopped.
     stop: bool,

@@ -491,8 +491,10 @@ impl Trigger {
     }
 
     /// Whether the output up to `epoch` is released and this epoch has queued at least as many
-    /// packets as that release sent: the clients it answered have answered again.
-    fn answered(&self, epoch: u64) -> bool {
+    /// packets as that release sent: the clients it answered have answered again. (Public, with
+    /// [`Trigger::clear`] and [`Trigger::wait_news`], for a loop of one's own that follows the
+    /// same rule: `bench/replication.sh floor`.)
+    pub fn answered(&self, epoch: u64) -> bool {
         let st = self.state();
         st.output
             && st
@@ -518,7 +520,8 @@ impl Trigger {
         }
     }
 
-    fn clear(&self) {
+    /// Forgets the output since the last boundary (the loop calls it inside the pause).
+    pub fn clear(&self) {
         let mut st = self.state();
         st.output = false;
         st.packets = 0;
@@ -534,7 +537,7 @@ impl Trigger {
     }
 
     /// Waits for any news (output, a release), at most `timeout`.
-    fn wait_news(&self, timeout: Duration) {
+    pub fn wait_news(&self, timeout: Duration) {
         let g = self.state();
         let _ = self.0.1.wait_timeout(g, timeout);
     }

@@ -27,7 +27,7 @@ use super::*;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
-use std::sync::{Condvar, OnceLock, Weak};
+use tardi_checkpointer::epoch::Trigger;
 use tardi_checkpointer::procfs::Proc;
 use tardi_checkpointer::ptrace::Stopped;
 use tardi_netfilter::{Gate, GateConfig, Mode};
@@ -71,28 +71,6 @@ impl Schedule {
             ),
             None => format!("{what}, min {} ms", self.min.as_secs_f64() * 1e3),
         }
-    }
-}
-
-/// What the gate told the loop since the last boundary.
-#[derive(Default)]
-struct OutputState {
-    waiting: bool,
-    packets: u64,
-    /// The last release: (epoch, packets it sent).
-    released: Option<(u64, u64)>,
-    done: bool,
-}
-
-#[derive(Default)]
-struct Signal {
-    st: Mutex<OutputState>,
-    cv: Condvar,
-}
-
-impl Signal {
-    fn lock(&self) -> std::sync::MutexGuard<'_, OutputState> {
-        self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -148,36 +126,24 @@ fn held<T>(
         .expect("node m1")
         .expect("the floor's gate");
     let gate = Arc::new(gate);
-    let sig = Arc::new(Signal::default());
-    let me: Arc<OnceLock<Weak<Gate>>> = Arc::new(OnceLock::from(Arc::downgrade(&gate)));
+    // The epoch loop's own trigger, fed by the gate as the primary feeds it.
+    let trigger = Trigger::default();
+    let done = Arc::new(AtomicBool::new(false));
     let inline_epochs = Arc::new(AtomicU64::new(0));
     if sched.inline {
-        let (me, n) = (me.clone(), inline_epochs.clone());
+        let (me, n) = (Arc::downgrade(&gate), inline_epochs.clone());
         gate.on_each_output(Box::new(move |_| {
-            if let Some(g) = me.get().and_then(Weak::upgrade) {
+            if let Some(g) = me.upgrade() {
                 let e = n.fetch_add(1, Ordering::SeqCst) + 1;
                 g.mark(e);
                 let _ = g.release(e);
             }
         }));
     } else {
-        let s = sig.clone();
-        gate.on_each_output(Box::new(move |n| {
-            let mut st = s.lock();
-            st.waiting = true;
-            st.packets += n;
-            drop(st);
-            s.cv.notify_all();
-        }));
-        let s = sig.clone();
-        gate.on_release(Box::new(move |e, n| {
-            let mut st = s.lock();
-            if st.released.is_none_or(|(r, _)| e > r) {
-                st.released = Some((e, n));
-            }
-            drop(st);
-            s.cv.notify_all();
-        }));
+        let t = trigger.clone();
+        gate.on_each_output(Box::new(move |n| t.output(n)));
+        let t = trigger.clone();
+        gate.on_release(Box::new(move |e, n| t.released(e, n)));
     }
     let sent: Arc<Mutex<VecDeque<(u64, Instant)>>> = Arc::default();
     let rtts: Arc<Mutex<Vec<f64>>> = Arc::default();
@@ -213,19 +179,20 @@ fn held<T>(
         })
     });
     let epochs = (!sched.inline).then(|| {
-        let (gate, sig, sent) = (gate.clone(), sig.clone(), sent.clone());
+        let (gate, trigger, done, sent) =
+            (gate.clone(), trigger.clone(), done.clone(), sent.clone());
         let mut conn = conn.as_ref().map(|s| s.try_clone().expect("clone"));
         std::thread::spawn(move || {
             let mut stats = LoopStats::default();
-            if let Err(e) = epoch_loop(&gate, &sig, sched, pid, conn.as_mut(), &sent, &mut stats) {
+            let (t, d) = (&trigger, &*done);
+            if let Err(e) = epoch_loop(&gate, t, d, sched, pid, conn.as_mut(), &sent, &mut stats) {
                 stats.error = Some(e);
             }
             stats
         })
     });
     let out = during();
-    sig.lock().done = true;
-    sig.cv.notify_all();
+    done.store(true, Ordering::SeqCst);
     let mut stats = match epochs {
         Some(t) => t.join().expect("the floor's epoch loop"),
         None => LoopStats {
@@ -257,9 +224,11 @@ fn held<T>(
 
 /// The floor's epochs: wait for output as `sched` says, mark the boundary (with the service
 /// stopped if asked), send the epoch's number to the peer (or release it at once).
+#[allow(clippy::too_many_arguments)]
 fn epoch_loop(
     gate: &Gate,
-    sig: &Signal,
+    trigger: &Trigger,
+    done: &AtomicBool,
     sched: Schedule,
     pid: i32,
     mut conn: Option<&mut TcpStream>,
@@ -270,36 +239,26 @@ fn epoch_loop(
     let mut epoch = 0u64;
     let mut boundary = Instant::now();
     loop {
-        {
-            let mut st = sig.lock();
-            loop {
-                if st.done {
-                    return Ok(());
-                }
-                let wait = if st.waiting {
-                    // The clients the last release answered have all answered again.
-                    let answered = st
-                        .released
-                        .is_some_and(|(e, n)| e >= epoch && st.packets >= n);
-                    let after = match sched.follow {
-                        Some(f) if answered => f.min(sched.min),
-                        _ => sched.min,
-                    };
-                    let due = boundary + after;
-                    let now = Instant::now();
-                    if now >= due {
-                        break;
-                    }
-                    due - now
-                } else {
-                    Duration::from_millis(50)
-                };
-                st = sig
-                    .cv
-                    .wait_timeout(st, wait)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+        // (Waits are bounded so that `done` is seen within 50 ms.)
+        loop {
+            if done.load(Ordering::SeqCst) {
+                return Ok(());
             }
+            let wait = if trigger.is_set() {
+                let after = match sched.follow {
+                    Some(f) if trigger.answered(epoch) => f.min(sched.min),
+                    _ => sched.min,
+                };
+                let due = boundary + after;
+                let now = Instant::now();
+                if now >= due {
+                    break;
+                }
+                (due - now).min(Duration::from_millis(50))
+            } else {
+                Duration::from_millis(50)
+            };
+            trigger.wait_news(wait);
         }
         epoch += 1;
         let t0 = Instant::now();
@@ -308,11 +267,7 @@ fn epoch_loop(
         } else {
             None
         };
-        {
-            let mut st = sig.lock();
-            st.waiting = false;
-            st.packets = 0;
-        }
+        trigger.clear();
         gate.mark(epoch);
         if let Some(s) = stopped {
             s.resume().map_err(|e| format!("resuming redis: {e}"))?;

@@ -568,10 +568,13 @@ pub(crate) fn capture_meta(
     refresh: Refresh,
 ) -> Result<ProcessImage> {
     // The injected calls of a capture run with signals held (`Stopped::calls_hold_signals`):
-    // one that arrives meanwhile is pending at the final check. Delivered (as the next round
-    // begins) and the state read again, it costs a round, not the whole pause: only after a
-    // few rounds (signals keep coming) does the caller get `PendingSignals` (it resumes the
-    // process and tries again).
+    // one that arrives meanwhile is pending at the final check. One sent by another process
+    // is taken there as sent after the checkpoint (see `final_pending_check`), so a stream of
+    // them, however fast, costs no round. One the kernel raised (a timer's, a child's) is
+    // delivered as the next round begins and the state read again: it costs a round, not the
+    // whole pause; only after a few rounds does the caller get `PendingSignals` (it resumes
+    // the process and tries again). A timer queues one signal until it is taken, so this
+    // ends.
     //
     // A round after the first re-reads everything: what the failed one cached may describe the
     // moment before the signal's delivery (an interval timer that expired is re-armed only
@@ -826,20 +829,7 @@ fn capture_meta_once(
     // happens only when the kernel could not queue its details (the sender's
     // RLIMIT_SIGPENDING exhausted, or no memory); the full refreshes still check.
     if refresh.pending || blocked_pending || st.ran != ran {
-        check_pending_signals(proc, &mut cache.status_files, &st.tids, &pending)?;
-        // The same signals as recorded, not one more of the same number (a real-time signal
-        // is queued as often as it is sent).
-        if blocked_pending {
-            let now = read_pending(st)?;
-            if now != pending {
-                let mut sigs: Vec<u32> = now.signals().map(|p| p.signo).collect();
-                sigs.sort_unstable();
-                sigs.dedup();
-                return Err(CaptureError::PendingSignals(
-                    sigs.iter().map(|&s| signal_name(s)).collect(),
-                ));
-            }
-        }
+        final_pending_check(proc, st, &mut cache.status_files, &pending, blocked_pending)?;
     }
     cache.times = MetaTimes {
         checks: t1 - t0,
@@ -1033,7 +1023,7 @@ pub(crate) fn regs_from_slice(v: &[u64]) -> Regs {
 /// kernel deliver it (the thread stops again at its handler's entry) before running the call.
 /// Cheaper than resuming the process and stopping it again, which the callers still do when a
 /// signal stays pending (blocked ones, or one that arrives meanwhile: see
-/// [`check_pending_signals`], which also sees signals queued without details).
+/// [`final_pending_check`], which also sees signals queued without details).
 /// Returns whether a signal stays pending that this could not deliver (blocked, or still
 /// arriving after three rounds).
 ///
@@ -1078,12 +1068,6 @@ struct Pending {
     shared: Vec<PendingSignal>,
     /// Only threads with a signal of their own pending.
     threads: HashMap<Pid, Vec<PendingSignal>>,
-}
-
-impl Pending {
-    fn signals(&self) -> impl Iterator<Item = &PendingSignal> {
-        self.shared.iter().chain(self.threads.values().flatten())
-    }
 }
 
 /// The signal mask of the signals in `list`.
@@ -1134,16 +1118,78 @@ fn read_pending(st: &Stopped) -> Result<Pending> {
     Ok(p)
 }
 
-/// Signals pending (queued but not yet delivered) beyond the ones `recorded` would be lost:
-/// refuse them, naming the signals. This reads the kernel's own masks (`status`), which also show a
-/// signal queued without details (`PTRACE_PEEKSIGINFO` does not list it: the sender's
-/// `RLIMIT_SIGPENDING` was exhausted).
-fn check_pending_signals(
+/// The capture's last check of the signals pending now against `recorded`, the ones read at
+/// its start (after the delivery of what could be delivered), which go into the image.
+///
+/// A signal that arrived since then, sent by another process (`kill`, `sigqueue`, `tgkill`),
+/// is left out of the image: the process is stopped and has not seen it, so it counts as sent
+/// just after the moment the checkpoint stands for; it stays queued, the process meets it after
+/// the resume, and the next checkpoint records it if it is still pending. No thread of the tree
+/// can have sent it (they are all stopped, and the injected calls send nothing). Taking it so,
+/// instead of reading the process again, is what bounds the pause under a steady stream of
+/// signals: a stream faster than one signal per round used to make every round start over
+/// until the epoch failed.
+///
+/// Anything else refuses the capture by name (the caller reads the process again, after a
+/// resume if it must): a signal the kernel raised for an event of its own (a timer's: its
+/// arrival and the timer's re-arming go together, so the timer read earlier may not agree; a
+/// child's; I/O), a record no longer a prefix of its queue, or a signal pending without the
+/// details a restore needs to queue it again. `read_again`: a recorded queue may have grown
+/// without the masks showing it (a real-time signal is queued as often as it is sent), so the
+/// details are read again whatever the masks say.
+fn final_pending_check(
+    proc: &Proc,
+    st: &Stopped,
+    files: &mut HashMap<String, std::fs::File>,
+    recorded: &Pending,
+    read_again: bool,
+) -> Result<()> {
+    // The masks first, the details after: nothing leaves a queue while the process is
+    // stopped, so whatever the masks show has its details in `now` (if it has any).
+    let masks = pending_masks(proc, files, &st.tids)?;
+    let mut missing = masks.beyond(recorded);
+    if missing != 0 || read_again {
+        let now = read_pending(st)?;
+        if now != *recorded {
+            only_late_arrivals(recorded, &now)?;
+        }
+        missing = masks.beyond(&now);
+    }
+    if missing != 0 {
+        return Err(CaptureError::PendingSignals(
+            (0..64)
+                .filter(|b| missing & (1 << b) != 0)
+                .map(|b| signal_name(b + 1))
+                .collect(),
+        ));
+    }
+    Ok(())
+}
+
+/// The kernel's own masks of pending signals (`status`: `ShdPnd` for the process's queue,
+/// `SigPnd` for each thread's), which also show a signal queued without details
+/// (`PTRACE_PEEKSIGINFO` does not list it: the sender's `RLIMIT_SIGPENDING` was exhausted).
+struct PendingMasks {
+    shared: u64,
+    threads: Vec<(Pid, u64)>,
+}
+
+impl PendingMasks {
+    /// The signals these masks show that `list` has no details of.
+    fn beyond(&self, list: &Pending) -> u64 {
+        let mut all = self.shared & !mask_of(&list.shared);
+        for &(t, m) in &self.threads {
+            all |= m & !list.threads.get(&t).map_or(0, |l| mask_of(l));
+        }
+        all
+    }
+}
+
+fn pending_masks(
     proc: &Proc,
     files: &mut HashMap<String, std::fs::File>,
     tids: &[Pid],
-    recorded: &Pending,
-) -> Result<()> {
+) -> Result<PendingMasks> {
     let pid = proc.pid;
     let mut parse = |path: String, key: &str| -> Result<u64> {
         let text = read_status(proc, files, &path).map_err(proc_err(pid, key.to_string()))?;
@@ -1152,21 +1198,51 @@ fn check_pending_signals(
         u64::from_str_radix(v, 16).map_err(|e| CaptureError::Unsupported(format!("{key}: {e}")))
     };
     let shared = parse("status".into(), "ShdPnd")?;
-    let mut all = shared & !mask_of(&recorded.shared);
+    let mut threads = Vec::with_capacity(tids.len());
     for &t in tids {
-        let own = recorded.threads.get(&t).map_or(0, |l| mask_of(l));
-        all |= parse(format!("task/{t}/status"), "SigPnd")? & !own;
+        threads.push((t, parse(format!("task/{t}/status"), "SigPnd")?));
     }
-    if all != 0 {
-        let sigs: Vec<u32> = (0..64)
-            .filter(|b| all & (1 << b) != 0)
-            .map(|b| b + 1)
-            .collect();
-        return Err(CaptureError::PendingSignals(
-            sigs.iter().map(|&s| signal_name(s)).collect(),
-        ));
+    Ok(PendingMasks { shared, threads })
+}
+
+/// `now` is `recorded` with signals sent by other processes after it, each queue's record a
+/// prefix of the queue; otherwise the signals that break that, by name.
+fn only_late_arrivals(recorded: &Pending, now: &Pending) -> Result<()> {
+    let mut bad: Vec<u32> = Vec::new();
+    let mut queue = |was: &[PendingSignal], is: &[PendingSignal]| {
+        if is.len() < was.len() || is[..was.len()] != *was {
+            bad.extend(is.iter().chain(was).map(|p| p.signo));
+        } else {
+            bad.extend(
+                is[was.len()..]
+                    .iter()
+                    .filter(|p| !p.sent_by_a_process())
+                    .map(|p| p.signo),
+            );
+        }
+    };
+    queue(&recorded.shared, &now.shared);
+    let tids: std::collections::BTreeSet<Pid> = recorded
+        .threads
+        .keys()
+        .chain(now.threads.keys())
+        .copied()
+        .collect();
+    for t in tids {
+        let none = Vec::new();
+        queue(
+            recorded.threads.get(&t).unwrap_or(&none),
+            now.threads.get(&t).unwrap_or(&none),
+        );
     }
-    Ok(())
+    if bad.is_empty() {
+        return Ok(());
+    }
+    bad.sort_unstable();
+    bad.dedup();
+    Err(CaptureError::PendingSignals(
+        bad.into_iter().map(signal_name).collect(),
+    ))
 }
 
 /// A `/proc` file of the process (`rel`: `status`, `task/TID/status`), read whole from a

@@ -593,6 +593,23 @@ impl PendingSignal {
         u32::from_ne_bytes([info[0], info[1], info[2], info[3]])
     }
 
+    /// Its `si_code` (the third field of `siginfo_t`): how it was sent.
+    pub fn code(&self) -> i32 {
+        self.info
+            .get(8..12)
+            .map_or(i32::MIN, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// Sent by a process with `kill`, `sigqueue` or `tgkill`/`tkill` (`SI_USER`, `SI_QUEUE`,
+    /// `SI_TKILL`), not raised by the kernel for an event of its own (a timer, a child, I/O, a
+    /// fault): its arrival changes nothing in the receiving process but its queue.
+    pub fn sent_by_a_process(&self) -> bool {
+        const SI_USER: i32 = 0;
+        const SI_QUEUE: i32 = -1;
+        const SI_TKILL: i32 = -6;
+        matches!(self.code(), SI_USER | SI_QUEUE | SI_TKILL)
+    }
+
     /// SIGKILL and SIGSTOP: they cannot be blocked, so one queued is taken as soon as the
     /// process runs, and no image may hold one.
     pub fn unblockable(signo: u32) -> bool {

@@ -1,5 +1,6 @@
 #![allow(dead_code)]
 pub mod cluster;
+pub mod driven;
 pub mod memcache;
 pub mod programs;
 pub mod resp;

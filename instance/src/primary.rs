@@ -98,6 +98,32 @@ impl Decision {
         self.detach(b);
         self.required.remove(b);
     }
+
+    /// The view's backups are now `backups`; `active`: the orchestrator has activated it.
+    ///
+    /// A backup the view leaves out is forgotten only once that view is active. Until then a
+    /// failover still picks its candidates from the last active view, which holds it: had the
+    /// primary stopped waiting for it on a proposal, it could release output on the other
+    /// backups' acknowledgements alone, lose those backups with its own machine, and leave the
+    /// dropped backup to take over from an image older than what a client saw. So decisions
+    /// keep waiting for it (its stream stops with the proposal: they wait for the activation,
+    /// one round trip to the orchestrator, since the view's own backups already hold them).
+    fn view_changed<'a>(&mut self, backups: impl IntoIterator<Item = &'a String>, active: bool) {
+        if !active {
+            return;
+        }
+        let now: BTreeSet<&String> = backups.into_iter().collect();
+        let gone: Vec<String> = self
+            .full_at
+            .keys()
+            .chain(self.required.iter())
+            .filter(|b| !now.contains(b))
+            .cloned()
+            .collect();
+        for b in gone {
+            self.forget(&b);
+        }
+    }
 }
 
 struct State {
@@ -195,6 +221,9 @@ impl Shared {
                 let mut st = self.lock();
                 if st.view.number == view {
                     st.view.active = true;
+                    let State { view, decision, .. } = &mut *st;
+                    decision.view_changed(&view.backups, true);
+                    self.advance(&mut st);
                 }
                 tracing::info!(service = %self.name, view, "view active");
             }
@@ -410,18 +439,7 @@ impl Primary {
         // Set before any sender asks for a full checkpoint: an epoch released alone is older
         // than any joiner's full checkpoint.
         sh.alone.store(view.backups.is_empty(), Ordering::SeqCst);
-        let now: BTreeSet<&String> = view.backups.iter().collect();
-        let gone: Vec<String> = st
-            .decision
-            .full_at
-            .keys()
-            .chain(st.decision.required.iter())
-            .filter(|b| !now.contains(b))
-            .cloned()
-            .collect();
-        for b in gone {
-            st.decision.forget(&b);
-        }
+        st.decision.view_changed(&view.backups, view.active);
         for b in &view.backups {
             if !st.cursors.contains_key(b) {
                 st.cursors.insert(b.clone(), u64::MAX);
@@ -1018,6 +1036,38 @@ mod tests {
         let mut unix = v4.clone();
         unix[0..2].copy_from_slice(&(libc::AF_UNIX as u16).to_ne_bytes());
         assert_eq!(sockaddr(&unix), None);
+    }
+
+    /// Issue 26, item 1: B2 is suspected and a view without it is proposed. Decisions keep
+    /// waiting for B2 until that view is active (a failover before then can pick B2, from the
+    /// last active view, and B2 must hold every released epoch); then only B1 counts. On the
+    /// old rule (forget on the proposal) the primary released epoch 9 on B1 alone.
+    #[test]
+    fn a_backup_dropped_by_a_proposed_view_is_waited_for_until_it_is_active() {
+        let (b1, b2) = ("m2".to_string(), "m3".to_string());
+        let mut d = Decision::default();
+        for b in [&b1, &b2] {
+            d.full_at.insert(b.clone(), 0);
+        }
+        d.produced = Some(5);
+        acked(&mut d, &b1, 5);
+        acked(&mut d, &b2, 5);
+        assert_eq!(d.decided, Some(5));
+        // Proposed: [m2]. m3's stream stops; m2 goes on acknowledging.
+        d.view_changed([&b1], false);
+        d.produced = Some(9);
+        acked(&mut d, &b1, 9);
+        assert_eq!(
+            d.decided,
+            Some(5),
+            "released on m2 alone while m3 may still take over"
+        );
+        assert!(d.holds_decided(&b2), "m3 holds every released epoch");
+        // Active: m3 is no candidate any more.
+        d.view_changed([&b1], true);
+        decide(&mut d);
+        assert_eq!(d.decided, Some(9));
+        assert!(!d.required.contains(&b2));
     }
 
     #[test]

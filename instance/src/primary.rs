@@ -48,12 +48,21 @@ pub(crate) struct Decision {
     /// The epoch of the full checkpoint each backup was sent in this run: it has joined once
     /// it acknowledged that epoch.
     full_at: BTreeMap<String, u64>,
+    /// A fresh deploy that wants backups: nothing is decided (released) before one has joined.
+    /// Otherwise a primary that died before its first backup held the service would have let
+    /// replies out of a state no machine keeps (the service would restart from nothing).
+    /// Cleared once a backup joined; a view with no backups at all releases alone (the pause
+    /// hook), whatever this says.
+    unprotected: bool,
 }
 
 impl Decision {
     /// The newest epoch every required backup holds (all of them, with none required).
     fn decidable(&self) -> Option<u64> {
         let produced = self.produced?;
+        if self.unprotected {
+            return None;
+        }
         self.required
             .iter()
             .map(|b| self.acked.get(b).copied())
@@ -71,6 +80,7 @@ impl Decision {
         for (b, &f) in &self.full_at {
             if !self.required.contains(b) && self.acked.get(b).is_some_and(|&a| a >= f) {
                 self.required.insert(b.clone());
+                self.unprotected = false;
             }
         }
     }
@@ -304,6 +314,7 @@ impl Primary {
                 fulls: 0,
                 pin: None,
                 decision: Decision {
+                    unprotected: from.is_none() && !target.view.backups.is_empty(),
                     required,
                     ..Default::default()
                 },
@@ -1120,6 +1131,29 @@ mod tests {
             Some(12),
             "from then on its acknowledgements count"
         );
+    }
+
+    /// Issue 26, item 2: a fresh deploy with backups releases nothing before the first backup
+    /// holds the service (on the old rule, with nobody required yet, every epoch was decided
+    /// at once, and a primary dying then restarted the service from nothing after its replies
+    /// had left).
+    #[test]
+    fn a_fresh_deploy_releases_nothing_before_a_backup_joined() {
+        let mut d = Decision {
+            unprotected: true,
+            ..Default::default()
+        };
+        d.full_at.insert("m2".into(), 0);
+        for e in 0..=3 {
+            d.produced = Some(e);
+            decide(&mut d);
+            assert_eq!(d.decided, None, "epoch {e} released unprotected");
+        }
+        acked(&mut d, "m2", 0);
+        assert!(!d.unprotected && d.required.contains("m2"));
+        assert_eq!(d.decided, Some(0), "what m2 holds");
+        acked(&mut d, "m2", 3);
+        assert_eq!(d.decided, Some(3));
     }
 
     /// Each epoch is produced (and, with no backup required yet, decided at once) before the

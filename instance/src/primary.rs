@@ -103,6 +103,16 @@ impl Decision {
         self.acked.remove(b);
     }
 
+    /// `b` left the view and its stream ended: forgotten if that view is `active`; otherwise
+    /// it stays required with what it acknowledged (see [`Decision::view_changed`]).
+    fn detach_kept(&mut self, b: &str, active: bool) {
+        if active {
+            self.forget(b);
+        } else {
+            self.full_at.remove(b);
+        }
+    }
+
     /// `b` is no longer a backup of the view.
     fn forget(&mut self, b: &str) {
         self.detach(b);
@@ -869,7 +879,10 @@ fn sender(sh: Arc<Shared>, b: String) {
     let mut st = sh.lock();
     st.cursors.remove(&b);
     if !st.view.backups.contains(&b) {
-        st.decision.forget(&b);
+        // Out of the view: forgotten once that view is active (see `Decision::view_changed`;
+        // until then decisions still wait for what `b` acknowledged).
+        let active = st.view.active;
+        st.decision.detach_kept(&b, active);
     }
     sh.advance(&mut st);
 }
@@ -1064,8 +1077,9 @@ mod tests {
         acked(&mut d, &b1, 5);
         acked(&mut d, &b2, 5);
         assert_eq!(d.decided, Some(5));
-        // Proposed: [m2]. m3's stream stops; m2 goes on acknowledging.
+        // Proposed: [m2]. m3's stream stops (its sender ends); m2 goes on acknowledging.
         d.view_changed([&b1], false);
+        d.detach_kept(&b2, false);
         d.produced = Some(9);
         acked(&mut d, &b1, 9);
         assert_eq!(

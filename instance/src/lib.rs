@@ -27,7 +27,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tardi_orchestrator::client::Orchestrators;
 use tardi_proto as pb;
 use tardi_sandbox::SandboxConfig;
@@ -243,9 +243,39 @@ struct Roles {
     /// is in (or, for a stop, until it has stopped). Without them a heartbeat in that window
     /// would tell the orchestrator the machine holds nothing of the service.
     changing: Mutex<HashMap<String, pb::ServiceReport>>,
+    /// The orchestrators' lease: when the last renewal came and how long it lasts (`None`
+    /// before the first: an orchestrator that gives none never has a primary fenced).
+    lease: Mutex<Option<(Instant, Duration)>>,
 }
 
 impl Roles {
+    /// A renewal of the orchestrators' lease arrived.
+    fn renewed(&self, lease: Duration) {
+        *self.lease.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), lease));
+    }
+
+    /// Once the lease ran out, fences every primary of this machine that no backup
+    /// acknowledged for as long either ([`Primary::fence_if_cut_off`]); the daemon then turns
+    /// each into a failed role. Run every few milliseconds by the `fence` thread.
+    fn fence_cut_off(&self) {
+        let Some((at, lease)) = *self.lease.lock().unwrap_or_else(|e| e.into_inner()) else {
+            return;
+        };
+        let silent = at.elapsed();
+        if silent <= lease {
+            return;
+        }
+        let mut any = false;
+        for r in self.lock().values() {
+            if let Role::Primary(p) = r {
+                any |= p.fence_if_cut_off(lease, silent);
+            }
+        }
+        if any {
+            self.ctx.wake();
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Role>> {
         self.roles.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -811,7 +841,22 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         ctx: ctx.clone(),
         roles: Mutex::new(HashMap::new()),
         changing: Mutex::new(HashMap::new()),
+        lease: Mutex::new(None),
     });
+    {
+        let (roles, every) = (
+            roles.clone(),
+            (opts.heartbeat / 2).max(Duration::from_millis(2)),
+        );
+        std::thread::Builder::new()
+            .name("fence".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(every);
+                    roles.fence_cut_off();
+                }
+            })?;
+    }
     {
         let roles = roles.clone();
         std::thread::Builder::new()
@@ -913,6 +958,10 @@ async fn session(roles: Arc<Roles>, assign: std::sync::mpsc::Sender<Event>) {
             });
             let r = async {
                 while let Some(a) = incoming.message().await? {
+                    if a.renewal {
+                        roles.renewed(Duration::from_millis(a.lease_ms));
+                        continue;
+                    }
                     if assign.send(Event::Assign(a)).is_err() {
                         break;
                     }

@@ -170,6 +170,11 @@ struct State {
     in_flight: VecDeque<(u64, Instant, Instant)>,
     /// The timing of the newest decided epoch that was in `in_flight`.
     last_decided: Option<crate::epoch_log::Decided>,
+    /// When a backup last acknowledged a checkpoint (or this primary started).
+    last_ack: Instant,
+    /// Why this primary fenced itself ([`Primary::fence_if_cut_off`]): the epoch thread stops
+    /// the service and fails with it.
+    fenced: Option<String>,
 }
 
 /// A running primary.
@@ -340,6 +345,8 @@ impl Primary {
                 takeover_us: 0,
                 in_flight: VecDeque::new(),
                 last_decided: None,
+                last_ack: Instant::now(),
+                fenced: None,
             }),
             new_data: Condvar::new(),
             gate,
@@ -537,6 +544,39 @@ impl Primary {
             .map(|w| w.trim_start_matches(':').trim().to_string())
     }
 
+    /// Fences this primary if it is cut off: the orchestrators' lease ran out (`silent`, no
+    /// renewal from a leader a majority follows for longer than `lease`, see
+    /// [`crate::Roles::fence_cut_off`]) and no backup acknowledged anything for `lease` either.
+    /// By then the orchestrators have suspected this machine and moved the service to a backup
+    /// (or are about to): the service here is stopped and the primary reports itself failed
+    /// (`fenced: ...`), so the machine comes back as a spare. Its output was never released
+    /// beyond what the backups hold, so nothing a client saw is lost. A primary alone in its
+    /// view is never fenced: no other machine holds its state, so no one can take over.
+    /// Whether it fenced itself now.
+    pub fn fence_if_cut_off(&self, lease: Duration, silent: Duration) -> bool {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        let quiet = st.last_ack.elapsed();
+        if st.view.backups.is_empty()
+            || st.fenced.is_some()
+            || st.phase.starts_with("failed")
+            || quiet <= lease
+        {
+            return false;
+        }
+        let why = format!(
+            "fenced: no word from a majority of the orchestrators for {} ms and no backup's acknowledgement for {} ms (lease {} ms)",
+            silent.as_millis(),
+            quiet.as_millis(),
+            lease.as_millis()
+        );
+        tracing::warn!(service = %sh.name, view = st.view.number, %why, "primary cut off: stopping its service");
+        st.fenced = Some(why);
+        drop(st);
+        sh.new_data.notify_all();
+        true
+    }
+
     /// Stops checkpointing and tears the service down (its output stays held: never released).
     pub fn stop(mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -688,8 +728,17 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
         if sh.stop.load(Ordering::SeqCst) {
             break Ok(());
         }
-        if std::mem::take(&mut sh.lock().full_wanted) {
-            epochs.request_full();
+        {
+            let mut st = sh.lock();
+            if let Some(why) = st.fenced.clone() {
+                // Its output was never released past what the backups hold: stopping loses
+                // nothing. The service goes down with the loop (the sandbox is dropped).
+                break Err(anyhow::anyhow!("{why}"));
+            }
+            if std::mem::take(&mut st.full_wanted) {
+                drop(st);
+                epochs.request_full();
+            }
         }
         match epochs.next_output(false) {
             Ok(out) => {
@@ -919,6 +968,7 @@ fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
                         Ok(Some(a)) => {
                             tracing::trace!(backup = %b, epoch = a.epoch, "acknowledged");
                             let mut st = sh.lock();
+                            st.last_ack = Instant::now();
                             st.decision.acked.insert(b.clone(), a.epoch);
                             sh.advance(&mut st);
                         }

@@ -101,6 +101,9 @@ struct Orch {
     leader: watch::Sender<Option<Instant>>,
     reach: Arc<Reach>,
     opts: Options,
+    /// When the last confirmation that a majority still follows this leader began (see
+    /// [`Orch::confirm_leadership`]); `None`: not confirmed since it last became leader.
+    confirmed: Mutex<Option<Instant>>,
 }
 
 fn now_ms() -> u64 {
@@ -528,6 +531,42 @@ impl Orch {
         self.shared.read(|a| assignments(&a.views, machine))
     }
 
+    /// A lease renewal for an instance's heartbeat, if this node may give one: it leads, and a
+    /// majority of the cluster confirmed that within the failure timeout (a leader cut off from
+    /// the others believes it leads until it hears of a newer term: its word alone proves
+    /// nothing). The lease is the failure timeout: a primary that stops hearing this fences
+    /// itself about when this cluster suspects it.
+    fn renewal(&self) -> Option<pb::Assignments> {
+        let lease = self.opts.failure_timeout;
+        let confirmed = *self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        (self.is_leader() && confirmed?.elapsed() < lease).then(|| pb::Assignments {
+            renewal: true,
+            lease_ms: lease.as_millis() as u64,
+            ..Default::default()
+        })
+    }
+
+    /// While this node leads, confirms with a majority (a heartbeat round: openraft's
+    /// `ensure_linearizable`) every quarter of the failure timeout that it still does, and
+    /// records when each confirmation began: a renewal counts from then, never from its answer.
+    async fn confirm_leadership(self: Arc<Self>) {
+        let every = (self.opts.failure_timeout / 4).max(Duration::from_millis(5));
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+            if !self.is_leader() {
+                *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                continue;
+            }
+            let began = Instant::now();
+            let asked = self.raft.ensure_linearizable();
+            if let Ok(Ok(_)) = tokio::time::timeout(self.opts.failure_timeout, asked).await {
+                *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = Some(began);
+            }
+        }
+    }
+
     fn heartbeat(&self, hb: &pb::Heartbeat) {
         let mut live = self.live();
         live.seen.insert(hb.machine.clone(), Instant::now());
@@ -639,6 +678,7 @@ fn assignments(views: &Views, machine: &str) -> pb::Assignments {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        ..Default::default()
     }
 }
 
@@ -723,6 +763,11 @@ impl pb::orchestrator_server::Orchestrator for Svc {
                             if tx.send(Ok(orch.assignments(&hb.machine))).await.is_err() {
                                 break;
                             }
+                        }
+                        if let Some(renewal) = orch.renewal()
+                            && tx.send(Ok(renewal)).await.is_err()
+                        {
+                            break;
                         }
                     }
                     r = version.changed() => {
@@ -1072,6 +1117,7 @@ pub async fn serve_until(
         leader,
         reach: reach.clone(),
         opts: opts.clone(),
+        confirmed: Mutex::new(None),
     });
     // The metrics and, beside them, the status page and the sampler of its plots.
     let metrics = match opts.metrics {
@@ -1094,6 +1140,7 @@ pub async fn serve_until(
         None => None,
     };
     let leadership = tokio::spawn(orch.clone().follow_leadership());
+    let confirming = tokio::spawn(orch.clone().confirm_leadership());
     let detector = {
         let orch = orch.clone();
         tokio::spawn(async move {
@@ -1141,6 +1188,7 @@ pub async fn serve_until(
         .await;
     detector.abort();
     leadership.abort();
+    confirming.abort();
     if let Some((served, sampler)) = metrics {
         served.abort();
         sampler.abort();

@@ -1,0 +1,105 @@
+//! A primary cut off but alive fences itself (issue 26, item 5): on the lab, the primary's
+//! machine is partitioned (alive, every link down); it hears neither the orchestrators' lease
+//! nor its backup, so it stops its service within about twice the failure timeout; the backup
+//! takes over with every acknowledged write; healed, the old primary's machine comes back
+//! holding nothing of the service but what the orchestrator gives it (a spare, or a backup of
+//! the new view), never a second primary.
+
+mod common;
+
+use common::cluster::Cluster;
+use common::resp::{missing_writes, write_through_failovers};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// The names of the sandbox links (`td<i>h`, the host side of a sandbox's veth) in node `n`:
+/// a sandbox that runs has one.
+fn sandbox_links(c: &Cluster, n: &str) -> Vec<String> {
+    let out = c.lab.exec(n, &["ip", "-o", "link", "show"]).unwrap();
+    assert!(out.status.success(), "ip link in {n}: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(':').nth(1))
+        .map(|name| name.trim().split('@').next().unwrap_or("").to_string())
+        .filter(|name| name.starts_with("td") && name.ends_with('h'))
+        .collect()
+}
+
+#[test]
+fn a_partitioned_primary_fences_itself_and_comes_back_without_its_service() {
+    let mut c = Cluster::up(3, &[]);
+    c.deploy(
+        &common::programs::workspace_root().join("gramine-manifests/redis.manifest"),
+        1,
+    );
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let to: SocketAddr = format!("{}:6379", svc["address"].as_str().unwrap())
+        .parse()
+        .unwrap();
+    let first = c
+        .lab
+        .in_node("client", || write_through_failovers(to, 0, 300))
+        .unwrap();
+    assert_eq!(first.len(), 300);
+    assert!(
+        !sandbox_links(&c, &primary).is_empty(),
+        "the primary runs a sandbox"
+    );
+
+    c.lab.partition(&primary).unwrap();
+    let t0 = Instant::now();
+    let fenced = loop {
+        if sandbox_links(&c, &primary).is_empty() {
+            break t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the cut-off primary on {primary} still runs its service after 20 s\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let logs = c.logs();
+    assert!(
+        logs.contains("fenced: no word from a majority"),
+        "the sandbox went, but not by fencing:\n{logs}"
+    );
+    c.wait_active("redis", Duration::from_secs(20), |s| {
+        s["primary"] == backup.as_str()
+    });
+    let second = c
+        .lab
+        .in_node("client", || write_through_failovers(to, 300, 300))
+        .unwrap();
+    assert_eq!(second.len(), 300, "writes resume on the backup");
+
+    c.lab.heal(&primary).unwrap();
+    c.wait(
+        "the fenced machine back, without its old role",
+        Duration::from_secs(20),
+        |s| {
+            let back = s["machines"].as_array().is_some_and(|m| {
+                m.iter()
+                    .any(|m| m["name"] == primary.as_str() && m["alive"] == true)
+            });
+            back && s["services"][0]["primary"] == backup.as_str()
+        },
+    );
+    // Still serving from the backup, with every write, and no sandbox came back on the old
+    // primary's machine unless the orchestrator made it a backup (whose sandbox exists only at
+    // a takeover).
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        sandbox_links(&c, &primary).is_empty(),
+        "a service runs again on the fenced machine"
+    );
+    let acked: Vec<u64> = first.into_iter().chain(second).collect();
+    let lost = c
+        .lab
+        .in_node("client", || missing_writes(to, acked))
+        .unwrap();
+    assert_eq!(lost, 0, "acknowledged writes lost");
+    eprintln!("fenced {fenced:?} after the partition (failure timeout 100 ms)");
+}

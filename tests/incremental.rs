@@ -681,6 +681,45 @@ fn a_zapped_file_page_read_again_shows_the_file() {
     );
 }
 
+/// The same page B, written and zapped in one epoch whose checkpoint then fails after the
+/// resume (`FailPoint::AfterResume`): its scan reported B written, so B is carried to the next
+/// pause, though it is the file's own page by then. That pause must not list a carried page as
+/// a copy of its own (issue 26, item 3): the loop forgets the failed capture's layout and
+/// copied-on-write list and reads them again. Before, the pause after the failure carried the
+/// layout, listed B, and the image kept the file's bytes of that moment as B's copy: stale
+/// once the file was written.
+#[test]
+fn a_carried_page_zapped_before_a_failed_pause_shows_the_file() {
+    let (_scratch, mut prog, a) = hotpair("zapfail");
+    let (pid, b) = (prog.pid(), a + 4096);
+    let mut step = |c: u8| prog.step(c);
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(1),
+        ..Default::default()
+    };
+    let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
+    let mut image = Image::from_full(&roundtrip(&full)).unwrap();
+    let next = |ep: &mut Epochs, image: &mut Image, what: &str| {
+        let (ck, st) = ep.next().unwrap_or_else(|e| panic!("{what}: {e}"));
+        image.apply(&roundtrip(&ck)).unwrap();
+        st
+    };
+    step(b'b');
+    next(&mut ep, &mut image, "after B's write");
+    step(b'b');
+    step(b'z');
+    ep.fail_next(FailPoint::AfterResume);
+    assert!(ep.next().is_err(), "the injected failure");
+    next(&mut ep, &mut image, "after the failure");
+    step(b'f');
+    let diffs = last_held(ep, &mut image, pid, "the epoch after the file's write");
+    assert!(
+        diffs.is_empty(),
+        "the image differs from the live process (B at {b:#x}):\n{}",
+        diffs.join("\n")
+    );
+}
+
 /// One last epoch, held while `image` (with it applied) is compared with the live process `pid`;
 /// the loop is stopped after. The differences.
 fn last_held(mut ep: Epochs, image: &mut Image, pid: i32, what: &str) -> Vec<String> {

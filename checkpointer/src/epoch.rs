@@ -2474,6 +2474,16 @@ impl EpochLoop {
         if journal.shm {
             self.shm.undo();
         }
+        // The layout count and the copied-on-write list this pause recorded describe a capture
+        // no delivered checkpoint holds: carried into the next pause they would skip the copy
+        // of every listed page that a layout call since the last delivered checkpoint requires
+        // (a copy zapped and faulted in again holds the file's bytes without a reported write),
+        // and would list carried pages as copies of their own (a page written and then zapped
+        // before the failed pause is the file's own again). The next pause reads them again,
+        // against the last delivered checkpoint: one pause without the carried layout per
+        // failure.
+        self.layout_seen = None;
+        self.prev_cow.clear();
         self.carry.absorb(journal);
     }
 

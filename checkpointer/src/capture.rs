@@ -645,6 +645,7 @@ fn capture_meta_once(
     // trapped system call) are delivered first, so that the state captured below is the one
     // after their delivery (see `deliver_pending`).
     let ran = st.ran;
+    st.reraised = 0;
     let blocked_pending = deliver_pending_signals(st, maps)?;
     // What stays pending (blocked) goes into the image with its details; a restore queues it
     // again before any thread runs.
@@ -1151,7 +1152,7 @@ fn final_pending_check(
     if missing != 0 || read_again {
         let now = read_pending(st)?;
         if now != *recorded {
-            only_late_arrivals(recorded, &now)?;
+            only_late_arrivals(recorded, &now, st.reraised)?;
         }
         missing = masks.beyond(&now);
     }
@@ -1206,8 +1207,11 @@ fn pending_masks(
 }
 
 /// `now` is `recorded` with signals sent by other processes after it, each queue's record a
-/// prefix of the queue; otherwise the signals that break that, by name.
-fn only_late_arrivals(recorded: &Pending, now: &Pending) -> Result<()> {
+/// prefix of the queue; otherwise the signals that break that, by name. `reraised`: the
+/// signals this capture queued again itself (their details say `SI_TKILL` from us, whatever
+/// sent them: a timer's `SIGALRM`, say, whose timer was read before it was taken), never a
+/// late arrival.
+fn only_late_arrivals(recorded: &Pending, now: &Pending, reraised: u64) -> Result<()> {
     let mut bad: Vec<u32> = Vec::new();
     let mut queue = |was: &[PendingSignal], is: &[PendingSignal]| {
         if is.len() < was.len() || is[..was.len()] != *was {
@@ -1216,7 +1220,10 @@ fn only_late_arrivals(recorded: &Pending, now: &Pending) -> Result<()> {
             bad.extend(
                 is[was.len()..]
                     .iter()
-                    .filter(|p| !p.sent_by_a_process())
+                    .filter(|p| {
+                        !p.sent_by_a_process()
+                            || reraised & (1u64 << (p.signo.wrapping_sub(1) & 63)) != 0
+                    })
                     .map(|p| p.signo),
             );
         }

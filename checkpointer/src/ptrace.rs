@@ -277,6 +277,12 @@ pub struct Stopped {
     /// handler's mask: the signal blocked for good); blocked, one that arrives stays pending,
     /// for the capture's final check.
     pub(crate) calls_hold_signals: bool,
+    /// The signals (a mask, bit `n - 1` for signal `n`) a call let run raised again with
+    /// `tgkill` after the kernel had taken them (see [`Stopped::run_injected`]): queued by us,
+    /// with our `SI_TKILL` details instead of the sender's, so a capture must not take one for
+    /// a signal another process sent (see `capture::final_pending_check`). Cleared by the
+    /// capture as it starts a reading.
+    pub(crate) reraised: u64,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -292,6 +298,7 @@ impl Stopped {
             proc_dir: proc.dir_fd().map_err(op("dup /proc dir", pid))?,
             ran: 0,
             calls_hold_signals: false,
+            reraised: 0,
             _not_send: PhantomData,
         };
         // Threads found gone (exited, or zombies: a leader that called pthread_exit stays one
@@ -557,6 +564,7 @@ impl Stopped {
             self.set_regs(tid, &saved)?;
             self.set_xstate(tid, &xs)?;
             for sig in deferred {
+                self.reraised |= 1u64 << ((sig - 1) & 63);
                 // SAFETY: tgkill on a thread of the process we trace.
                 unsafe { libc::syscall(libc::SYS_tgkill, self.pid, tid, sig) };
             }
@@ -871,6 +879,7 @@ impl Stopped {
             for sig in deferred {
                 // Re-raise what arrived during the call: pending again, delivered after resume
                 // (and seen by the pending-signal check of the capture).
+                self.reraised |= 1u64 << ((sig - 1) & 63);
                 // SAFETY: tgkill on a thread of the process we trace.
                 unsafe { libc::syscall(libc::SYS_tgkill, self.pid, tid, sig) };
             }

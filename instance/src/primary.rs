@@ -18,7 +18,12 @@
 //! it catches up with the decided epoch). A backup still receiving its full checkpoint is not
 //! waited for: until it has joined and caught up, the view that adds it is not active, so it
 //! could never be chosen to take over. The view is activated once every backup in it is
-//! required and holds every decided epoch.
+//! required and holds every decided epoch. A backup a new view leaves out stays required until
+//! that view is active (a failover before then may still pick it), and a fresh deploy that
+//! wants backups releases nothing before the first one joined (see [`Decision`]).
+//!
+//! A primary that hears neither the orchestrators' lease nor any backup for the failure
+//! timeout fences itself ([`Primary::fence_if_cut_off`]).
 
 use crate::throttle::Throttle;
 use crate::{Ctx, Target};

@@ -13,9 +13,9 @@ export PATH="$HOME/.cargo/bin:$PATH"
 n=${1:-10}
 times=()
 for i in $(seq 1 "$n"); do
-  line=$(cargo test -q --test fencing -- --nocapture 2>&1 | grep -o 'fenced [0-9.]*ms after' || true)
+  line=$(cargo test -q --test fencing -- --nocapture 2>&1 | grep -o 'fenced [0-9]* ms after' || true)
   [ -n "$line" ] || { echo "run $i: the test failed or printed no time" >&2; exit 1; }
-  t=$(echo "$line" | grep -o '[0-9.]*')
+  t=$(echo "$line" | grep -o '[0-9][0-9]*')
   times+=("$t")
   echo "run $i: fenced ${t} ms after the partition"
 done

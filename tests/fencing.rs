@@ -12,19 +12,6 @@ use common::resp::{missing_writes, write_through_failovers};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-/// The names of the sandbox links (`td<i>h`, the host side of a sandbox's veth) in node `n`:
-/// a sandbox that runs has one.
-fn sandbox_links(c: &Cluster, n: &str) -> Vec<String> {
-    let out = c.lab.exec(n, &["ip", "-o", "link", "show"]).unwrap();
-    assert!(out.status.success(), "ip link in {n}: {out:?}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split(':').nth(1))
-        .map(|name| name.trim().split('@').next().unwrap_or("").to_string())
-        .filter(|name| name.starts_with("td") && name.ends_with('h'))
-        .collect()
-}
-
 #[test]
 fn a_partitioned_primary_fences_itself_and_comes_back_without_its_service() {
     let mut c = Cluster::up(3, &[]);
@@ -44,28 +31,13 @@ fn a_partitioned_primary_fences_itself_and_comes_back_without_its_service() {
         .unwrap();
     assert_eq!(first.len(), 300);
     assert!(
-        !sandbox_links(&c, &primary).is_empty(),
+        !c.sandbox_links(&primary).is_empty(),
         "the primary runs a sandbox"
     );
 
     c.lab.partition(&primary).unwrap();
     let t0 = Instant::now();
-    let fenced = loop {
-        if sandbox_links(&c, &primary).is_empty() {
-            break t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the cut-off primary on {primary} still runs its service after 20 s\n{}",
-            c.logs()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let logs = c.logs();
-    assert!(
-        logs.contains("fenced: no word from a majority"),
-        "the sandbox went, but not by fencing:\n{logs}"
-    );
+    let fenced = c.wait_fenced(&primary, t0);
     c.wait_active("redis", Duration::from_secs(20), |s| {
         s["primary"] == backup.as_str()
     });
@@ -92,7 +64,7 @@ fn a_partitioned_primary_fences_itself_and_comes_back_without_its_service() {
     // a takeover).
     std::thread::sleep(Duration::from_secs(1));
     assert!(
-        sandbox_links(&c, &primary).is_empty(),
+        c.sandbox_links(&primary).is_empty(),
         "a service runs again on the fenced machine"
     );
     let acked: Vec<u64> = first.into_iter().chain(second).collect();

@@ -501,18 +501,6 @@ fn a_restarted_instance_removes_the_sandbox_its_crashed_run_left() {
     assert_eq!(n, 100, "writes lost across the two failovers");
 }
 
-/// The names of the sandbox links (`td<i>h`, the host side of a sandbox's veth) in node `n`.
-fn sandbox_links(c: &Cluster, n: &str) -> Vec<String> {
-    let out = c.lab.exec(n, &["ip", "-o", "link", "show"]).unwrap();
-    assert!(out.status.success(), "ip link in {n}: {out:?}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split(':').nth(1))
-        .map(|name| name.trim().split('@').next().unwrap_or("").to_string())
-        .filter(|name| name.starts_with("td") && name.ends_with('h'))
-        .collect()
-}
-
 /// From the client node, 300 redis writes (`key:i` for i from `from`) to `to` through
 /// failovers; every one must be acknowledged (`what`: when, for the message). The indices.
 fn write_300(c: &Cluster, to: SocketAddr, from: u64, what: &str) -> Vec<u64> {
@@ -547,7 +535,7 @@ fn old_primary_takes_over_again(
     old: &str,
 ) {
     assert_eq!(
-        sandbox_links(c, old),
+        c.sandbox_links(old),
         Vec::<String>::new(),
         "sandbox links left on {old}"
     );

@@ -555,14 +555,16 @@ impl Primary {
     /// By then the orchestrators have suspected this machine and moved the service to a backup
     /// (or are about to): the service here is stopped and the primary reports itself failed
     /// (`fenced: ...`), so the machine comes back as a spare. Its output was never released
-    /// beyond what the backups hold, so nothing a client saw is lost. A primary alone in its
-    /// view is never fenced: no other machine holds its state, so no one can take over.
+    /// beyond what the backups hold, so nothing a client saw is lost. A primary no backup is
+    /// required for (alone in its view, or on a fresh deploy before its first backup joined:
+    /// a full checkpoint of a large service takes seconds, during which no backup acknowledges
+    /// anything) is never fenced: no other machine holds its state, so no one can take over.
     /// Whether it fenced itself now.
     pub fn fence_if_cut_off(&self, lease: Duration, silent: Duration) -> bool {
         let sh = &self.shared;
         let mut st = sh.lock();
         let quiet = st.last_ack.elapsed();
-        if st.view.backups.is_empty()
+        if st.decision.required.is_empty()
             || st.fenced.is_some()
             || st.phase.starts_with("failed")
             || quiet <= lease

@@ -87,6 +87,41 @@ impl Cluster {
             .expect("running tardi in the client node")
     }
 
+    /// The names of the sandbox links (`td<i>h`, the host side of a sandbox's veth) in node
+    /// `n`: a sandbox that runs there has one.
+    pub fn sandbox_links(&self, n: &str) -> Vec<String> {
+        let out = self.lab.exec(n, &["ip", "-o", "link", "show"]).unwrap();
+        assert!(out.status.success(), "ip link in {n}: {out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split(':').nth(1))
+            .map(|name| name.trim().split('@').next().unwrap_or("").to_string())
+            .filter(|name| name.starts_with("td") && name.ends_with('h'))
+            .collect()
+    }
+
+    /// Waits (20 s at most) until the primary on node `n` has fenced itself (its sandbox gone,
+    /// the fence in the logs); how long after `t0` its sandbox was gone.
+    pub fn wait_fenced(&self, n: &str, t0: Instant) -> Duration {
+        let fenced = loop {
+            if self.sandbox_links(n).is_empty() {
+                break t0.elapsed();
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the cut-off primary on {n} still runs its service after 20 s\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let logs = self.logs();
+        assert!(
+            logs.contains("fenced: no word from a majority"),
+            "the sandbox on {n} went, but not by fencing:\n{logs}"
+        );
+        fenced
+    }
+
     pub fn deploy(&self, manifest: &Path, backups: u32) -> Value {
         let out = self.tardi(&[
             "deploy",

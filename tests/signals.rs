@@ -22,6 +22,9 @@ fn roundtrip(ck: &Checkpoint) -> Checkpoint {
 /// every `period`, until told to stop or `max` are sent.
 struct Sender {
     sent: Arc<AtomicUsize>,
+    /// The value being sent: set before its `sigqueue`, so no checkpoint can hold a value above
+    /// it (`sent` is set after, so a checkpoint can hold one more than it says).
+    sending: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -29,9 +32,10 @@ struct Sender {
 impl Sender {
     fn start(pid: i32, period: Duration, max: usize) -> Sender {
         let sent = Arc::new(AtomicUsize::new(0));
+        let sending = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (sent, stop) = (sent.clone(), stop.clone());
+            let (sent, sending, stop) = (sent.clone(), sending.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut next = Instant::now();
                 for k in 1..=max {
@@ -41,6 +45,7 @@ impl Sender {
                     let v = libc::sigval {
                         sival_ptr: k as *mut libc::c_void,
                     };
+                    sending.store(k, Ordering::SeqCst);
                     // SAFETY: sigqueue with a plain value to our own child process.
                     let r = unsafe { libc::sigqueue(pid, libc::SIGRTMIN(), v) };
                     assert_eq!(r, 0, "sigqueue {k}: {}", std::io::Error::last_os_error());
@@ -55,13 +60,20 @@ impl Sender {
         };
         Sender {
             sent,
+            sending,
             stop,
             thread: Some(thread),
         }
     }
 
+    /// How many were queued (a lower bound of what a checkpoint taken after this holds).
     fn sent(&self) -> usize {
         self.sent.load(Ordering::SeqCst)
+    }
+
+    /// The value being sent (an upper bound of what a checkpoint taken before this holds).
+    fn sending(&self) -> usize {
+        self.sending.load(Ordering::SeqCst)
     }
 
     fn done(&self) -> bool {
@@ -151,7 +163,7 @@ for line in sys.stdin:
         let (ck, _) = ep
             .next()
             .unwrap_or_else(|e| panic!("epoch while signals arrive: {e}"));
-        let after_next = sender.sent();
+        let after_next = sender.sending();
         epochs += 1;
         let v = values(&ck.image.pending);
         let want: Vec<i32> = (1..=v.len() as i32).collect();
@@ -221,7 +233,7 @@ fn stream_of_signals(mode: &str, tracker: TrackerKind) {
                 sender.sent()
             )
         });
-        let after = sender.sent() as i32;
+        let after = sender.sending() as i32;
         epochs += 1;
         // What is pending is a run of consecutive values, no lower than the last run's first
         // (the service takes them oldest first) and none not sent yet.

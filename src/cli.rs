@@ -40,6 +40,7 @@ pub enum Command {
     Status(StatusArgs),
     Deploy(DeployArgs),
     Undeploy(UndeployArgs),
+    Restart(RestartArgs),
     Orchestrator(OrchestratorArgs),
     Instance(InstanceArgs),
     #[command(about = tardi_lab::ABOUT, long_about = tardi_lab::LONG_ABOUT)]
@@ -234,6 +235,36 @@ pub struct UndeployArgs {
     pub timeout: u64,
 }
 
+/// Bring back a service that was given up, from the freshest image a machine holds.
+///
+/// A service whose primaries failed too often ([tardi.failover] max_failures), or that no
+/// machine holding its state could run, is given up: nothing more is tried for it, and its
+/// backups (and a machine whose takeover failed) keep their images. Once the cause is fixed
+/// (the machine, its kernel, a file the service needs), this brings it back: the failures
+/// recorded so far stop counting, and the orchestrator moves the service, as at a failover, to
+/// the live machine that holds its freshest image, with every acknowledged write. Waits until
+/// a new view of it is active. Refused if the service was not given up; if no live machine
+/// holds an image, `tardi status` shows it unavailable until one comes back.
+///
+/// Example: tardi restart redis
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct RestartArgs {
+    /// The service's name (as `tardi status` shows it).
+    pub service: String,
+    /// The orchestrators (comma-separated host:port or URLs; the leader is found among them).
+    #[arg(long, env = "TARDI_ORCHESTRATOR")]
+    pub orchestrator: String,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Return once the orchestrator took the request, without waiting for a new view.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Give up waiting for the new view after this many seconds.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+}
+
 /// Deploy a replicated service: a primary runs it, backups receive its checkpoints.
 ///
 /// The orchestrator picks the machines (primary and backups on distinct live machines) and
@@ -252,7 +283,8 @@ pub struct UndeployArgs {
 /// service ends on its own), a backup that holds the state takes over. A service whose
 /// primaries *report* failures [tardi.failover] max_failures times (default 3) within
 /// window_s seconds (default 600), or that no machine holding its state can run, is given up:
-/// `tardi status` shows it failed, with why; `tardi undeploy` forgets it.
+/// `tardi status` shows it failed, with why; `tardi restart` brings it back from the freshest
+/// image a machine holds; `tardi undeploy` forgets it.
 ///
 /// Example: tardi deploy gramine-manifests/redis.manifest --backups 1
 #[derive(Args, Debug)]

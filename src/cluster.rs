@@ -3,8 +3,8 @@
 //! `tardi-instance`; this module parses, calls and prints.
 
 use crate::cli::{
-    CertsArgs, DeployArgs, InstanceArgs, OrchestratorAction, OrchestratorArgs, StatusArgs, TlsArgs,
-    UndeployArgs,
+    CertsArgs, DeployArgs, InstanceArgs, OrchestratorAction, OrchestratorArgs, RestartArgs,
+    StatusArgs, TlsArgs, UndeployArgs,
 };
 use anyhow::Context;
 use std::time::Duration;
@@ -160,6 +160,21 @@ pub fn undeploy(a: UndeployArgs) -> anyhow::Result<()> {
     } else {
         println!(
             "{:?} is undeployed (machines drop it as their next assignment reaches them)",
+            a.service
+        );
+    }
+    Ok(())
+}
+
+pub fn restart(a: RestartArgs) -> anyhow::Result<()> {
+    let wait = (!a.no_wait).then(|| Duration::from_secs(a.timeout));
+    let sec = security(&a.tls, "tardi restart")?;
+    runtime()?.block_on(client::restart(&a.orchestrator, &sec, &a.service, wait))?;
+    if wait.is_some() {
+        println!("{:?} is back: a new view of it is active", a.service);
+    } else {
+        println!(
+            "{:?} is no longer given up; the orchestrator moves it to the machine with its freshest image",
             a.service
         );
     }
@@ -336,7 +351,7 @@ pub fn status(a: &StatusArgs, addr: &str) -> anyhow::Result<()> {
         }
         if !s.failed.is_empty() {
             println!(
-                "  FAILED: {} (given up; `tardi undeploy {}` forgets it)",
+                "  FAILED: {} (given up; `tardi restart {}` brings it back)",
                 s.failed, s.name
             );
         }

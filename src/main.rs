@@ -37,6 +37,7 @@ fn main() {
         cli::Command::Status(a) => status::status(a),
         cli::Command::Deploy(a) => cluster::deploy(a),
         cli::Command::Undeploy(a) => cluster::undeploy(a),
+        cli::Command::Restart(a) => cluster::restart(a),
         cli::Command::Orchestrator(a) => cluster::orchestrator(a),
         cli::Command::Instance(a) => cluster::instance(a),
         cli::Command::Lab(a) => std::env::current_exe()

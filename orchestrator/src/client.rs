@@ -318,6 +318,63 @@ pub async fn undeploy(
     }
 }
 
+/// Brings back a service that was given up; with `wait`, returns once a view of it is active
+/// again (its new primary restored it from a machine's image and serves).
+pub async fn restart(
+    list: &str,
+    security: &Security,
+    service: &str,
+    wait: Option<Duration>,
+) -> Result<(), ClientError> {
+    let o = Orchestrators::new(list, security.clone());
+    let req = pb::RestartRequest {
+        service: service.to_string(),
+    };
+    let before = status(list, security)
+        .await?
+        .services
+        .iter()
+        .find(|s| s.name == service)
+        .and_then(|s| s.view.as_ref().map(|v| v.number))
+        .unwrap_or(0);
+    let reply = o
+        .call(CLI_PATIENCE, |mut c, _| {
+            let req = req.clone();
+            async move { c.restart(req).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    if !reply.error.is_empty() {
+        return Err(ClientError::Refused(reply.error));
+    }
+    let Some(limit) = wait else { return Ok(()) };
+    let t0 = Instant::now();
+    loop {
+        let st = status(list, security).await?;
+        let s = st.services.iter().find(|s| s.name == service);
+        if let Some(s) = s {
+            if !s.failed.is_empty() {
+                return Err(ClientError::Refused(format!(
+                    "{service:?} was given up again: {}",
+                    s.failed
+                )));
+            }
+            if s.view
+                .as_ref()
+                .is_some_and(|v| v.number > before && v.active)
+            {
+                return Ok(());
+            }
+        }
+        if t0.elapsed() > limit {
+            return Err(ClientError::Refused(format!(
+                "{service:?} is restarting, but no new view of it was active after {} s (`tardi status` shows where it is)",
+                limit.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub async fn deploy(
     list: &str,
     security: &Security,

@@ -921,6 +921,29 @@ impl pb::orchestrator_server::Orchestrator for Svc {
         Ok(Response::new(pb::UndeployReply { error }))
     }
 
+    async fn restart(
+        &self,
+        req: Request<pb::RestartRequest>,
+    ) -> Result<Response<pb::RestartReply>, Status> {
+        self.0.check_leader()?;
+        let service = req.into_inner().service;
+        let error = match self
+            .0
+            .write(Command::Restart {
+                service: service.clone(),
+                now_ms: now_ms(),
+            })
+            .await?
+        {
+            Ok(()) => {
+                tracing::warn!(%service, "restarted after it was given up");
+                String::new()
+            }
+            Err(e) => e.to_string(),
+        };
+        Ok(Response::new(pb::RestartReply { error }))
+    }
+
     async fn status(
         &self,
         _req: Request<pb::StatusRequest>,

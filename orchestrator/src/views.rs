@@ -251,6 +251,11 @@ pub enum Command {
         view: u64,
         reason: String,
     },
+    /// Bring back a service that was given up (`tardi restart`): it is no longer failed, and
+    /// the failures recorded so far stop counting (against the policy's limit and against the
+    /// machines that had them): [`Views::plan`] then treats its latest primary's failure as
+    /// at a failover, moving it to the live machine that holds its freshest image.
+    Restart { service: String, now_ms: u64 },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -283,6 +288,8 @@ pub enum ViewError {
     UnknownMachine(String),
     #[error("service {service:?} was given up: {reason}")]
     GivenUp { service: String, reason: String },
+    #[error("service {0:?} was not given up: there is nothing to restart")]
+    NotGivenUp(String),
 }
 
 /// The replicated state: machines (name → Replica address) and services.
@@ -473,6 +480,18 @@ impl Views {
                 s.check_latest(service, *view)?;
                 if s.failed.is_none() {
                     s.failed = Some(reason.clone());
+                }
+            }
+            Command::Restart { service, now_ms } => {
+                let s = self.service_mut(service)?;
+                if s.failed.take().is_none() {
+                    return Err(ViewError::NotGivenUp(service.clone()));
+                }
+                // Kept (the latest primary's failure is what makes `plan` move the service),
+                // but out of the window: they count no more.
+                let before = now_ms.saturating_sub(s.policy.window_ms);
+                for f in &mut s.failures {
+                    f.at_ms = f.at_ms.min(before);
                 }
             }
         }
@@ -1339,6 +1358,59 @@ mod tests {
             views.health(&views.services["redis"], &alive),
             Health::Unavailable
         );
+    }
+
+    /// Issue 26, item 6: a service given up after its backup's takeover failed (the backup kept
+    /// its image) is brought back by `Restart`: the takeover is planned again, on that machine,
+    /// from its image; the old failures no longer count against the limit. Restarting a service
+    /// that was not given up is refused.
+    #[test]
+    fn a_restarted_service_moves_to_the_machine_with_its_image() {
+        let (mut v, mut alive) = cluster(3);
+        let policy = FailurePolicy {
+            max_failures: 1,
+            window_ms: 600_000,
+        };
+        // Unix times, as the leader gives them (a failure moves out of the window only once a
+        // window has passed since the epoch).
+        const T: u64 = 1_700_000_000_000;
+        deploy_with(&mut v, &alive, 1, policy, T);
+        activate_latest(&mut v);
+        assert_eq!(
+            v.apply(&Command::Restart {
+                service: "redis".into(),
+                now_ms: T + 5
+            }),
+            Err(ViewError::NotGivenUp("redis".into()))
+        );
+        alive.remove("m1");
+        let mut reports = Reports::from([backup("m2", 1, 40)]);
+        step(&mut v, &alive, &reports, T + 10);
+        assert_eq!(latest(&v).primary, "m2");
+        reports.extend([failed("m2", 2, true)]);
+        step(&mut v, &alive, &reports, T + 20);
+        assert!(
+            v.services["redis"].failed.is_some(),
+            "given up at the first failure"
+        );
+        assert!(v.plan(&alive, &reports, T + 30).is_empty());
+        v.apply(&Command::Restart {
+            service: "redis".into(),
+            now_ms: T + 40,
+        })
+        .unwrap();
+        assert!(v.services["redis"].failed.is_none());
+        let cmds = step(&mut v, &alive, &reports, T + 50);
+        match &cmds[..] {
+            [Command::Propose { view, .. }] => {
+                assert_eq!(
+                    view.primary, "m2",
+                    "the machine that holds the image: {cmds:?}"
+                );
+                assert!(!view.fresh, "from its image, not afresh");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -262,7 +262,7 @@ impl Roles {
             return;
         };
         let silent = at.elapsed();
-        if silent <= lease {
+        if silent <= lease * crate::primary::FENCE_AFTER_LEASES {
             return;
         }
         let mut any = false;

@@ -151,6 +151,14 @@ impl Decision {
     }
 }
 
+impl State {
+    /// Nothing to wait for: the view has no backup, and none that a view left out is still
+    /// required (until the view without it is active, see [`Decision::view_changed`]).
+    fn alone(&self) -> bool {
+        self.view.backups.is_empty() && self.decision.required.is_empty()
+    }
+}
+
 struct State {
     view: pb::View,
     /// Incremental checkpoints not yet sent to every connected backup, in epoch order.
@@ -175,8 +183,9 @@ struct State {
     in_flight: VecDeque<(u64, Instant, Instant)>,
     /// The timing of the newest decided epoch that was in `in_flight`.
     last_decided: Option<crate::epoch_log::Decided>,
-    /// When a backup last acknowledged a checkpoint (or this primary started).
-    last_ack: Instant,
+    /// Since when epochs have been waiting for the backups with no decision in between (`None`:
+    /// every produced epoch is decided).
+    waiting_since: Option<Instant>,
     /// Why this primary fenced itself ([`Primary::fence_if_cut_off`]): the epoch thread stops
     /// the service and fails with it.
     fenced: Option<String>,
@@ -198,8 +207,9 @@ struct Shared {
     /// Signalled (with `st`) when the log, the full checkpoint or the view changed.
     new_data: Condvar,
     gate: Arc<Gate>,
-    /// The view has no backup: nothing to wait for, so each epoch's output is released in its
-    /// own pause (from the pause hook), not after the checkpoint is encoded and published.
+    /// The view has no backup and no backup is still required ([`State::alone`]): nothing to
+    /// wait for, so each epoch's output is released in its own pause (from the pause hook),
+    /// not after the checkpoint is encoded and published.
     alone: Arc<AtomicBool>,
     stop: AtomicBool,
     ctx: Arc<Ctx>,
@@ -218,6 +228,7 @@ impl Shared {
             && st.decision.decided.is_none_or(|old| d > old)
         {
             st.decision.decided = Some(d);
+            st.waiting_since = (st.decision.decided < st.decision.produced).then(Instant::now);
             if let Err(e) = self.gate.release(d) {
                 tracing::error!(service = %self.name, %e, "releasing output failed");
             }
@@ -253,6 +264,7 @@ impl Shared {
                     st.view.active = true;
                     let State { view, decision, .. } = &mut *st;
                     decision.view_changed(&view.backups, true);
+                    self.alone.store(st.alone(), Ordering::SeqCst);
                     self.advance(&mut st);
                 }
                 tracing::info!(service = %self.name, view, "view active");
@@ -270,6 +282,12 @@ impl Shared {
         }
     }
 }
+
+/// A primary fences itself once both the orchestrators' lease and its backups have been silent
+/// for this many leases (a lease is the failure timeout). One lease was measured to fence a
+/// healthy primary on a loaded two-vCPU machine (both went quiet for ~100 ms while PostgreSQL
+/// started under a debug build); the orchestrators' own detector had not suspected it.
+pub(crate) const FENCE_AFTER_LEASES: u32 = 2;
 
 /// A primary that could not start. A takeover's image is handed back: a restore only reads it,
 /// so the machine can restore from it again (the orchestrator may ask it to, see
@@ -315,6 +333,7 @@ impl Primary {
         gate: Option<Arc<Gate>>,
     ) -> anyhow::Result<Primary> {
         let t0 = Instant::now();
+        let alone = target.view.backups.is_empty() && required.is_empty();
         let config = ctx.sandbox_config(target)?;
         // The gate exists before the sandbox: nothing the service sends can pass unheld, and
         // nothing reaches a half-restored service. A backup made it in advance.
@@ -350,12 +369,12 @@ impl Primary {
                 takeover_us: 0,
                 in_flight: VecDeque::new(),
                 last_decided: None,
-                last_ack: Instant::now(),
+                waiting_since: None,
                 fenced: None,
             }),
             new_data: Condvar::new(),
             gate,
-            alone: Arc::new(AtomicBool::new(target.view.backups.is_empty())),
+            alone: Arc::new(AtomicBool::new(alone)),
             stop: AtomicBool::new(false),
             ctx: ctx.clone(),
             address: Mutex::new(None),
@@ -469,10 +488,10 @@ impl Primary {
             return;
         }
         st.view = view.clone();
+        st.decision.view_changed(&view.backups, view.active);
         // Set before any sender asks for a full checkpoint: an epoch released alone is older
         // than any joiner's full checkpoint.
-        sh.alone.store(view.backups.is_empty(), Ordering::SeqCst);
-        st.decision.view_changed(&view.backups, view.active);
+        sh.alone.store(st.alone(), Ordering::SeqCst);
         for b in &view.backups {
             if !st.cursors.contains_key(b) {
                 st.cursors.insert(b.clone(), u64::MAX);
@@ -550,8 +569,8 @@ impl Primary {
     }
 
     /// Fences this primary if it is cut off: the orchestrators' lease ran out (`silent`, no
-    /// renewal from a leader a majority follows for longer than `lease`, see
-    /// [`crate::Roles::fence_cut_off`]) and no backup acknowledged anything for `lease` either.
+    /// renewal from a leader a majority follows for [`FENCE_AFTER_LEASES`] leases, see
+    /// [`crate::Roles::fence_cut_off`]) and its backups kept it waiting as long.
     /// By then the orchestrators have suspected this machine and moved the service to a backup
     /// (or are about to): the service here is stopped and the primary reports itself failed
     /// (`fenced: ...`), so the machine comes back as a spare. Its output was never released
@@ -563,11 +582,14 @@ impl Primary {
     pub fn fence_if_cut_off(&self, lease: Duration, silent: Duration) -> bool {
         let sh = &self.shared;
         let mut st = sh.lock();
-        let quiet = st.last_ack.elapsed();
+        // How long the backups have kept this primary waiting: since an epoch was published or
+        // decided, while one stays undecided (a primary that produced nothing, in a long pause
+        // say, waits for no one).
+        let quiet = st.waiting_since.map_or(Duration::ZERO, |t| t.elapsed());
         if st.decision.required.is_empty()
             || st.fenced.is_some()
             || st.phase.starts_with("failed")
-            || quiet <= lease
+            || quiet <= lease * FENCE_AFTER_LEASES
         {
             return false;
         }
@@ -852,6 +874,9 @@ fn publish(sh: &Arc<Shared>, epoch: u64, bytes: Bytes, full: bool, pause_us: u64
     } else {
         st.log.push_back((epoch, bytes));
         st.decision.produced = Some(epoch);
+        if st.waiting_since.is_none() && st.decision.decided < st.decision.produced {
+            st.waiting_since = Some(Instant::now());
+        }
         // Keep only what a connected sender still has to send (and what continues a full
         // checkpoint being serialised).
         let low = st
@@ -975,7 +1000,6 @@ fn stream_to(sh: &Arc<Shared>, b: &str) -> anyhow::Result<()> {
                         Ok(Some(a)) => {
                             tracing::trace!(backup = %b, epoch = a.epoch, "acknowledged");
                             let mut st = sh.lock();
-                            st.last_ack = Instant::now();
                             st.decision.acked.insert(b.clone(), a.epoch);
                             sh.advance(&mut st);
                         }

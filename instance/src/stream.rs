@@ -245,6 +245,11 @@ pub struct Connection {
 /// Plaintext bytes encrypted per lock of the session.
 const TLS_CHUNK: usize = 256 << 10;
 
+/// How long the primary's side of a stream waits for the backup to take its bytes or to
+/// acknowledge, after the hello. Long: a backup applying the full checkpoint of a large service
+/// acknowledges nothing for seconds.
+pub const STALL: Duration = Duration::from_secs(60);
+
 impl Connection {
     /// Connects to the backup whose stream listens on `api`, makes the TLS handshake (with
     /// `tls`) and exchanges hellos.
@@ -282,8 +287,13 @@ impl Connection {
         // With TLS 1.3 a backup that refuses our certificate says so after the client's side
         // of the handshake is done: its alert is what this read gets.
         read_hello(&mut c)?;
-        c.sock.set_read_timeout(None)?;
-        c.sock.set_write_timeout(None)?;
+        // From here on a backup that takes none of our bytes, or acknowledges nothing, for
+        // `STALL` is dropped (its sender detaches it): a blackholed link must not hold the
+        // sender's thread, and the log it keeps for that backup, for ever. (The orchestrator
+        // replaces a backup that falls behind much sooner, `[tardi.failover]
+        // max_backup_lag_ms`; this only frees what the stream holds.)
+        c.sock.set_read_timeout(Some(STALL))?;
+        c.sock.set_write_timeout(Some(STALL))?;
         Ok(c)
     }
 

@@ -288,6 +288,11 @@ pub struct Failover {
     pub max_failures: u32,
     /// `window_s`: the window failures are counted in, seconds, default 600.
     pub window_s: u64,
+    /// `max_backup_lag_ms`: a backup whose image has not advanced for this long while the
+    /// primary's epochs went past it (a blackholed or very slow checkpoint link, a CPU-starved
+    /// backup) is dropped from the view and replaced by a spare, default 5000: until then the
+    /// service's output waits for it.
+    pub max_backup_lag_ms: u64,
 }
 
 impl Default for Failover {
@@ -295,6 +300,7 @@ impl Default for Failover {
         Failover {
             max_failures: 3,
             window_s: 600,
+            max_backup_lag_ms: 5000,
         }
     }
 }

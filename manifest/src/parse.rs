@@ -71,6 +71,7 @@ const KNOWN_KEYS: &[&str] = &[
     "tardi.failover",
     "tardi.failover.max_failures",
     "tardi.failover.window_s",
+    "tardi.failover.max_backup_lag_ms",
 ];
 
 /// Gramine keys that are valid but mean nothing under Tardi: accepted with a warning. Matches the
@@ -757,6 +758,17 @@ impl<'t> Ctx<'t> {
                                     return Err(self.invalid(
                                         &f,
                                         format!("must be in 1..=2592000 (30 days), got {n}"),
+                                    ));
+                                }
+                            },
+                            "max_backup_lag_ms" => match self.integer(&f)? {
+                                n if (100..=3_600_000).contains(&n) => {
+                                    st.failover.max_backup_lag_ms = n as u64
+                                }
+                                n => {
+                                    return Err(self.invalid(
+                                        &f,
+                                        format!("must be in 100..=3600000 (an hour), got {n}"),
                                     ));
                                 }
                             },

@@ -110,6 +110,7 @@ subnet = "10.42.0.0"
 [tardi.failover]
 max_failures = 5
 window_s = 60
+max_backup_lag_ms = 1500
 "#);
     assert!(w.is_empty(), "{w:?}");
     assert_eq!(m.entrypoint, PathBuf::from("/bin/sh"), "file: is stripped");
@@ -154,6 +155,7 @@ window_s = 60
         (m.tardi.failover.max_failures, m.tardi.failover.window_s),
         (5, 60)
     );
+    assert_eq!(m.tardi.failover.max_backup_lag_ms, 1500);
     assert_eq!(m.tardi.ports[0].to_string(), "tcp:6379");
 }
 
@@ -409,6 +411,8 @@ fn error_failover_out_of_range() {
     assert!(e.to_string().contains("must be in 1..=1000, got 0"), "{e}");
     let e = err(&with_head("[tardi.failover]\nwindow_s = -5\n"));
     assert_key_err(&e, "tardi.failover.window_s", 4);
+    let e = err(&with_head("[tardi.failover]\nmax_backup_lag_ms = 5\n"));
+    assert_key_err(&e, "tardi.failover.max_backup_lag_ms", 4);
     let e = err(&with_head("[tardi.failover]\nmax_failure = 2\n"));
     assert!(
         e.to_string()

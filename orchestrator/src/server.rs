@@ -90,6 +90,14 @@ struct Liveness {
     /// Last heartbeat per machine.
     seen: HashMap<String, Instant>,
     reports: HashMap<(String, String), pb::ServiceReport>,
+    /// Each backup's reported epoch ((machine, service)) and since when it has been that one.
+    progress: HashMap<(String, String), (u64, Instant)>,
+    /// `[tardi.failover] max_backup_lag_ms` of each manifest text seen (by its hash).
+    lag_bounds: HashMap<u64, Duration>,
+    /// Backups replaced for falling behind ((service, machine)): when, and for how long they
+    /// are no spare of that service (ten times its bound: its link may still be bad, and taken
+    /// back at once it would hold the output again).
+    lagged: HashMap<(String, String), (Instant, Duration)>,
 }
 
 struct Orch {
@@ -512,9 +520,10 @@ impl Orch {
             .iter()
             .map(|(k, r)| (k.clone(), plan_report(r)))
             .collect();
+        let stuck = self.stuck_backups();
         let cmds = self
             .shared
-            .read(|a| a.views.plan(&alive, &reports, now_ms()));
+            .read(|a| a.views.plan_with(&alive, &reports, &stuck, now_ms()));
         for c in cmds {
             match self.write(c.clone()).await {
                 Ok(Ok(())) => tracing::warn!(?c, "view change"),
@@ -574,10 +583,87 @@ impl Orch {
         // reports (an undeployed service, a dropped backup) is forgotten.
         live.reports
             .retain(|(m, s), _| *m != hb.machine || hb.services.iter().any(|r| r.service == *s));
+        let now = Instant::now();
         for r in &hb.services {
-            live.reports
-                .insert((hb.machine.clone(), r.service.clone()), r.clone());
+            let key = (hb.machine.clone(), r.service.clone());
+            if r.role == pb::Role::Backup as i32 {
+                match live.progress.get(&key) {
+                    Some(&(e, _)) if e == r.epoch => {}
+                    _ => {
+                        live.progress.insert(key.clone(), (r.epoch, now));
+                    }
+                }
+            } else {
+                live.progress.remove(&key);
+            }
+            live.reports.insert(key, r.clone());
         }
+        let Liveness {
+            reports, progress, ..
+        } = &mut *live;
+        progress.retain(|k, _| reports.contains_key(k));
+    }
+
+    /// Backups that fell behind for longer than their service allows (`[tardi.failover]
+    /// max_backup_lag_ms`): their reported epoch has not changed for that long while their
+    /// primary's went past it (a blackholed or slow checkpoint link, a starved backup). The
+    /// service's output waits for them, so [`Views::plan_with`] replaces them with a spare.
+    /// Only for a settled service (no view proposed), so a backup still receiving its full
+    /// checkpoint for a view being set up is not counted.
+    fn stuck_backups(&self) -> BTreeSet<(String, String)> {
+        let services: Vec<(String, String, Vec<String>, String)> = self.shared.read(|a| {
+            a.views
+                .services
+                .values()
+                .filter(|s| s.proposed.is_none() && s.failed.is_none())
+                .filter_map(|s| {
+                    let v = s.active.as_ref()?;
+                    Some((
+                        s.name.clone(),
+                        v.primary.clone(),
+                        v.backups.clone(),
+                        s.manifest.clone(),
+                    ))
+                })
+                .collect()
+        });
+        let mut live = self.live();
+        let mut out = BTreeSet::new();
+        for (name, primary, backups, manifest) in services {
+            let Some(pe) = live
+                .reports
+                .get(&(primary.clone(), name.clone()))
+                .filter(|r| r.role == pb::Role::Primary as i32)
+                .map(|r| r.epoch)
+            else {
+                continue;
+            };
+            let bound = {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                manifest.hash(&mut h);
+                *live.lag_bounds.entry(h.finish()).or_insert_with(|| {
+                    let ms = tardi_manifest::parse(&manifest, std::path::Path::new("/"))
+                        .map(|m| m.tardi.failover.max_backup_lag_ms)
+                        .unwrap_or(tardi_manifest::Failover::default().max_backup_lag_ms);
+                    Duration::from_millis(ms)
+                })
+            };
+            for b in backups {
+                if let Some(&(eb, since)) = live.progress.get(&(b.clone(), name.clone()))
+                    && eb < pe
+                    && since.elapsed() > bound
+                {
+                    tracing::warn!(service = %name, backup = %b, behind_ms = since.elapsed().as_millis() as u64, backup_epoch = eb, primary_epoch = pe, "backup falls behind: replacing it");
+                    live.lagged
+                        .insert((name.clone(), b.clone()), (Instant::now(), bound * 10));
+                    out.insert((name.clone(), b));
+                }
+            }
+        }
+        live.lagged.retain(|_, (at, hold)| at.elapsed() < *hold);
+        out.extend(live.lagged.keys().cloned());
+        out
     }
 
     /// Watches raft's metrics: records leadership changes (a new leader forgets the previous

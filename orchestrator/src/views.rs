@@ -609,11 +609,37 @@ impl Views {
         reports: &BTreeMap<(String, String), Report>,
         now_ms: u64,
     ) -> Vec<Command> {
+        self.plan_with(alive, reports, &BTreeSet::new(), now_ms)
+    }
+
+    /// [`Views::plan`], with `stuck` backups: (service, machine) pairs the leader saw fall
+    /// behind for longer than the service allows (`[tardi.failover] max_backup_lag_ms`). For
+    /// that service such a machine counts as dead: a view replaces it with a spare, as it
+    /// would a backup whose machine stopped answering, and it is no spare of it.
+    pub fn plan_with(
+        &self,
+        alive: &BTreeSet<String>,
+        reports: &BTreeMap<(String, String), Report>,
+        stuck: &BTreeSet<(String, String)>,
+        now_ms: u64,
+    ) -> Vec<Command> {
         let mut out = Vec::new();
+        let everyone = alive;
         for s in self.services.values() {
             if s.failed.is_some() {
                 continue;
             }
+            let alive_here: BTreeSet<String>;
+            let alive = if stuck.iter().any(|(svc, _)| *svc == s.name) {
+                alive_here = everyone
+                    .iter()
+                    .filter(|m| !stuck.contains(&(s.name.clone(), (*m).clone())))
+                    .cloned()
+                    .collect();
+                &alive_here
+            } else {
+                everyone
+            };
             let Some(latest) = s.latest() else { continue };
             let report = |m: &String| reports.get(&(m.clone(), s.name.clone()));
             // The latest view's primary says it failed: record it first (once).
@@ -1409,6 +1435,40 @@ mod tests {
                 );
                 assert!(!view.fresh, "from its image, not afresh");
             }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Issue 26, item 7: a backup the leader saw fall behind (`stuck`) is replaced as a dead
+    /// one would be, though its machine is alive, and is no spare of that service meanwhile.
+    #[test]
+    fn a_stuck_backup_is_replaced_by_a_spare() {
+        let (mut v, alive) = cluster(3);
+        deploy(&mut v, &alive, 1);
+        activate_latest(&mut v);
+        assert_eq!(latest(&v).backups, ["m2"]);
+        let stuck = BTreeSet::from([("redis".to_string(), "m2".to_string())]);
+        let reports = Reports::new();
+        let cmds = v.plan_with(&alive, &reports, &stuck, 10);
+        match &cmds[..] {
+            [Command::Propose { view, reason, .. }] => {
+                assert_eq!((view.primary.as_str(), view.backups.len()), ("m1", 0));
+                assert!(reason.contains("backup m2"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        for c in &cmds {
+            v.apply(c).unwrap();
+        }
+        activate_latest(&mut v);
+        let cmds = v.plan_with(&alive, &reports, &stuck, 20);
+        match &cmds[..] {
+            [Command::Propose { view, .. }] => assert_eq!(view.backups, ["m3"], "not m2"),
+            other => panic!("{other:?}"),
+        }
+        // Not stuck, m2 would have been the spare chosen.
+        match &v.plan(&alive, &reports, 30)[..] {
+            [Command::Propose { view, .. }] => assert_eq!(view.backups, ["m2"]),
             other => panic!("{other:?}"),
         }
     }

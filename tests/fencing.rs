@@ -8,23 +8,14 @@
 mod common;
 
 use common::cluster::Cluster;
-use common::resp::{missing_writes, write_through_failovers};
-use std::net::SocketAddr;
+use common::resp::write_through_failovers;
 use std::time::{Duration, Instant};
 
 #[test]
 fn a_partitioned_primary_fences_itself_and_comes_back_without_its_service() {
     let mut c = Cluster::up(3, &[]);
-    c.deploy(
-        &common::programs::workspace_root().join("gramine-manifests/redis.manifest"),
-        1,
-    );
-    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
-    let primary = svc["primary"].as_str().unwrap().to_string();
-    let backup = svc["backups"][0].as_str().unwrap().to_string();
-    let to: SocketAddr = format!("{}:6379", svc["address"].as_str().unwrap())
-        .parse()
-        .unwrap();
+    let redis = common::programs::workspace_root().join("gramine-manifests/redis.manifest");
+    let (primary, backup, to) = c.deploy_active(&redis, 1, "redis", 6379);
     let first = c
         .lab
         .in_node("client", || write_through_failovers(to, 0, 300))
@@ -68,11 +59,7 @@ fn a_partitioned_primary_fences_itself_and_comes_back_without_its_service() {
         "a service runs again on the fenced machine"
     );
     let acked: Vec<u64> = first.into_iter().chain(second).collect();
-    let lost = c
-        .lab
-        .in_node("client", || missing_writes(to, acked))
-        .unwrap();
-    assert_eq!(lost, 0, "acknowledged writes lost");
+    c.assert_no_write_lost(to, &acked, "");
     eprintln!(
         "fenced {} ms after the partition (failure timeout 100 ms)",
         fenced.as_millis()

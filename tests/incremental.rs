@@ -637,6 +637,24 @@ fn hot_page_after_a_replaced_one_keeps_its_write() {
     );
 }
 
+/// 1 ms epochs of `pid` under the default tracker, started: the loop and the image of its full
+/// checkpoint.
+fn millisecond_epochs(pid: i32) -> (Epochs, Image) {
+    let cfg = EpochConfig {
+        interval: Duration::from_millis(1),
+        ..Default::default()
+    };
+    let (ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
+    (ep, Image::from_full(&roundtrip(&full)).unwrap())
+}
+
+/// The next checkpoint of `ep`, applied to `image` (`what`: for the message); its stats.
+fn next(ep: &mut Epochs, image: &mut Image, what: &str) -> tardi_checkpointer::epoch::EpochStats {
+    let (ck, st) = ep.next().unwrap_or_else(|e| panic!("{what}: {e}"));
+    image.apply(&roundtrip(&ck)).unwrap();
+    st
+}
+
 /// A page of a private file mapping that was copied on write, zapped (it shows the file
 /// again) and then read, with the file written afterwards: the image must show the file. A
 /// pause that carries the layout adds this epoch's written pages in file mappings to the
@@ -651,17 +669,7 @@ fn a_zapped_file_page_read_again_shows_the_file() {
     let (_scratch, mut prog, a) = hotpair("zapread");
     let (pid, b) = (prog.pid(), a + 4096);
     let mut step = |c: u8| prog.step(c);
-    let cfg = EpochConfig {
-        interval: Duration::from_millis(1),
-        ..Default::default()
-    };
-    let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
-    let mut image = Image::from_full(&roundtrip(&full)).unwrap();
-    let next = |ep: &mut Epochs, image: &mut Image, what: &str| {
-        let (ck, st) = ep.next().unwrap_or_else(|e| panic!("{what}: {e}"));
-        image.apply(&roundtrip(&ck)).unwrap();
-        st
-    };
+    let (mut ep, mut image) = millisecond_epochs(pid);
     step(b'b');
     next(&mut ep, &mut image, "after B's write");
     step(b'z');
@@ -693,17 +701,7 @@ fn a_carried_page_zapped_before_a_failed_pause_shows_the_file() {
     let (_scratch, mut prog, a) = hotpair("zapfail");
     let (pid, b) = (prog.pid(), a + 4096);
     let mut step = |c: u8| prog.step(c);
-    let cfg = EpochConfig {
-        interval: Duration::from_millis(1),
-        ..Default::default()
-    };
-    let (mut ep, full, _) = Epochs::start(pid, cfg).expect("start epochs");
-    let mut image = Image::from_full(&roundtrip(&full)).unwrap();
-    let next = |ep: &mut Epochs, image: &mut Image, what: &str| {
-        let (ck, st) = ep.next().unwrap_or_else(|e| panic!("{what}: {e}"));
-        image.apply(&roundtrip(&ck)).unwrap();
-        st
-    };
+    let (mut ep, mut image) = millisecond_epochs(pid);
     step(b'b');
     next(&mut ep, &mut image, "after B's write");
     step(b'b');

@@ -514,16 +514,6 @@ fn write_300(c: &Cluster, to: SocketAddr, from: u64, what: &str) -> Vec<u64> {
     acked
 }
 
-/// From the client node, every write in `acked` reads back from redis at `to` (`what`: when,
-/// for the message).
-fn assert_no_write_lost(c: &Cluster, to: SocketAddr, acked: &[u64], what: &str) {
-    let lost = c
-        .lab
-        .in_node("client", || missing_writes(to, acked.iter().copied()))
-        .unwrap();
-    assert_eq!(lost, 0, "acknowledged writes lost{what}");
-}
-
 /// The end of a failover test: `old` (whose primary failed earlier) is a backup again and left
 /// no sandbox link behind; when `serving`'s machine loses power, `old` takes redis over with
 /// every write in `acked`.
@@ -541,7 +531,7 @@ fn old_primary_takes_over_again(
     );
     c.lab.kill(serving).unwrap();
     c.wait_active("redis", Duration::from_secs(30), |s| s["primary"] == old);
-    assert_no_write_lost(c, to, acked, " at the second failover");
+    c.assert_no_write_lost(to, acked, " at the second failover");
 }
 
 /// The first backup's takeover fails: its restore is made to fail once the sandbox is set up,
@@ -627,7 +617,7 @@ fn a_failed_takeover_moves_the_service_to_the_second_backup() {
     }
     eprintln!("300 writes through the failed takeover took {writes:?}");
     let acked: Vec<u64> = first.into_iter().chain(second).collect();
-    assert_no_write_lost(&c, to, &acked, "");
+    c.assert_no_write_lost(to, &acked, "");
     // Re-protected by the machine whose takeover failed.
     c.wait_active("redis", Duration::from_secs(30), |s| {
         s["primary"] == serving.as_str()
@@ -760,7 +750,7 @@ fn a_primary_whose_service_crashes_is_replaced_by_its_backup() {
     let why = svc["failures"][0]["why"].as_str().unwrap();
     assert!(why.contains("the service ended"), "{why}");
     let acked: Vec<u64> = first.into_iter().chain(second).collect();
-    assert_no_write_lost(&c, to, &acked, "");
+    c.assert_no_write_lost(to, &acked, "");
     // The old primary, alive, is re-protection's spare: it dropped the failed sandbox.
     c.wait_active("redis", Duration::from_secs(30), |s| {
         s["primary"] == backup.as_str() && s["backups"][0] == primary.as_str()

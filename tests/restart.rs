@@ -7,9 +7,8 @@
 
 mod common;
 
-use common::cluster::Cluster;
-use common::resp::{missing_writes, write_through_failovers};
-use std::net::SocketAddr;
+use common::cluster::{Cluster, redis_manifest_with};
+use common::resp::write_through_failovers;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -19,22 +18,13 @@ fn a_given_up_service_is_restarted_from_its_image_with_every_write() {
         .join(format!("fault-restore-restart-{}", std::process::id()));
     let _ = std::fs::remove_file(&token);
     let token_arg = token.display().to_string();
-    let manifest = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("redis-once.manifest");
-    let redis = common::programs::workspace_root().join("gramine-manifests/redis.manifest");
-    let text = std::fs::read_to_string(&redis).unwrap();
-    std::fs::write(
-        &manifest,
-        format!("{text}\n[tardi.failover]\nmax_failures = 1\n"),
-    )
-    .unwrap();
+    let manifest = redis_manifest_with(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "redis-once.manifest",
+        "[tardi.failover]\nmax_failures = 1\n",
+    );
     let mut c = Cluster::up_args(3, 1, &[], &["--fault-restore", &token_arg]);
-    c.deploy(&manifest, 1);
-    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
-    let primary = svc["primary"].as_str().unwrap().to_string();
-    let backup = svc["backups"][0].as_str().unwrap().to_string();
-    let to: SocketAddr = format!("{}:6379", svc["address"].as_str().unwrap())
-        .parse()
-        .unwrap();
+    let (primary, backup, to) = c.deploy_active(&manifest, 1, "redis", 6379);
     let acked = c
         .lab
         .in_node("client", || write_through_failovers(to, 0, 300))
@@ -71,13 +61,10 @@ fn a_given_up_service_is_restarted_from_its_image_with_every_write() {
         backup.as_str(),
         "the machine that kept the image serves: {svc}"
     );
-    let lost = c
-        .lab
-        .in_node("client", || missing_writes(to, acked.clone()))
-        .unwrap();
-    assert_eq!(
-        lost, 0,
-        "acknowledged writes lost across the restart (given up: {why})"
+    c.assert_no_write_lost(
+        to,
+        &acked,
+        &format!(" across the restart (given up: {why})"),
     );
     let more = c
         .lab

@@ -8,30 +8,19 @@
 
 mod common;
 
-use common::cluster::Cluster;
-use common::resp::{missing_writes, write_through_failovers};
-use std::net::SocketAddr;
-use std::path::PathBuf;
+use common::cluster::{Cluster, redis_manifest_with};
+use common::resp::write_through_failovers;
 use std::time::{Duration, Instant};
 
 #[test]
 fn a_backup_whose_link_is_blackholed_is_replaced_and_the_output_flows_again() {
-    let manifest = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("redis-lag.manifest");
-    let redis = common::programs::workspace_root().join("gramine-manifests/redis.manifest");
-    let text = std::fs::read_to_string(&redis).unwrap();
-    std::fs::write(
-        &manifest,
-        format!("{text}\n[tardi.failover]\nmax_backup_lag_ms = 1000\n"),
-    )
-    .unwrap();
+    let manifest = redis_manifest_with(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "redis-lag.manifest",
+        "[tardi.failover]\nmax_backup_lag_ms = 1000\n",
+    );
     let c = Cluster::up(3, &[]);
-    c.deploy(&manifest, 1);
-    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
-    let primary = svc["primary"].as_str().unwrap().to_string();
-    let backup = svc["backups"][0].as_str().unwrap().to_string();
-    let to: SocketAddr = format!("{}:6379", svc["address"].as_str().unwrap())
-        .parse()
-        .unwrap();
+    let (primary, backup, to) = c.deploy_active(&manifest, 1, "redis", 6379);
     let first = c
         .lab
         .in_node("client", || write_through_failovers(to, 0, 300))
@@ -85,10 +74,6 @@ fn a_backup_whose_link_is_blackholed_is_replaced_and_the_output_flows_again() {
         "replaced, but not for its lag"
     );
     let acked: Vec<u64> = first.into_iter().chain(second).collect();
-    let lost = c
-        .lab
-        .in_node("client", || missing_writes(to, acked))
-        .unwrap();
-    assert_eq!(lost, 0, "acknowledged writes lost");
+    c.assert_no_write_lost(to, &acked, "");
     eprintln!("300 writes through a blackholed backup link took {took:?} (bound 1 s)");
 }

@@ -292,25 +292,46 @@ pub async fn undeploy(
             async move { c.undeploy(req).await.map(|r| r.into_inner()) }
         })
         .await?;
-    if !reply.error.is_empty() {
-        return Err(ClientError::Refused(reply.error));
-    }
+    refused(reply.error)?;
     let Some(limit) = wait else { return Ok(()) };
-    let t0 = Instant::now();
-    loop {
-        // The service is gone from the views at once; machines drop their roles as their next
-        // assignment reaches them. Reports of the service still arriving mean some still hold it.
-        let st = status(list, security).await?;
-        let held = st
+    // The service is gone from the views at once; machines drop their roles as their next
+    // assignment reaches them. Reports of the service still arriving mean some still hold it.
+    let late = format!("{service:?} is undeployed, but a machine still reported a role for it");
+    poll_status(list, security, limit, &late, |st| {
+        Ok(!st
             .machines
             .iter()
-            .any(|m| m.alive && m.services.iter().any(|s| s == service));
-        if !held {
+            .any(|m| m.alive && m.services.iter().any(|s| s == service)))
+    })
+    .await
+}
+
+/// A reply's `error` (empty on success) as a result.
+fn refused(error: String) -> Result<(), ClientError> {
+    if error.is_empty() {
+        Ok(())
+    } else {
+        Err(ClientError::Refused(error))
+    }
+}
+
+/// Asks for the status every 50 ms until `done` says so (or fails), for at most `limit`; past
+/// it, refused with `late` and how long it waited.
+async fn poll_status(
+    list: &str,
+    security: &Security,
+    limit: Duration,
+    late: &str,
+    done: impl Fn(&pb::ClusterStatus) -> Result<bool, ClientError>,
+) -> Result<(), ClientError> {
+    let t0 = Instant::now();
+    loop {
+        if done(&status(list, security).await?)? {
             return Ok(());
         }
         if t0.elapsed() > limit {
             return Err(ClientError::Refused(format!(
-                "{service:?} is undeployed, but a machine still reported a role for it after {} s",
+                "{late} after {} s",
                 limit.as_secs()
             )));
         }
@@ -343,36 +364,26 @@ pub async fn restart(
             async move { c.restart(req).await.map(|r| r.into_inner()) }
         })
         .await?;
-    if !reply.error.is_empty() {
-        return Err(ClientError::Refused(reply.error));
-    }
+    refused(reply.error)?;
     let Some(limit) = wait else { return Ok(()) };
-    let t0 = Instant::now();
-    loop {
-        let st = status(list, security).await?;
-        let s = st.services.iter().find(|s| s.name == service);
-        if let Some(s) = s {
-            if !s.failed.is_empty() {
-                return Err(ClientError::Refused(format!(
-                    "{service:?} was given up again: {}",
-                    s.failed
-                )));
-            }
-            if s.view
-                .as_ref()
-                .is_some_and(|v| v.number > before && v.active)
-            {
-                return Ok(());
-            }
-        }
-        if t0.elapsed() > limit {
+    let late = format!(
+        "{service:?} is restarting, but no new view of it was active (`tardi status` shows where it is)"
+    );
+    poll_status(list, security, limit, &late, |st| {
+        let Some(s) = st.services.iter().find(|s| s.name == service) else {
+            return Ok(false);
+        };
+        if !s.failed.is_empty() {
             return Err(ClientError::Refused(format!(
-                "{service:?} is restarting, but no new view of it was active after {} s (`tardi status` shows where it is)",
-                limit.as_secs()
+                "{service:?} was given up again: {}",
+                s.failed
             )));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Ok(s.view
+            .as_ref()
+            .is_some_and(|v| v.number > before && v.active))
+    })
+    .await
 }
 
 pub async fn deploy(

@@ -39,6 +39,16 @@ impl Drop for Cluster {
     }
 }
 
+/// `gramine-manifests/redis.manifest` with `extra` appended (say a `[tardi.failover]` table),
+/// written to `dir/name`.
+pub fn redis_manifest_with(dir: &Path, name: &str, extra: &str) -> PathBuf {
+    let redis = crate::common::programs::workspace_root().join("gramine-manifests/redis.manifest");
+    let text = std::fs::read_to_string(&redis).unwrap();
+    let out = dir.join(name);
+    std::fs::write(&out, format!("{text}\n{extra}")).unwrap();
+    out
+}
+
 impl Cluster {
     /// `machines` machines and one orchestrator; `orchestrator_args` are added to
     /// `tardi orchestrator` (e.g. a longer failure timeout).
@@ -120,6 +130,39 @@ impl Cluster {
             "the sandbox on {n} went, but not by fencing:\n{logs}"
         );
         fenced
+    }
+
+    /// Reads back from the client node every redis write in `acked` (`key:i`) at `to`: none may
+    /// be lost (`what`: when, for the message).
+    pub fn assert_no_write_lost(&self, to: std::net::SocketAddr, acked: &[u64], what: &str) {
+        let lost = self
+            .lab
+            .in_node("client", || {
+                crate::common::resp::missing_writes(to, acked.iter().copied())
+            })
+            .unwrap();
+        assert_eq!(lost, 0, "acknowledged writes lost{what}");
+    }
+
+    /// Deploys `manifest` with `backups` backups and waits until its first view is active:
+    /// its primary, its first backup, and its address with `port`.
+    pub fn deploy_active(
+        &self,
+        manifest: &Path,
+        backups: u32,
+        service: &str,
+        port: u16,
+    ) -> (String, String, std::net::SocketAddr) {
+        self.deploy(manifest, backups);
+        let svc = self.wait_active(service, Duration::from_secs(30), |_| true);
+        let to = format!("{}:{port}", svc["address"].as_str().unwrap())
+            .parse()
+            .unwrap();
+        (
+            svc["primary"].as_str().unwrap().to_string(),
+            svc["backups"][0].as_str().unwrap().to_string(),
+            to,
+        )
     }
 
     pub fn deploy(&self, manifest: &Path, backups: u32) -> Value {

@@ -251,9 +251,9 @@ fn partitioned_leader_orchestrator_changes_nothing() {
 /// A primary cut off from the orchestrators (its machine still reaches the other machines and
 /// the clients) is deposed: the backup takes over in a new view, and the old primary, whose
 /// lease ran out and whose backup stops acknowledging it once it holds the newer view, fences
-/// itself: its sandbox goes (before the fence, it ran without an epoch decided and kept its
-/// replies held: the new primary refuses its checkpoints). The service goes on at the new
-/// primary.
+/// itself: its service stays stopped (before the fence, it ran without an epoch decided and
+/// kept its replies held: the new primary refuses its checkpoints). The service goes on at
+/// the new primary.
 #[test]
 fn a_primary_cut_off_from_the_orchestrators_is_deposed_and_fences_itself() {
     programs::build("dirtier");
@@ -277,7 +277,7 @@ fn a_primary_cut_off_from_the_orchestrators_is_deposed_and_fences_itself() {
     let s = c.wait_active("dirtier", Duration::from_secs(20), |s| {
         s["primary"] == backup.as_str() && s["view"].as_u64().is_some_and(|v| v > view)
     });
-    let fenced = c.wait_fenced(&old, t0);
+    let fenced = c.wait_frozen(&old, "dirtier", t0);
     eprintln!(
         "the deposed primary fenced itself {} ms after the cut",
         fenced.as_millis()
@@ -378,6 +378,45 @@ fn leader_orchestrator_power_cut_in_the_middle_of_a_view_change() {
         40,
         &format!(" ({when})"),
     );
+}
+
+/// The backup's machine and the leader orchestrator lose power together: the primary hears
+/// neither its backup nor the orchestrators' lease, so its fence freezes the service (it
+/// cannot tell this from a partition of its own machine). Here it holds the only copy of the
+/// state: once a new leader renews the lease it thaws, keeps its role (no failover), is
+/// re-protected by the spare, and every acknowledged write is there. (A fence that killed the
+/// service lost it all: the suite met this when a backup's loss fell into an election.)
+#[test]
+fn a_primary_frozen_while_its_backup_and_the_leader_fail_thaws_with_every_write() {
+    let (mut c, svc, st) = protected_redis(3);
+    let leader = st["cluster"]["leader"].as_str().unwrap().to_string();
+    let primary = svc["primary"].as_str().unwrap().to_string();
+    let backup = svc["backups"][0].as_str().unwrap().to_string();
+    let to = addr(&svc, 6379);
+    let first = c.lab.in_node("client", || writer(to, 0, 200)).unwrap();
+    assert_eq!(first.len(), 200);
+    c.lab.kill(&backup).unwrap();
+    c.lab.kill(&leader).unwrap();
+    let second = c.lab.in_node("client", || writer(to, 200, 200)).unwrap();
+    assert_eq!(second.len(), 200, "writes resume\n{}", c.logs());
+    let s = c.wait_active("redis", Duration::from_secs(40), |s| {
+        s["backups"]
+            .as_array()
+            .is_some_and(|b| b.len() == 1 && b[0] != backup.as_str())
+    });
+    assert_eq!(
+        s["primary"],
+        primary.as_str(),
+        "the primary kept its role: {s}"
+    );
+    let logs = c.logs();
+    assert!(
+        logs.contains("primary cut off: freezing its service")
+            && logs.contains("thawing the service"),
+        "the primary was not frozen and thawed (the test did not test the fence):\n{logs}"
+    );
+    let acked: Vec<u64> = first.into_iter().chain(second).collect();
+    c.assert_no_write_lost(to, &acked, "");
 }
 
 /// Waits (up to `secs`) for redis to be active on `backup` with a new backup (not the failed

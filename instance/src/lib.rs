@@ -254,25 +254,24 @@ impl Roles {
         *self.lease.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), lease));
     }
 
-    /// Once the lease ran out, fences every primary of this machine that no backup
-    /// acknowledged for as long either ([`Primary::fence_if_cut_off`]); the daemon then turns
-    /// each into a failed role. Run every few milliseconds by the `fence` thread.
+    /// Once the lease ran out, fences (freezes) every primary of this machine whose backups
+    /// kept it waiting as long ([`Primary::fence_if_cut_off`]); while the lease is current,
+    /// thaws the frozen ones (a newer view that does not make this machine primary stops them
+    /// instead, through `reconcile`). Run every few milliseconds by the `fence` thread.
     fn fence_cut_off(&self) {
         let Some((at, lease)) = *self.lease.lock().unwrap_or_else(|e| e.into_inner()) else {
             return;
         };
         let silent = at.elapsed();
-        if silent <= lease * crate::primary::FENCE_AFTER_LEASES {
-            return;
-        }
-        let mut any = false;
+        let cut_off = silent > lease * crate::primary::FENCE_AFTER_LEASES;
         for r in self.lock().values() {
             if let Role::Primary(p) = r {
-                any |= p.fence_if_cut_off(lease, silent);
+                if cut_off {
+                    p.fence_if_cut_off(lease, silent);
+                } else if silent <= lease && p.frozen() {
+                    p.thaw();
+                }
             }
-        }
-        if any {
-            self.ctx.wake();
         }
     }
 

@@ -571,14 +571,20 @@ impl Primary {
     /// Fences this primary if it is cut off: the orchestrators' lease ran out (`silent`, no
     /// renewal from a leader a majority follows for [`FENCE_AFTER_LEASES`] leases, see
     /// [`crate::Roles::fence_cut_off`]) and its backups kept it waiting as long.
-    /// By then the orchestrators have suspected this machine and moved the service to a backup
-    /// (or are about to): the service here is stopped and the primary reports itself failed
-    /// (`fenced: ...`), so the machine comes back as a spare. Its output was never released
-    /// beyond what the backups hold, so nothing a client saw is lost. A primary no backup is
-    /// required for (alone in its view, or on a fresh deploy before its first backup joined:
-    /// a full checkpoint of a large service takes seconds, during which no backup acknowledges
-    /// anything) is never fenced: no other machine holds its state, so no one can take over.
-    /// Whether it fenced itself now.
+    ///
+    /// The fence *freezes* the service: the epoch thread takes one more checkpoint and keeps
+    /// the process stopped in that state, running nothing (no CPU, no effect on its files),
+    /// its output held as it was. It does not kill it: from here the primary cannot tell a
+    /// partition of its own machine (the orchestrators move the service to a backup) from its
+    /// backups and the orchestrators' leader failing together (a backup's power cut during an
+    /// election: then this process is the only copy of the state, and killing it loses
+    /// acknowledged writes; the suite met exactly that). Healed, the orchestrators' word
+    /// decides: a newer view without this machine stops the service for good (the daemon's
+    /// reconcile), a lease renewed while it still leads thaws it ([`Primary::thaw`]).
+    ///
+    /// A primary no backup is required for (alone in its view, or on a fresh deploy before
+    /// its first backup joined: a full checkpoint of a large service takes seconds, during
+    /// which no backup acknowledges anything) is never fenced. Whether it fenced itself now.
     pub fn fence_if_cut_off(&self, lease: Duration, silent: Duration) -> bool {
         let sh = &self.shared;
         let mut st = sh.lock();
@@ -599,11 +605,32 @@ impl Primary {
             quiet.as_millis(),
             lease.as_millis()
         );
-        tracing::warn!(service = %sh.name, view = st.view.number, %why, "primary cut off: stopping its service");
+        tracing::warn!(service = %sh.name, view = st.view.number, %why, "primary cut off: freezing its service");
         st.fenced = Some(why);
         drop(st);
         sh.new_data.notify_all();
         true
+    }
+
+    /// Thaws a frozen primary: the orchestrators' lease is renewed and this machine is still
+    /// the primary of the view it holds (a newer view would have stopped it). Whether it was
+    /// frozen.
+    pub fn thaw(&self) -> bool {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        if st.fenced.take().is_none() {
+            return false;
+        }
+        tracing::warn!(service = %sh.name, view = st.view.number, "the orchestrators' lease is back: thawing the service");
+        st.waiting_since = None;
+        drop(st);
+        sh.new_data.notify_all();
+        true
+    }
+
+    /// Whether the fence froze it.
+    pub fn frozen(&self) -> bool {
+        self.shared.lock().fenced.is_some()
     }
 
     /// Stops checkpointing and tears the service down (its output stays held: never released).
@@ -757,19 +784,30 @@ fn epoch_thread(sh: &Arc<Shared>, mut svc: Service, cfg: EpochConfig) -> anyhow:
         if sh.stop.load(Ordering::SeqCst) {
             break Ok(());
         }
-        {
+        let frozen = {
             let mut st = sh.lock();
-            if let Some(why) = st.fenced.clone() {
-                // Its output was never released past what the backups hold: stopping loses
-                // nothing. The service goes down with the loop (the sandbox is dropped).
-                break Err(anyhow::anyhow!("{why}"));
-            }
             if std::mem::take(&mut st.full_wanted) {
-                drop(st);
                 epochs.request_full();
             }
+            st.fenced.is_some()
+        };
+        // Frozen (see `Primary::fence_if_cut_off`): this epoch's checkpoint is taken with the
+        // process kept stopped in its state; the loop then waits, the process stopped, until
+        // it is thawed (the next epoch resumes it) or stopped.
+        let out = epochs.next_output(frozen);
+        if frozen && out.is_ok() {
+            let mut st = sh.lock();
+            st.phase = "frozen: cut off from the orchestrators and its backups".into();
+            while st.fenced.is_some() && !sh.stop.load(Ordering::SeqCst) {
+                st = sh
+                    .new_data
+                    .wait_timeout(st, Duration::from_millis(50))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            st.phase = "running".into();
         }
-        match epochs.next_output(false) {
+        match out {
             Ok(out) => {
                 let pause = out.stats.pause_us;
                 let inc = out.incremental;

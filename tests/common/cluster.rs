@@ -110,26 +110,63 @@ impl Cluster {
             .collect()
     }
 
-    /// Waits (20 s at most) until the primary on node `n` has fenced itself (its sandbox gone,
-    /// the fence in the logs); how long after `t0` its sandbox was gone.
-    pub fn wait_fenced(&self, n: &str, t0: Instant) -> Duration {
-        let fenced = loop {
-            if self.sandbox_links(n).is_empty() {
-                break t0.elapsed();
+    /// Waits (20 s at most) until the primary of `service` on node `n` has fenced itself: its
+    /// service's processes stay stopped (ten samples in a row, 20 ms apart: the epoch loop's
+    /// own pauses last a millisecond) and the fence is in the logs. How long after `t0` the
+    /// first of those samples was taken.
+    pub fn wait_frozen(&self, n: &str, service: &str, t0: Instant) -> Duration {
+        let node = self.lab.node(n).unwrap().clone();
+        let pid_file = node.run_dir().join(service).join("init.pid");
+        // The sandbox's init and its children (the service), each thread's state.
+        let stopped = || -> Option<bool> {
+            let init: u32 = std::fs::read_to_string(&pid_file)
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            let children =
+                std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).ok()?;
+            let pids: Vec<&str> = children.split_whitespace().collect();
+            if pids.is_empty() {
+                return None;
+            }
+            Some(pids.iter().all(|p| {
+                std::fs::read_dir(format!("/proc/{p}/task")).is_ok_and(|tasks| {
+                    tasks.flatten().all(|t| {
+                        std::fs::read_to_string(t.path().join("stat"))
+                            .ok()
+                            .and_then(|s| {
+                                s.rsplit(')')
+                                    .next()
+                                    .map(|r| r.trim_start().starts_with('t'))
+                            })
+                            .unwrap_or(false)
+                    })
+                })
+            }))
+        };
+        let mut first: Option<Duration> = None;
+        let mut run = 0;
+        while run < 10 {
+            if stopped() == Some(true) {
+                first.get_or_insert(t0.elapsed());
+                run += 1;
+            } else {
+                (first, run) = (None, 0);
             }
             assert!(
                 t0.elapsed() < Duration::from_secs(20),
                 "the cut-off primary on {n} still runs its service after 20 s\n{}",
                 self.logs()
             );
-            std::thread::sleep(Duration::from_millis(10));
-        };
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let logs = self.logs();
         assert!(
-            logs.contains("fenced: no word from a majority"),
-            "the sandbox on {n} went, but not by fencing:\n{logs}"
+            logs.contains("primary cut off: freezing its service"),
+            "the service on {n} stopped, but not by the fence:\n{logs}"
         );
-        fenced
+        first.unwrap()
     }
 
     /// Reads back from the client node every redis write in `acked` (`key:i`) at `to`: none may

@@ -536,6 +536,19 @@ impl Orch {
         }
     }
 
+    /// A CLI's change to one service, on the leader: `cmd` written through raft; the reply's
+    /// `error` (empty when applied, logged as `done`; else why `Views::apply` refused it).
+    async fn cli_write(&self, cmd: Command, service: &str, done: &str) -> Result<String, Status> {
+        self.check_leader()?;
+        Ok(match self.write(cmd).await? {
+            Ok(()) => {
+                tracing::warn!(%service, "{done}");
+                String::new()
+            }
+            Err(e) => e.to_string(),
+        })
+    }
+
     fn assignments(&self, machine: &str) -> pb::Assignments {
         self.shared.read(|a| assignments(&a.views, machine))
     }
@@ -989,21 +1002,11 @@ impl pb::orchestrator_server::Orchestrator for Svc {
         &self,
         req: Request<pb::UndeployRequest>,
     ) -> Result<Response<pb::UndeployReply>, Status> {
-        self.0.check_leader()?;
         let service = req.into_inner().service;
-        let error = match self
-            .0
-            .write(Command::Undeploy {
-                service: service.clone(),
-            })
-            .await?
-        {
-            Ok(()) => {
-                tracing::warn!(%service, "undeployed");
-                String::new()
-            }
-            Err(e) => e.to_string(),
+        let cmd = Command::Undeploy {
+            service: service.clone(),
         };
+        let error = self.0.cli_write(cmd, &service, "undeployed").await?;
         Ok(Response::new(pb::UndeployReply { error }))
     }
 
@@ -1011,22 +1014,15 @@ impl pb::orchestrator_server::Orchestrator for Svc {
         &self,
         req: Request<pb::RestartRequest>,
     ) -> Result<Response<pb::RestartReply>, Status> {
-        self.0.check_leader()?;
         let service = req.into_inner().service;
-        let error = match self
-            .0
-            .write(Command::Restart {
-                service: service.clone(),
-                now_ms: now_ms(),
-            })
-            .await?
-        {
-            Ok(()) => {
-                tracing::warn!(%service, "restarted after it was given up");
-                String::new()
-            }
-            Err(e) => e.to_string(),
+        let cmd = Command::Restart {
+            service: service.clone(),
+            now_ms: now_ms(),
         };
+        let error = self
+            .0
+            .cli_write(cmd, &service, "restarted after it was given up")
+            .await?;
         Ok(Response::new(pb::RestartReply { error }))
     }
 

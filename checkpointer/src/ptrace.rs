@@ -564,9 +564,7 @@ impl Stopped {
             self.set_regs(tid, &saved)?;
             self.set_xstate(tid, &xs)?;
             for sig in deferred {
-                self.reraised |= 1u64 << ((sig - 1) & 63);
-                // SAFETY: tgkill on a thread of the process we trace.
-                unsafe { libc::syscall(libc::SYS_tgkill, self.pid, tid, sig) };
+                self.reraise(tid, sig);
             }
             return match ran? {
                 Ran::Done(r, _) => Ok(r),
@@ -578,6 +576,14 @@ impl Stopped {
             status: 0,
             during: "an agent operation (signals kept arriving)",
         })
+    }
+
+    /// Queues `sig` again for thread `tid` (the kernel took it while a call ran) and notes it
+    /// in [`Stopped::reraised`].
+    fn reraise(&mut self, tid: Pid, sig: i32) {
+        self.reraised |= 1u64 << ((sig - 1) & 63);
+        // SAFETY: tgkill on a thread of the process we trace.
+        unsafe { libc::syscall(libc::SYS_tgkill, self.pid, tid, sig) };
     }
 
     /// Runs the thread until our code's `int3`. A signal that stops the thread before our
@@ -879,9 +885,7 @@ impl Stopped {
             for sig in deferred {
                 // Re-raise what arrived during the call: pending again, delivered after resume
                 // (and seen by the pending-signal check of the capture).
-                self.reraised |= 1u64 << ((sig - 1) & 63);
-                // SAFETY: tgkill on a thread of the process we trace.
-                unsafe { libc::syscall(libc::SYS_tgkill, self.pid, tid, sig) };
+                self.reraise(tid, sig);
             }
             return Ok((ret, scratch, out));
         }

@@ -227,19 +227,32 @@ fn profile_verdict() {
     assert!(v.starts_with("good candidate: checkpoints need"), "{v}");
     assert!(v.contains("1 Gbit/s"), "{v}");
 
-    // 100 MB/s of writes, every page changing each lap, on a 1 Mbit/s link: poor.
+    // 100 MB/s of writes, every page changing each lap, on a 1 Mbit/s link: poor. The
+    // verdict needs a few epochs to rate: on a loaded machine one second once held a single
+    // 1.7 s epoch (its pause alone 170 ms), so a run with fewer than three is run again.
     let (busy, _) = dirtier_manifest(&scratch.0, "busy", "100");
-    let (_, s) = profile_json(
-        &scratch.0,
-        &busy,
-        &[
-            "--duration",
-            "1s",
-            "--link-bandwidth",
-            "1Mbit/s",
-            "--cap-pages",
-            "0",
-        ],
+    let mut runs = 0;
+    let s = loop {
+        let (_, s) = profile_json(
+            &scratch.0,
+            &busy,
+            &[
+                "--duration",
+                "1s",
+                "--link-bandwidth",
+                "1Mbit/s",
+                "--cap-pages",
+                "0",
+            ],
+        );
+        runs += 1;
+        if u(&s, "epochs") >= 3 || runs == 5 {
+            break s;
+        }
+    };
+    assert!(
+        u(&s, "epochs") >= 3,
+        "five runs of a second, none with three epochs: {s}"
     );
     assert_eq!(u(&s, "link_bandwidth_bps"), 1_000_000);
     assert_eq!(s["good"], false, "{s}");
@@ -408,9 +421,18 @@ fn profile_redis_with_an_encode_budget_verifies() {
         u(e, "encode_late_us");
         assert!(e["encode_overran"].is_boolean(), "{e}");
     }
+    // It ran against the tracked Redis without an error. (Whether it finished its requests
+    // within the six seconds depends on the machine: on a loaded one it had not.)
     let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let served = text.contains("requests per second")
+        || text.split("rps=").skip(1).any(|r| {
+            r.split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<f64>().ok())
+                > Some(0.0)
+        });
     assert!(
-        text.contains("requests per second") && !text.contains("rror"),
+        served && !text.contains("rror"),
         "redis-benchmark against the tracked Redis:\n{text}"
     );
 }

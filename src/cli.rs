@@ -462,6 +462,16 @@ pub struct InstanceArgs {
     /// share one fault, taken by the first takeover. Used by the lab tests.
     #[arg(long, value_name = "FILE", hide = true, env = "TARDI_FAULT_RESTORE")]
     pub fault_restore: Option<PathBuf>,
+    /// Testing only: a backup here corrupts its image on purpose (flips a byte of one page)
+    /// once, after applying a checkpoint, if this instance removes FILE: the divergence check
+    /// must catch it. Used by the lab tests.
+    #[arg(
+        long,
+        value_name = "FILE",
+        hide = true,
+        env = "TARDI_FAULT_CORRUPT_IMAGE"
+    )]
+    pub fault_corrupt_image: Option<PathBuf>,
 }
 
 /// Measure how much a service would cost to replicate: run it in a sandbox and take an

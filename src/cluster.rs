@@ -148,6 +148,7 @@ pub fn instance(a: InstanceArgs) -> anyhow::Result<()> {
         metrics: a.metrics,
         security: sec,
         fault_restore: a.fault_restore,
+        fault_corrupt_image: a.fault_corrupt_image,
     })
 }
 
@@ -342,9 +343,15 @@ pub fn status(a: &StatusArgs, addr: &str) -> anyhow::Result<()> {
         }
         for b in &s.backup_reports {
             println!(
-                "  backup: {}; queued epoch {}, applied {}, queue {}",
-                b.state, b.epoch, b.decided, b.backup_lag
+                "  backup: {}; queued epoch {}, applied {}, queue {}; divergence checks {}, diverged {}",
+                b.state, b.epoch, b.decided, b.backup_lag, b.scrub_checks, b.scrub_mismatches
             );
+            if !b.scrub_last_mismatch.is_empty() {
+                println!(
+                    "    last divergence (the image was dropped and re-seeded): {}",
+                    b.scrub_last_mismatch
+                );
+            }
         }
         if let Some(h) = s.history.last() {
             println!("  last view change: view {}: {}", h.view, h.reason);

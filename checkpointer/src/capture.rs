@@ -877,6 +877,7 @@ fn capture_meta_once(
         tree: Vec::new(),
         shared_files: Vec::new(),
         zombies: Vec::new(),
+        scrub: None,
     })
 }
 

@@ -150,6 +150,9 @@ pub struct EpochConfig {
     /// the pause. Zero (the default) outside tests.
     #[doc(hidden)]
     pub precopy_stall: Duration,
+    /// The divergence check (see [`crate::scrub`]): now and then a pause digests a slice of
+    /// the process's memory and its carried metadata into its checkpoint. `None`: never.
+    pub scrub: Option<crate::scrub::ScrubConfig>,
 }
 
 impl EpochConfig {
@@ -158,6 +161,8 @@ impl EpochConfig {
     fn for_member(&self) -> EpochConfig {
         EpochConfig {
             private_dirs: Vec::new(),
+            // (Not covered yet: see `tardi_image::scrub`.)
+            scrub: None,
             ..self.clone()
         }
     }
@@ -184,6 +189,7 @@ impl Default for EpochConfig {
             after_release: Duration::ZERO,
             encode_budget: DEFAULT_ENCODE_BUDGET,
             precopy_stall: Duration::ZERO,
+            scrub: None,
         }
     }
 }
@@ -264,6 +270,10 @@ pub struct EpochStats {
     pub exe_us: u64,
     pub commit_us: u64,
     pub hook_us: u64,
+    /// The divergence check's pages read and digested in this pause (0: no check), and how
+    /// long that took (part of the pause).
+    pub scrub_pages: u64,
+    pub scrub_us: u64,
     /// Twin-diff and codec (after the resume).
     pub encode_us: u64,
     /// Pages written during the epoch (hot pages included).
@@ -856,6 +866,10 @@ struct EpochLoop {
     /// carried to the next pause when the count has not moved (see `capture`).
     layout_seen: Option<u64>,
     prev_cow: Vec<u64>,
+    /// The divergence check's cadence (the main process's loop only), and the pages this
+    /// pause digested, until its checkpoint takes them.
+    scrubber: Option<crate::scrub::Scrubber>,
+    scrub_pages: Option<Vec<tardi_image::scrub::PageDigest>>,
     /// Periodic full reads that found a layout change no call was counted for.
     layout_missed: u64,
     /// `/proc/PID/maps`, open for `PROCMAP_QUERY` (stacks growing down).
@@ -1588,6 +1602,7 @@ impl EpochLoop {
             probe,
         } = first;
         let codec = PageCodec::new().map_err(|e| CaptureError::Unsupported(e.to_string()))?;
+        let scrubber = cfg.scrub.map(crate::scrub::Scrubber::new);
         Ok(EpochLoop {
             twins: TwinStore::new(cfg.twin_budget),
             rng: 0x9E37_79B9_7F4A_7C15 ^ proc.pid as u64,
@@ -1599,6 +1614,8 @@ impl EpochLoop {
             prev_maps: maps,
             layout_seen: None,
             prev_cow: Vec::new(),
+            scrubber,
+            scrub_pages: None,
             layout_missed: 0,
             cache,
             codecs: vec![codec],
@@ -2185,6 +2202,8 @@ impl EpochLoop {
         if let Some(why) = &self.broken {
             return Some(Err(CaptureError::TreeChanged(why.clone()).into()));
         }
+        // Digests of an earlier pause that produced no checkpoint describe no checkpoint.
+        self.scrub_pages = None;
         if exited(&self.pidfd) {
             return Some(Err(EpochError::ServiceGone(format!(
                 "process {} has exited",
@@ -2291,7 +2310,7 @@ impl EpochLoop {
                 }
             }
         };
-        let c = match captured {
+        let mut c = match captured {
             Ok(c) => c,
             Err(e) => {
                 let _ = resume_all(msts);
@@ -2307,6 +2326,17 @@ impl EpochLoop {
             m.lp.epoch = epoch;
         }
         self.trigger.clear();
+        // The divergence check, when due: still stopped, so the digests are of this state.
+        let tsc = Instant::now();
+        if let Some(s) = self.scrubber.as_mut().filter(|s| s.due()) {
+            match s.take(&self.proc, &c.main.meta.vmas) {
+                Ok(pages) => self.scrub_pages = Some(pages),
+                Err(e) => {
+                    tracing::warn!(%e, "the divergence check could not read the process; skipped")
+                }
+            }
+        }
+        c.main.parts.scrub = tsc.elapsed();
         let th = Instant::now();
         if let Some(h) = self.hook.as_mut() {
             h(epoch);
@@ -2342,7 +2372,6 @@ impl EpochLoop {
             self.keep_all(&mut journal, &mut journals);
             return Some(Err(self.classify(CaptureError::from(e).into())));
         }
-        let mut c = c;
         c.main.parts.resume = tr.elapsed();
         c.main.parts.hook = hook;
         // The encoding yields to the service, on its budget (see `crate::budget`).
@@ -2957,6 +2986,21 @@ impl EpochLoop {
         let touched = self.tracker.commit(st, &self.armed, &maps)?;
         j.pages.extend(touched.iter().map(|&a| (a, a + PAGE)));
         if !touched.is_empty() {
+            // A fresh range is captured as its scan (before the commit) found it: a page the
+            // commit wrote there that the scan found empty is added to it. (The agent's control
+            // block, merged by the kernel into a fresh anonymous range, had its table pages
+            // first written by the re-arm: they were missing from the image, found by the
+            // divergence check, `tests/scrub.rs`.)
+            let found = |a: u64| fresh_pages.iter().any(|r| r.0 <= a && a < r.1);
+            let missing: Vec<u64> = touched
+                .iter()
+                .copied()
+                .filter(|&a| in_fresh(a) && !found(a))
+                .collect();
+            if !missing.is_empty() {
+                fresh_pages.extend(missing.into_iter().map(|a| (a, a + PAGE, 0)));
+                fresh_pages.sort_unstable_by_key(|r| r.0);
+            }
             dirty.extend(touched.into_iter().filter(|&a| !in_fresh(a)));
             dirty.sort_unstable();
             dirty.dedup();
@@ -3436,6 +3480,7 @@ impl EpochLoop {
         st.exe_us = us(pp.exe);
         st.commit_us = us(pp.commit);
         st.hook_us = us(pp.hook);
+        st.scrub_us = us(pp.scrub);
         st.layout_carried = pp.layout_carried;
         st.layout_missed = self.layout_missed;
         st.dirty_pages = dirty;
@@ -3465,9 +3510,17 @@ impl EpochLoop {
         st.raw_bytes += shm_data.len() as u64;
         st.encoded_bytes += shm_data.len() as u64;
         meta.shm = objects;
+        // The divergence check's digests, of the complete metadata (before anything is left
+        // out) and the pages read in the pause.
+        let scrub = self
+            .scrub_pages
+            .take()
+            .map(|pages| tardi_image::scrub::Scrub::new(&meta, pages));
+        st.scrub_pages = scrub.as_ref().map_or(0, |s| s.pages.len() as u64);
         // Last: nothing fails from here on, so this checkpoint is produced and the next one
         // applies on top of it.
         self.meta_carry.leave_out(&mut meta);
+        meta.scrub = scrub;
         st.encode_us = te.elapsed().as_micros() as u64;
         let ck = Checkpoint {
             epoch,
@@ -3647,6 +3700,8 @@ struct Parts {
     exe: Duration,
     commit: Duration,
     hook: Duration,
+    /// The divergence check's reading (see [`crate::scrub`]).
+    scrub: Duration,
     resume: Duration,
     layout_carried: bool,
 }

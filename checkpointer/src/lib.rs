@@ -31,6 +31,7 @@ pub mod inotify;
 pub mod procfs;
 pub mod ptrace;
 pub mod restore;
+pub mod scrub;
 pub mod seccomp;
 pub mod shm;
 pub mod sys;

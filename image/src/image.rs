@@ -28,7 +28,7 @@ mod libc_types {
 /// `shared_files`, named by `FdKind::Shared`; 7: a tree's shared memory objects listed once, by
 /// the main process, and named by every process's mappings of them; 8: children that exited
 /// and were not reaped, `zombies`; 9: signals queued and not yet delivered, `pending`).
-pub const FORMAT_VERSION: u32 = 9;
+pub const FORMAT_VERSION: u32 = 10;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
 /// checkpointer checks equals this).
@@ -166,6 +166,10 @@ pub struct ProcessImage {
     /// and not yet delivered, oldest first: every thread blocks them. Listed whole in every
     /// checkpoint. (A thread's own are in [`ThreadImage::pending`].)
     pub pending: Vec<PendingSignal>,
+    /// An incremental checkpoint's main image, now and then: digests of the process as it was
+    /// at this pause, which the receiver compares with its image once this checkpoint is
+    /// applied (see [`crate::scrub`]). Not kept in an image.
+    pub scrub: Option<crate::scrub::Scrub>,
 }
 
 /// A child that exited and that its parent (a process of the tree) has not reaped yet: it
@@ -1185,6 +1189,9 @@ impl ProcessImage {
         if self.pid <= 0 {
             return bad(format!("process id {} is not positive", self.pid));
         }
+        if let Some(s) = &self.scrub {
+            s.validate().map_err(FormatError::Meta)?;
+        }
         if self.threads.is_empty() {
             return bad("no threads".into());
         }
@@ -1958,6 +1965,7 @@ pub(crate) mod tests {
             shared_files: Vec::new(),
             zombies: Vec::new(),
             pending: Vec::new(),
+            scrub: None,
         }
     }
 

@@ -8,6 +8,7 @@
 //! - [`delta`]: the page codecs (XOR + zstd, xdelta3, zstd, raw) and the twin store, whose
 //!   pages live in a huge-page arena (`arena.rs`, the crate's only `unsafe` code).
 //! - [`files`]: the private directories' tree and the changes a checkpoint carries for it.
+//! - [`scrub`]: the divergence check, digests of the process a backup compares its image with.
 //! - [`store`]: [`store::Image`], a process image a chain of checkpoints is applied to: what a
 //!   backup keeps, and turns back into a full checkpoint to restore from.
 //!
@@ -28,6 +29,7 @@ mod bytes;
 pub mod delta;
 pub mod files;
 pub mod image;
+pub mod scrub;
 pub mod store;
 
 pub use image::{Checkpoint, FormatError, ProcessImage};

@@ -213,6 +213,17 @@ impl Image {
         self.pages.get(&addr).map(|b| &**b)
     }
 
+    /// Testing only: flips one byte of the `n`th page (in address order, modulo their number)
+    /// this process image holds, as a bug or a bad memory cell would; returns that page's
+    /// address (`None`: it holds no page).
+    #[doc(hidden)]
+    pub fn corrupt_page(&mut self, n: usize) -> Option<u64> {
+        let len = self.pages.len();
+        let (addr, page) = self.pages.iter_mut().nth(n.checked_rem(len)?)?;
+        page[100] ^= 0x5a;
+        Some(*addr)
+    }
+
     /// Applies the next checkpoint of the chain (a full one replaces the image).
     ///
     /// All or nothing: on any error — out of order, inconsistent (anything
@@ -628,6 +639,8 @@ fn stored_meta(img: &ProcessImage) -> ProcessImage {
         zombies: img.zombies.clone(),
         // Listed whole in every checkpoint.
         pending: img.pending.clone(),
+        // What the image is checked against once, not part of it.
+        scrub: None,
     }
 }
 

@@ -9,8 +9,18 @@
 //! primary's output — back-pressure instead of unbounded memory. A checkpoint of a view older
 //! than the one this backup is in is refused: a deposed primary can never have an epoch decided
 //! by this backup again.
+//!
+//! The divergence check: a checkpoint may carry the primary's digests of its process at that
+//! pause (`ProcessImage::scrub`, see `tardi_image::scrub`). Once it is applied, the image is
+//! compared with them; an image that differs is dropped (restoring it would restore a
+//! different service than the one clients saw) and the chain marked broken, so the next
+//! incremental checkpoint is refused and the primary sends a full one (its stream restarts).
+//! Until that full checkpoint is applied this backup holds no image and is no candidate for a
+//! takeover: with other backups the service stays protected by them, with none it is
+//! unavailable rather than wrong if its primary fails in that window.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 use tardi_checkpointer::image::{Checkpoint, Kind};
@@ -64,6 +74,13 @@ struct State {
     stopped: bool,
     // Figures for reports.
     applied: u64,
+    /// Divergence checks made, images found diverged, and the last difference found.
+    scrub_checks: u64,
+    scrub_mismatches: u64,
+    last_mismatch: Option<String>,
+    /// Testing only: corrupt the image once this file can be removed (see
+    /// [`Backup::corrupt_when_removed`]).
+    fault_corrupt: Option<PathBuf>,
     last_bytes: VecDeque<u64>,
     recent: VecDeque<Instant>,
 }
@@ -83,6 +100,10 @@ impl Backup {
                 applying_full: false,
                 stopped: false,
                 applied: 0,
+                scrub_checks: 0,
+                scrub_mismatches: 0,
+                last_mismatch: None,
+                fault_corrupt: None,
                 last_bytes: VecDeque::new(),
                 recent: VecDeque::new(),
             }),
@@ -115,6 +136,13 @@ impl Backup {
             st.image = Some((run, image));
         }
         b
+    }
+
+    /// Testing only (`tardi instance --fault-corrupt-image FILE`): once, after applying a
+    /// checkpoint, if this backup removes `file`, flip a byte of a page of its image (the one
+    /// at the lowest address it holds), as a bug in the apply path or a bad memory cell would.
+    pub fn corrupt_when_removed(&self, file: PathBuf) {
+        self.lock().fault_corrupt = Some(file);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -238,7 +266,40 @@ impl Backup {
             };
             let mut st = self.lock();
             match result {
-                Ok(img) => {
+                Ok(mut img) => {
+                    if let Some(f) = st.fault_corrupt.clone()
+                        && std::fs::remove_file(&f).is_ok()
+                    {
+                        let at = img.1.corrupt_page(0);
+                        tracing::warn!(service = %self.service, epoch = ck.epoch, page = ?at, "fault injected: the image was corrupted on purpose");
+                        st.fault_corrupt = None;
+                    }
+                    if let Some(s) = &ck.image.scrub {
+                        st.scrub_checks += 1;
+                        let diffs = tardi_checkpointer::scrub::check(&img.1, s);
+                        if let Some(first) = diffs.first() {
+                            st.scrub_mismatches += 1;
+                            let what = format!(
+                                "epoch {}: {first}{}",
+                                ck.epoch,
+                                match diffs.len() {
+                                    1 => String::new(),
+                                    n => format!(" (and {} more)", n - 1),
+                                }
+                            );
+                            tracing::error!(service = %self.service, epoch = ck.epoch, differences = diffs.len(), first = %first, "the image diverged from the primary's process: dropped; a full checkpoint is needed");
+                            st.broken = Some(format!(
+                                "the image diverged from the primary's process at {what}"
+                            ));
+                            st.last_mismatch = Some(what);
+                            st.queue.clear();
+                            st.queued = None;
+                            st.applying = false;
+                            st.applying_full = false;
+                            self.cv.notify_all();
+                            continue;
+                        }
+                    }
                     st.image = Some(img);
                     st.applied += 1;
                     st.recent.push_back(Instant::now());
@@ -318,6 +379,9 @@ impl Backup {
             },
             broken: st.broken.clone(),
             has_image: st.image.is_some(),
+            scrub_checks: st.scrub_checks,
+            scrub_mismatches: st.scrub_mismatches,
+            last_mismatch: st.last_mismatch.clone(),
         }
     }
 }
@@ -333,4 +397,8 @@ pub struct BackupReport {
     pub mean_bytes: u64,
     pub broken: Option<String>,
     pub has_image: bool,
+    /// Divergence checks made, how many found the image diverged, and the last difference.
+    pub scrub_checks: u64,
+    pub scrub_mismatches: u64,
+    pub last_mismatch: Option<String>,
 }

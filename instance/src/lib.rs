@@ -65,6 +65,10 @@ pub struct Options {
     /// sandbox is set up and before the restored process runs, if this instance removes FILE
     /// (instances given the same file share one fault). `None` in any real deployment.
     pub fault_restore: Option<PathBuf>,
+    /// Testing only (`--fault-corrupt-image FILE`): a backup here corrupts its image once, after
+    /// applying a checkpoint, if it removes FILE ([`Backup::corrupt_when_removed`]). `None` in
+    /// any real deployment.
+    pub fault_corrupt_image: Option<PathBuf>,
 }
 
 /// One service as assigned to this machine.
@@ -355,6 +359,9 @@ impl Roles {
                     checkpoint_bytes: r.mean_bytes,
                     backup_lag: r.lag,
                     image_view: r.image_view,
+                    scrub_checks: r.scrub_checks,
+                    scrub_mismatches: r.scrub_mismatches,
+                    scrub_last_mismatch: r.last_mismatch.unwrap_or_default(),
                     ..Default::default()
                 }
             }
@@ -516,10 +523,11 @@ impl Roles {
                     let gate = primary::open_gate(s.link_index)
                         .inspect_err(|e| tracing::warn!(service = %s.service, error = %e, "cannot prepare the output gate; a takeover will"))
                         .ok();
-                    Role::Backup(
-                        Backup::new(&s.service, view.number, self.ctx.opts.queue_len),
-                        gate,
-                    )
+                    let b = Backup::new(&s.service, view.number, self.ctx.opts.queue_len);
+                    if let Some(f) = &self.ctx.opts.fault_corrupt_image {
+                        b.corrupt_when_removed(f.clone());
+                    }
+                    Role::Backup(b, gate)
                 }
             };
             self.lock().insert(s.service.clone(), next);
@@ -664,6 +672,20 @@ fn metrics(machine: &str, reports: &[pb::ServiceReport]) -> String {
                 "Primary: full checkpoints taken since it started (a backup joining, or a backup's chain restarting).",
                 &l,
                 r.full_checkpoints as f64,
+            );
+        }
+        if r.role == pb::Role::Backup as i32 {
+            e.counter(
+                "tardi_instance_scrub_checks_total",
+                "Backup: divergence checks of its image against the primary's digests.",
+                &l,
+                r.scrub_checks as f64,
+            );
+            e.counter(
+                "tardi_instance_scrub_mismatches_total",
+                "Backup: divergence checks that found its image differed from the primary's process (the image was dropped and re-seeded by a full checkpoint).",
+                &l,
+                r.scrub_mismatches as f64,
             );
         }
         e.gauge(

@@ -548,6 +548,7 @@ impl Primary {
             pause_p50_us: p50,
             pause_p99_us: p99,
             full_checkpoints: st.fulls,
+            ..Default::default()
         }
     }
 
@@ -714,6 +715,10 @@ fn epoch_config(m: &tardi_manifest::Manifest, svc: &Service) -> EpochConfig {
         follow_releases: e.follow_releases,
         follow_min: Duration::from_secs_f64(e.follow_min_ms / 1e3),
         after_release: Duration::from_secs_f64(e.after_release_ms / 1e3),
+        scrub: (m.tardi.scrub.interval_ms > 0).then(|| tardi_checkpointer::scrub::ScrubConfig {
+            every: Duration::from_millis(m.tardi.scrub.interval_ms),
+            pages: m.tardi.scrub.pages as usize,
+        }),
         ..EpochConfig::default()
     }
 }

@@ -213,6 +213,9 @@ pub struct Tardi {
     /// `[tardi.failover]`.
     #[serde(default)]
     pub failover: Failover,
+    /// `[tardi.scrub]`.
+    #[serde(default)]
+    pub scrub: Scrub,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -301,6 +304,30 @@ impl Default for Failover {
             max_failures: 3,
             window_s: 600,
             max_backup_lag_ms: 5000,
+        }
+    }
+}
+
+/// `[tardi.scrub]`: the divergence check. Now and then a pause of the primary digests a slice
+/// of the service's memory (read from the process itself) and the metadata a checkpoint may
+/// carry over; each backup compares them with its image once it applied that checkpoint, and a
+/// backup whose image differs drops it and is sent a full checkpoint (`tardi status` and the
+/// metric `tardi_instance_scrub_mismatches_total` count them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Scrub {
+    /// `interval_ms`: at most one check per this long, default 1000; 0 turns the check off.
+    pub interval_ms: u64,
+    /// `pages`: pages per check, default 256 (1 MiB read and hashed inside one pause at most:
+    /// only pages with contents of their own are read). The walk goes on from where the last
+    /// check ended, so the whole memory is covered once every (mapped pages / `pages`) checks.
+    pub pages: u32,
+}
+
+impl Default for Scrub {
+    fn default() -> Self {
+        Scrub {
+            interval_ms: 1000,
+            pages: 256,
         }
     }
 }

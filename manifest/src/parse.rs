@@ -12,7 +12,7 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
 use crate::error::{Location, ManifestError};
-use crate::{Epoch, Failover, Manifest, Mount, MountKind, Network, Port, Proto, Sys, Tardi};
+use crate::{Epoch, Failover, Manifest, Mount, MountKind, Network, Port, Proto, Scrub, Sys, Tardi};
 
 type Val<'i> = Spanned<DeValue<'i>>;
 type R<T> = Result<T, ManifestError>;
@@ -72,6 +72,9 @@ const KNOWN_KEYS: &[&str] = &[
     "tardi.failover.max_failures",
     "tardi.failover.window_s",
     "tardi.failover.max_backup_lag_ms",
+    "tardi.scrub",
+    "tardi.scrub.interval_ms",
+    "tardi.scrub.pages",
 ];
 
 /// Gramine keys that are valid but mean nothing under Tardi: accepted with a warning. Matches the
@@ -144,6 +147,7 @@ struct State {
     follow_at: Option<usize>,
     network: Network,
     failover: Failover,
+    scrub: Scrub,
 }
 
 pub(crate) struct Ctx<'t> {
@@ -182,6 +186,7 @@ pub(crate) fn parse_manifest(text: &str, source: &Path) -> R<(Manifest, Vec<Stri
         follow_at: None,
         network: Network::default(),
         failover: Failover::default(),
+        scrub: Scrub::default(),
     };
     for it in entries("", root) {
         match it.name {
@@ -739,6 +744,32 @@ impl<'t> Ctx<'t> {
                     st.user = Some(u.to_owned());
                 }
                 "epoch" => self.epoch(&e, st)?,
+                "scrub" => {
+                    for f in entries(&e.key, self.table(&e)?) {
+                        match f.name {
+                            "interval_ms" => match self.integer(&f)? {
+                                n if (0..=86_400_000).contains(&n) => {
+                                    st.scrub.interval_ms = n as u64
+                                }
+                                n => {
+                                    return Err(self.invalid(
+                                        &f,
+                                        format!("must be in 0..=86400000 (a day; 0: off), got {n}"),
+                                    ));
+                                }
+                            },
+                            "pages" => match self.integer(&f)? {
+                                n if (1..=65_536).contains(&n) => st.scrub.pages = n as u32,
+                                n => {
+                                    return Err(
+                                        self.invalid(&f, format!("must be in 1..=65536, got {n}"))
+                                    );
+                                }
+                            },
+                            _ => return Err(self.unknown(&f, &[])),
+                        }
+                    }
+                }
                 "failover" => {
                     for f in entries(&e.key, self.table(&e)?) {
                         match f.name {
@@ -972,6 +1003,7 @@ impl<'t> Ctx<'t> {
                 epoch,
                 network: st.network,
                 failover: st.failover,
+                scrub: st.scrub,
             },
         })
     }

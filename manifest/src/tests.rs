@@ -61,6 +61,10 @@ fn defaults() {
     assert_eq!(m.tardi.network.subnet, Ipv4Addr::new(10, 213, 0, 0));
     assert_eq!(m.tardi.failover, Failover::default());
     assert_eq!(
+        (m.tardi.scrub.interval_ms, m.tardi.scrub.pages),
+        (1000, 256)
+    );
+    assert_eq!(
         (m.tardi.failover.max_failures, m.tardi.failover.window_s),
         (3, 600)
     );
@@ -111,6 +115,10 @@ subnet = "10.42.0.0"
 max_failures = 5
 window_s = 60
 max_backup_lag_ms = 1500
+
+[tardi.scrub]
+interval_ms = 250
+pages = 4096
 "#);
     assert!(w.is_empty(), "{w:?}");
     assert_eq!(m.entrypoint, PathBuf::from("/bin/sh"), "file: is stripped");
@@ -156,6 +164,10 @@ max_backup_lag_ms = 1500
         (5, 60)
     );
     assert_eq!(m.tardi.failover.max_backup_lag_ms, 1500);
+    assert_eq!(
+        (m.tardi.scrub.interval_ms, m.tardi.scrub.pages),
+        (250, 4096)
+    );
     assert_eq!(m.tardi.ports[0].to_string(), "tcp:6379");
 }
 
@@ -402,6 +414,16 @@ fn error_unknown_key_in_tables() {
     // Old Gramine syntax.
     let e = err(&with_head("fs.mount.lib.path = \"/lib\"\n"));
     assert!(e.to_string().contains("did you mean 'fs.mounts'"), "{e}");
+}
+
+#[test]
+fn error_scrub_out_of_range() {
+    let e = err(&with_head("[tardi.scrub]\npages = 0\n"));
+    assert_key_err(&e, "tardi.scrub.pages", 4);
+    let e = err(&with_head("[tardi.scrub]\ninterval_ms = -1\n"));
+    assert_key_err(&e, "tardi.scrub.interval_ms", 4);
+    let e = err(&with_head("[tardi.scrub]\nbudget = 3\n"));
+    assert_key_err(&e, "tardi.scrub.budget", 4);
 }
 
 #[test]

@@ -21,6 +21,10 @@ pub fn report_json(r: &pb::ServiceReport) -> serde_json::Value {
         "pause_p50_us": r.pause_p50_us,
         "pause_p99_us": r.pause_p99_us,
         "takeover_us": r.takeover_us,
+        "full_checkpoints": r.full_checkpoints,
+        "scrub_checks": r.scrub_checks,
+        "scrub_mismatches": r.scrub_mismatches,
+        "scrub_last_mismatch": r.scrub_last_mismatch,
     })
 }
 

@@ -316,6 +316,7 @@ mod tests {
                     subnet: Ipv4Addr::new(10, 99, 0, 0),
                 },
                 failover: Default::default(),
+                scrub: Default::default(),
             },
         }
     }

@@ -396,6 +396,18 @@ impl Proc {
             shared_files: Vec::new(),
             zombies: Vec::new(),
             pending: Vec::new(),
+            // Incremental checkpoints carry a divergence check (its pages need not be held:
+            // the decoder only checks their order and number).
+            scrub: base.map(|_| tardi_image::scrub::Scrub {
+                pages: [HEAP, HEAP + 0x1000]
+                    .into_iter()
+                    .map(|addr| tardi_image::scrub::PageDigest {
+                        addr,
+                        content: Some([7; 16]),
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
         }
     }
 

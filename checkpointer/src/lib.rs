@@ -6,7 +6,8 @@
 //! userfaultfd, or mprotect through the freestanding agent `agent/` that [`agent`] loads into
 //! the process), the epoch loop ([`epoch`]) and its eBPF count of the process's descriptor
 //! calls ([`syscount`]); timers ([`timers`]), the service's seccomp filters ([`seccomp`]) and
-//! inotify watches ([`inotify`]), shared memory objects ([`shm`]), process trees ([`tree`]).
+//! inotify watches ([`inotify`]), shared memory objects ([`shm`]), process trees ([`tree`]), and
+//! the primary's half of the divergence check ([`scrub`]: digests of the stopped process).
 //! Must not touch: namespaces, mounts, networking, manifests (that is `tardi-sandbox`), or
 //! anything about replication: a checkpoint is bytes with an epoch number, and restore takes
 //! bytes.

@@ -102,15 +102,19 @@ pub fn trial(
     let fault_unix_ms = now_unix_us() / 1000;
     let injected = faults::inject(c, fault, &victim, &roles);
     let mut notes: Vec<String> = Vec::new();
-    if let Err(e) = &injected {
-        notes.push(format!("injecting the fault: {e:#}"));
-    }
+    let victims = match &injected {
+        Ok(v) => v.clone(),
+        Err(e) => {
+            notes.push(format!("injecting the fault: {e:#}"));
+            vec![victim.clone()]
+        }
+    };
     // A transient fault is lifted before recovery is judged.
     let transient = faults::transient(fault);
     let mut lifted = None;
     if let Some(d) = transient {
         std::thread::sleep(d);
-        let r = faults::lift(c, fault, &victim, &roles);
+        let r = faults::lift(c, fault, &victims, &roles);
         if let Err(e) = &r {
             notes.push(format!("lifting the fault: {e:#}"));
         }
@@ -119,7 +123,7 @@ pub fn trial(
 
     // Recovery.
     let recovered_status = c.wait("recovery", o.recovery_timeout, |s| {
-        faults::recovered(c, fault, s, &roles, &victim)
+        faults::recovered(c, fault, s, &roles, &victims)
     });
     // ... and the service answers in it.
     let mut recovered_at = None;
@@ -153,7 +157,7 @@ pub fn trial(
         let back = if transient.is_some() {
             Ok(())
         } else {
-            faults::lift(c, fault, &victim, &roles)
+            faults::lift(c, fault, &victims, &roles)
         };
         if let Err(e) = back {
             notes.push(format!("bringing {victim} back: {e:#}"));
@@ -245,7 +249,7 @@ pub fn trial(
         let _ = std::fs::remove_file(&path);
     }
     let rec = json!({
-        "fault": fault, "trial": n, "started": true, "victim": victim,
+        "fault": fault, "trial": n, "started": true, "victim": victim, "victims": victims,
         "primary_before": primary, "backup_before": backup, "leader_before": leader,
         "view_before": view0, "view_after": after["view"], "primary_after": after["primary"],
         "backups_after": after["backups"],

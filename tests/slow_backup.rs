@@ -70,7 +70,8 @@ fn a_backup_whose_link_is_blackholed_is_replaced_and_the_output_flows_again() {
         "{reasons:?}"
     );
     assert!(
-        c.logs().contains("backup falls behind: replacing it"),
+        // The leader's whole log: under load the line can fall out of the tail `logs` shows.
+        c.log("o1").contains("backup falls behind: replacing it"),
         "replaced, but not for its lag"
     );
     let acked: Vec<u64> = first.into_iter().chain(second).collect();

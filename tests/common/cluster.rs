@@ -284,6 +284,11 @@ impl Cluster {
             .unwrap()
     }
 
+    /// The whole log of node `n`'s daemon (empty if there is none).
+    pub fn log(&self, n: &str) -> String {
+        std::fs::read_to_string(format!("/run/tardi-lab/logs/{n}.log")).unwrap_or_default()
+    }
+
     /// The tail of every daemon's log, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();

@@ -224,7 +224,10 @@ fn a_corrupted_backup_image_is_caught_and_reseeded() {
     let manifest = redis_manifest_with(
         std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
         "redis-scrub.manifest",
-        "[tardi.scrub]\ninterval_ms = 100\npages = 65536\n",
+        // Five checks a second over slices of 4,096 pages: Redis's memory is covered every few
+        // seconds. (Its whole memory at every check, ten a second, made each pause tens of
+        // milliseconds: on a loaded machine 200 writes did not fit in 30 s.)
+        "[tardi.scrub]\ninterval_ms = 200\npages = 4096\n",
     );
     let mut c = Cluster::up_args(3, 1, &[], &["--fault-corrupt-image", &token_arg]);
     let (primary, backup, to) = c.deploy_active(&manifest, 1, "redis", 6379);

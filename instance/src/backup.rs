@@ -264,19 +264,26 @@ impl Backup {
                     continue;
                 }
             };
+            let mut result = result;
+            // Testing only (see `corrupt_when_removed`).
+            let fault = self.lock().fault_corrupt.clone();
+            if let (Some(f), Ok((_, img))) = (fault, result.as_mut())
+                && std::fs::remove_file(&f).is_ok()
+            {
+                let at = img.corrupt_page(0);
+                tracing::warn!(service = %self.service, epoch = ck.epoch, page = ?at, "fault injected: the image was corrupted on purpose");
+                self.lock().fault_corrupt = None;
+            }
+            // The divergence check, outside the lock: receiving goes on meanwhile.
+            let diffs = match (&result, &ck.image.scrub) {
+                (Ok((_, img)), Some(s)) => Some(tardi_checkpointer::scrub::check(img, s)),
+                _ => None,
+            };
             let mut st = self.lock();
             match result {
-                Ok(mut img) => {
-                    if let Some(f) = st.fault_corrupt.clone()
-                        && std::fs::remove_file(&f).is_ok()
-                    {
-                        let at = img.1.corrupt_page(0);
-                        tracing::warn!(service = %self.service, epoch = ck.epoch, page = ?at, "fault injected: the image was corrupted on purpose");
-                        st.fault_corrupt = None;
-                    }
-                    if let Some(s) = &ck.image.scrub {
+                Ok(img) => {
+                    if let Some(diffs) = diffs {
                         st.scrub_checks += 1;
-                        let diffs = tardi_checkpointer::scrub::check(&img.1, s);
                         if let Some(first) = diffs.first() {
                             st.scrub_mismatches += 1;
                             let what = format!(

@@ -18,7 +18,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 use tardi_image::image::Vma;
-use tardi_image::scrub::{Cursor, PageDigest, digest};
+use tardi_image::scrub::{Cursor, PageDigest, digest, zero_digest};
 // The receiver's half, for those who link this crate only.
 pub use tardi_image::scrub::{Mismatch, Scrub, check};
 
@@ -88,7 +88,7 @@ impl Scrubber {
                     || (pm & PM_PRESENT != 0 && (!file || pm & PM_FILE == 0));
                 let content = match (own, file) {
                     (false, true) => None,
-                    (false, false) => Some(digest(&[0u8; PAGE as usize])),
+                    (false, false) => Some(zero_digest()),
                     (true, _) => {
                         mem.read_exact_at(&mut page, addr)?;
                         Some(digest(&page))

@@ -157,7 +157,8 @@ pub fn check(img: &Image, s: &Scrub) -> Vec<Mismatch> {
     out
 }
 
-fn zero_digest() -> Digest {
+/// The digest of a page of zeros (computed once).
+pub fn zero_digest() -> Digest {
     static ZERO: std::sync::OnceLock<Digest> = std::sync::OnceLock::new();
     *ZERO.get_or_init(|| digest(&[0u8; PAGE as usize]))
 }

@@ -305,29 +305,6 @@ fn statemachine_chain_uffd_no_hot_pages_no_twins_no_precopy() {
     );
 }
 
-/// The churn program running in a sandbox (`env`: extra manifest lines); its name.
-fn churn_run(tag: &str, env: &str) -> (Scratch, Running, String) {
-    let bin = programs::build("churn");
-    let scratch = Scratch::new(tag);
-    let name = format!("churn-{tag}-{}", std::process::id() % 10000);
-    let data = scratch.0.join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    let manifest = scratch.0.join("churn.manifest");
-    std::fs::write(
-        &manifest,
-        format!(
-            "libos.entrypoint = {bin:?}\nloader.argv = [\"churn\", \"--threads\", \"3\", \"--rate\", \"20\", \"--file\", \"/mnt/churn.dat\"]\n\
-             fs.mounts = [{{ path = \"/\", uri = \"file:/\" }}, {{ path = \"/mnt\", uri = \"file:{}\" }}, {{ type = \"tmpfs\", path = \"/tmp\" }}]\n\
-             {env}\n[tardi]\nname = \"{name}\"\nprivate_dirs = [\"/mnt\"]\n",
-            data.display()
-        ),
-    )
-    .unwrap();
-    let run = Running::run(&manifest).expect("tardi run churn");
-    std::thread::sleep(Duration::from_millis(300));
-    (scratch, run, name)
-}
-
 /// The memory-layout churn program (`tests/programs/churn.c`): threads that write, mmap,
 /// munmap, mremap (grow, shrink, move, DONTUNMAP), MADV_DONTNEED, mprotect (incl. PROT_NONE
 /// with data inside), replace mappings at the same address, brk up and down, and write
@@ -336,7 +313,7 @@ fn churn_run(tag: &str, env: &str) -> (Scratch, Running, String) {
 /// into a second sandbox, and the two processes are compared byte for byte.
 fn churn_chain(tag: &str, cfg: EpochConfig, env: &str) {
     use tardi_sandbox::SandboxConfig;
-    let (scratch, run, name) = churn_run(tag, env);
+    let (scratch, run, name) = common::tardi::churn_run(tag, env);
     let mut config: SandboxConfig =
         serde_json::from_slice(&run.snapshot_sandbox(&scratch.0.join("first.tardi"))).unwrap();
 
@@ -572,7 +549,7 @@ fn file_mapping_churn_stress() {
 /// epochs; `env`: more manifest lines (churn's settings).
 fn churn_fulls_and_failures(tag: &str, env: &str, scale: u64, check_every: u64) {
     let (_scratch, run, _name) =
-        churn_run(tag, &format!("loader.env.CHURN_MREMAP_SKIP = \"2\"\n{env}"));
+        common::tardi::churn_run(tag, &format!("loader.env.CHURN_MREMAP_SKIP = \"2\"\n{env}"));
     let cfg = EpochConfig {
         precopy_min_pages: 0, // pre-copy every epoch, however few pages
         interval: Duration::from_millis(5),

@@ -14,9 +14,8 @@
 mod common;
 
 use common::cluster::{Cluster, redis_manifest_with};
-use common::programs;
 use common::resp::write_through_failovers;
-use common::tardi::{Running, Scratch};
+use common::tardi::churn_run;
 use std::path::PathBuf;
 use std::time::Duration;
 use tardi_checkpointer::epoch::{EpochConfig, Epochs};
@@ -56,29 +55,6 @@ fn first_in_checkpoint(ck: &Checkpoint, diffs: &[Mismatch]) -> (bool, bool, bool
     )
 }
 
-/// The churn program in a sandbox; `env`: extra manifest lines.
-fn churn(tag: &str, env: &str) -> (Scratch, Running) {
-    let bin = programs::build("churn");
-    let scratch = Scratch::new(tag);
-    let name = format!("scrub-{tag}-{}", std::process::id() % 10000);
-    let data = scratch.0.join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    let manifest = scratch.0.join("churn.manifest");
-    std::fs::write(
-        &manifest,
-        format!(
-            "libos.entrypoint = {bin:?}\nloader.argv = [\"churn\", \"--threads\", \"3\", \"--rate\", \"20\", \"--file\", \"/mnt/churn.dat\"]\n\
-             fs.mounts = [{{ path = \"/\", uri = \"file:/\" }}, {{ path = \"/mnt\", uri = \"file:{}\" }}, {{ type = \"tmpfs\", path = \"/tmp\" }}]\n\
-             {env}\n[tardi]\nname = \"{name}\"\nprivate_dirs = [\"/mnt\"]\n",
-            data.display()
-        ),
-    )
-    .unwrap();
-    let run = Running::run(&manifest).expect("tardi run churn");
-    std::thread::sleep(Duration::from_millis(300));
-    (scratch, run)
-}
-
 /// 150 epochs of the churn program with a check over the whole memory at every pause; every
 /// 10th epoch one corruption is injected into the image after it applied the checkpoint (a
 /// page it holds, a thread's register, a descriptor, in turn) and must be found, then undone
@@ -91,7 +67,7 @@ fn every_check_agrees_and_every_corruption_is_found(tag: &str, tracker: TrackerK
         TrackerKind::Uffd => "loader.env.CHURN_MREMAP_SKIP = \"2\"",
         _ => "",
     };
-    let (_scratch, run) = churn(tag, env);
+    let (_scratch, run, _) = churn_run(tag, env);
     let cfg = EpochConfig {
         tracker,
         interval: Duration::from_millis(5),
@@ -319,7 +295,7 @@ fn a_corrupted_backup_image_is_caught_and_reseeded() {
 #[test]
 fn the_agents_first_rearm_reaches_the_image() {
     for round in 0..20 {
-        let (_scratch, run) = churn(&format!("rearm{round}"), "");
+        let (_scratch, run, _) = churn_run(&format!("rearm{round}"), "");
         let cfg = EpochConfig {
             tracker: TrackerKind::Mprotect,
             interval: Duration::from_millis(5),

@@ -395,3 +395,28 @@ pub fn shared_listener(
         })
         .expect("the listening socket is shared")
 }
+
+/// The churn program (`tests/programs/churn.c`: three threads changing their layout all
+/// along) running in a sandbox, its private directory on `/mnt` (`env`: extra manifest lines);
+/// the sandbox's name.
+pub fn churn_run(tag: &str, env: &str) -> (Scratch, Running, String) {
+    let bin = programs::build("churn");
+    let scratch = Scratch::new(tag);
+    let name = format!("churn-{tag}-{}", std::process::id() % 10000);
+    let data = scratch.0.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let manifest = scratch.0.join("churn.manifest");
+    std::fs::write(
+        &manifest,
+        format!(
+            "libos.entrypoint = {bin:?}\nloader.argv = [\"churn\", \"--threads\", \"3\", \"--rate\", \"20\", \"--file\", \"/mnt/churn.dat\"]\n\
+             fs.mounts = [{{ path = \"/\", uri = \"file:/\" }}, {{ path = \"/mnt\", uri = \"file:{}\" }}, {{ type = \"tmpfs\", path = \"/tmp\" }}]\n\
+             {env}\n[tardi]\nname = \"{name}\"\nprivate_dirs = [\"/mnt\"]\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let run = Running::run(&manifest).expect("tardi run churn");
+    std::thread::sleep(Duration::from_millis(300));
+    (scratch, run, name)
+}

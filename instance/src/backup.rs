@@ -280,11 +280,14 @@ impl Backup {
                 _ => None,
             };
             let mut st = self.lock();
-            match result {
-                Ok(img) => {
-                    if let Some(diffs) = diffs {
-                        st.scrub_checks += 1;
-                        if let Some(first) = diffs.first() {
+            // A diverged image goes the way of one that failed to apply: dropped, the chain
+            // broken until a full checkpoint.
+            let result = match (result, diffs) {
+                (Ok(img), Some(diffs)) => {
+                    st.scrub_checks += 1;
+                    match diffs.first() {
+                        None => Ok(img),
+                        Some(first) => {
                             st.scrub_mismatches += 1;
                             let what = format!(
                                 "epoch {}: {first}{}",
@@ -295,18 +298,18 @@ impl Backup {
                                 }
                             );
                             tracing::error!(service = %self.service, epoch = ck.epoch, differences = diffs.len(), first = %first, "the image diverged from the primary's process: dropped; a full checkpoint is needed");
-                            st.broken = Some(format!(
-                                "the image diverged from the primary's process at {what}"
-                            ));
-                            st.last_mismatch = Some(what);
-                            st.queue.clear();
-                            st.queued = None;
-                            st.applying = false;
-                            st.applying_full = false;
-                            self.cv.notify_all();
-                            continue;
+                            st.last_mismatch = Some(what.clone());
+                            Err(format!("the image diverged from the primary's process at {what}"))
                         }
                     }
+                }
+                (result, _) => result.map_err(|e| {
+                    tracing::error!(service = %self.service, epoch = ck.epoch, %e, "applying a checkpoint failed; the image needs a full checkpoint");
+                    e.to_string()
+                }),
+            };
+            match result {
+                Ok(img) => {
                     st.image = Some(img);
                     st.applied += 1;
                     st.recent.push_back(Instant::now());
@@ -314,11 +317,10 @@ impl Backup {
                         st.recent.pop_front();
                     }
                 }
-                Err(e) => {
-                    // `apply` changes nothing when it fails, but the image was taken out: a
-                    // failed incremental leaves no image of this run to continue.
-                    tracing::error!(service = %self.service, epoch = ck.epoch, %e, "applying a checkpoint failed; the image needs a full checkpoint");
-                    st.broken = Some(e.to_string());
+                Err(why) => {
+                    // `apply` changes nothing when it fails, but the image was taken out: no
+                    // image of this run is left to continue.
+                    st.broken = Some(why);
                     // What was queued after it cannot apply either.
                     st.queue.clear();
                     st.queued = None;

@@ -74,7 +74,7 @@ impl EpochLoop {
             .iter()
             .filter(|v| matches!(v.backing, Backing::File { .. }) && !v.shared)
         {
-            no_twin.extend(subtract_all(&[(v.start, v.end)], &cow));
+            no_twin.extend(subtract_any(&[(v.start, v.end)], &cow));
         }
         no_twin.sort_unstable();
         let twin_kept = |a: u64| {
@@ -89,7 +89,7 @@ impl EpochLoop {
         let mut void = gaps(&live);
         void.extend_from_slice(&no_twin);
         let void = merge(void);
-        for (s, e) in subtract_all(&void, &self.void) {
+        for (s, e) in subtract_any(&void, &self.void) {
             self.twins.remove_range(s, e);
         }
         self.void = void;

@@ -154,14 +154,14 @@ impl EpochLoop {
         }
         stale.extend(self.carry.ranges.iter().copied());
         // Fresh: parts of trackable mappings not covered by a valid armed range.
-        let valid: Vec<(u64, u64)> = subtract_all(&self.armed, &stale);
+        let valid: Vec<(u64, u64)> = subtract_any(&self.armed, &stale);
         // (One subtraction over every trackable mapping: the holes are merged once.)
         let trackable_ranges: Vec<(u64, u64)> = maps
             .iter()
             .filter(|m| trackable(m))
             .map(|m| (m.start, m.end))
             .collect();
-        let fresh: Vec<(u64, u64)> = subtract_all(&trackable_ranges, &valid);
+        let fresh: Vec<(u64, u64)> = subtract_any(&trackable_ranges, &valid);
         // Armed below: a failure after that must not leave them for valid armed ranges.
         j.ranges.extend_from_slice(&fresh);
         // Pages to save in fresh ranges: those that exist (file mappings: copied-on-write).

@@ -17,10 +17,10 @@ use crate::abi::{
     SeccompDesc, SigactionDesc, ThreadDesc, TimerDesc, VMA_ANON, VMA_SHARED, VMA_SYSV, VmaDesc,
     XSTATE_MAX,
 };
-use crate::capture::regs_from_slice;
 use crate::fds;
 use crate::image::*;
 use crate::ptrace::Stopped;
+pub use crate::shm::ShmPlan;
 use crate::sys::{self, Pid, as_bytes};
 use std::ffi::CString;
 use std::io::{self, Read, Write};
@@ -129,38 +129,6 @@ pub struct ChildPlan {
     /// The main process's plan only: the tree's zombies; each process recreates its own after
     /// its children ([`make_zombies`]).
     pub zombies: Vec<Zombie>,
-}
-
-/// A shared memory object for the restore child to make: System V segments in the sandbox's
-/// IPC namespace with their id, anonymous ones as a descriptor of a fresh shmem file that the
-/// restorer maps shared.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct ShmPlan {
-    pub id: ShmId,
-    pub size: u64,
-    pub sysv: Option<SysvShm>,
-    /// (offset in the object, length, offset in the pages descriptor).
-    pub runs: Vec<(u64, u64, u64)>,
-    /// Anonymous objects: the number its descriptor is made at (after the executable's, or
-    /// in a tree's shared block); -1 for a System V segment.
-    pub fd: RawFd,
-}
-
-impl ShmPlan {
-    /// Object `o`, its runs read at `pages_offset` in the pages descriptor, made at `fd`.
-    fn of(o: &ShmObject, pages_offset: u64, fd: RawFd) -> ShmPlan {
-        ShmPlan {
-            id: o.id,
-            size: o.size,
-            sysv: o.sysv.clone(),
-            runs: o
-                .runs
-                .iter()
-                .map(|r| (r.addr, r.len, pages_offset + r.data_off))
-                .collect(),
-            fd,
-        }
-    }
 }
 
 /// The anonymous shared memory objects of `objects` that `img` maps, in that order: the order
@@ -710,7 +678,7 @@ fn verify_files(
         let meta = file
             .metadata()
             .map_err(|e| err(format!("{}: {e}", host.display())))?;
-        let hash = crate::capture::cached_hash(file, &meta).map_err(|e| err(e.to_string()))?;
+        let hash = crate::os::filehash::cached_hash(file, &meta).map_err(|e| err(e.to_string()))?;
         if hash != f.hash {
             return Err(err(format!(
                 "{} differs from the checkpointed file (content hash mismatch)",

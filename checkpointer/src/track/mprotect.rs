@@ -39,7 +39,7 @@ use crate::ptrace::Stopped;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-const PAGE: u64 = 4096;
+use crate::os::ranges::{PAGE, intersect, merge, subtract};
 const RSP: usize = 19; // index of rsp in user_regs_struct
 const SS_DISABLE: u32 = 2;
 /// SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV, SIGSYS: a synchronous fault with its signal
@@ -596,78 +596,5 @@ impl Tracker for MprotectTracker {
 
     fn name(&self) -> &'static str {
         "mprotect"
-    }
-}
-
-/// Sorted, merged union of ranges.
-fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    v.retain(|r| r.0 < r.1);
-    v.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-    for (s, e) in v {
-        match out.last_mut() {
-            Some(l) if s <= l.1 => l.1 = l.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
-}
-
-/// `a` minus `b` (`b` sorted and merged).
-fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for &(s, e) in a {
-        let mut at = s;
-        for &(bs, be) in b {
-            if be <= at || bs >= e {
-                continue;
-            }
-            if bs > at {
-                out.push((at, bs));
-            }
-            at = at.max(be);
-            if at >= e {
-                break;
-            }
-        }
-        if at < e {
-            out.push((at, e));
-        }
-    }
-    out
-}
-
-/// `a` ∩ `b` (`b` sorted and merged).
-fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for &(s, e) in a {
-        for &(bs, be) in b {
-            let (x, y) = (s.max(bs), e.min(be));
-            if x < y {
-                out.push((x, y));
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn range_sets() {
-        assert_eq!(
-            merge(vec![(5, 9), (1, 3), (2, 4), (9, 10)]),
-            vec![(1, 4), (5, 10)]
-        );
-        assert_eq!(
-            subtract(&[(0, 10)], &[(2, 3), (5, 12)]),
-            vec![(0, 2), (3, 5)]
-        );
-        assert_eq!(
-            intersect(&[(0, 10)], &[(2, 3), (5, 12)]),
-            vec![(2, 3), (5, 10)]
-        );
     }
 }

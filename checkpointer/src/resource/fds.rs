@@ -5,8 +5,8 @@
 //! (inside the sandbox's namespaces, before the restorer is exec'd) and recreates every
 //! descriptor at its old number. Anything not understood is refused by name.
 
-use crate::capture::CaptureError;
 use crate::image::*;
+use crate::os::error::CaptureError;
 use crate::procfs::{self, Proc};
 use crate::sys::{self, Pid, cvt_i as check};
 use std::collections::{HashMap, HashSet};

@@ -1067,6 +1067,20 @@ enum Ran {
 /// Placeholder argument for [`Stopped::inject`]: replaced by the scratch buffer's address.
 pub const SCRATCH: u64 = u64::MAX - 0x5c;
 
+/// Registers as the words a checkpoint stores them in.
+pub(crate) fn regs_to_vec(r: &Regs) -> Vec<u64> {
+    // SAFETY: `Regs` is `repr(C)` of 27 u64 fields, no padding.
+    unsafe { std::slice::from_raw_parts((r as *const Regs).cast::<u64>(), 27) }.to_vec()
+}
+
+/// Registers from a checkpoint's words.
+pub(crate) fn regs_from_slice(v: &[u64]) -> Regs {
+    let mut r = Regs::default();
+    // SAFETY: `Regs` is `repr(C)` of 27 u64 fields; `v` has 27 words (checked at decode).
+    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), (&raw mut r).cast::<u64>(), 27) };
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::{RtWindow, Stopped};

@@ -352,7 +352,7 @@ impl Primary {
             st.takeover_us = t0.elapsed().as_micros() as u64;
         }
         tracing::warn!(service = %target.name, view = target.view.number, address = %svc.address(), took_ms = t0.elapsed().as_millis() as u64, "primary serving");
-        let cfg = epoch_config(&target.manifest, &svc);
+        let cfg = tardi_service::epoch_config(&target.manifest, svc.private_dirs());
         let me = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("primary-{}", target.name))

@@ -60,7 +60,7 @@ fn addr(svc: &Value, port: u16) -> SocketAddr {
 fn output_is_held_until_the_backup_acknowledges() {
     programs::build("dirtier");
     // A failure timeout long enough that the stopped backup is not replaced meanwhile.
-    let c = Cluster::up(2, &["--failure-timeout", "60000"]);
+    let c = Cluster::up(2, &["--failure-timeout", "60s"]);
     c.deploy(&manifest("dirtier.manifest"), 1);
     let svc = c.wait_active("dirtier", Duration::from_secs(30), |_| true);
     let backup = svc["backups"][0].as_str().unwrap().to_string();

@@ -54,7 +54,7 @@ fn epoch_config(a: &ProfileArgs, m: &Manifest) -> EpochConfig {
     // Private directories are set from the sandbox's config once it is built.
     let base = tardi_service::epoch_config(m, Vec::new());
     let interval = match a.interval {
-        Some(ms) => Duration::from_secs_f64(ms.max(0.001) / 1e3),
+        Some(d) => d.max(Duration::from_micros(1)),
         None => base.interval,
     };
     EpochConfig {

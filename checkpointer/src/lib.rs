@@ -54,7 +54,7 @@ pub mod verify;
 // The modules below the top, under the names the crate has always had for them.
 pub use capture::tree;
 pub use os::{error, procfs, ptrace, ranges, sys, syscount};
-pub use resource::{creds, fds, files, inotify, seccomp, shm, timers, unix};
+pub use resource::{creds, fds, files, inotify, seccomp, shm, tcp, timers, unix};
 
 pub use tardi_image::{delta, image, store};
 

@@ -23,8 +23,8 @@ fn layer(name: &str) -> Option<u8> {
         "image" | "delta" | "store" | "abi" => 0,
         "os" | "error" | "filehash" | "procfs" | "ptrace" | "ranges" | "sys" | "syscount" => 0,
         "agent" => 1,
-        "resource" | "creds" | "fds" | "files" | "inotify" | "seccomp" | "shm" | "timers"
-        | "unix" => 2,
+        "resource" | "creds" | "fds" | "files" | "inotify" | "seccomp" | "shm" | "tcp"
+        | "timers" | "unix" => 2,
         "capture" | "restore" | "track" | "tree" => 3,
         "budget" | "scrub" => 4,
         "epoch" | "verify" => 5,

@@ -15,5 +15,6 @@ pub mod files;
 pub mod inotify;
 pub mod seccomp;
 pub mod shm;
+pub mod tcp;
 pub mod timers;
 pub mod unix;

@@ -859,6 +859,38 @@ pub struct SocketImage {
     pub options: Vec<(i32, i32, i32)>,
 }
 
+/// A connected TCP socket's state as the kernel's repair mode reads and writes it: enough for
+/// a socket made on another machine to carry on the same connection, with neither end seeing
+/// a reset. Sequence numbers are those of the first byte of each queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpConn {
+    /// `tcpi_state` (1 = established).
+    pub state: u8,
+    /// Sequence number of the first byte of `send_queue` (the oldest unacknowledged one).
+    pub send_seq: u32,
+    /// Bytes written and not yet acknowledged by the peer: sent ones first, then `unsent`
+    /// bytes never sent.
+    #[serde(with = "crate::bytes")]
+    pub send_queue: Vec<u8>,
+    /// How many bytes at the end of `send_queue` were never sent.
+    pub unsent: u32,
+    /// Sequence number of the first byte of `recv_queue` (the oldest unread one).
+    pub recv_seq: u32,
+    /// Bytes received and acknowledged, not yet read by the process.
+    #[serde(with = "crate::bytes")]
+    pub recv_queue: Vec<u8>,
+    /// Maximum segment size to send.
+    pub mss: u32,
+    /// Window scale shifts, ours for sending and the peer's (`None`: not negotiated).
+    pub wscale: Option<(u8, u8)>,
+    /// SACK permitted on this connection.
+    pub sack: bool,
+    /// TCP timestamps in use, and the value our clock showed at the capture.
+    pub timestamp: Option<u32>,
+    /// `TCP_REPAIR_WINDOW`: snd_wl1, snd_wnd, max_window, rcv_wnd, rcv_wup.
+    pub window: [u32; 5],
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SocketState {
     /// Created, possibly bound, not listening or connected.

@@ -281,8 +281,9 @@ impl Primary {
         // earlier, a client's first pings were answered ~50 ms late in some trials). What the
         // client sends meanwhile is held by the gate: input is held until the restore is done.
         let mut early_claim = None;
-        // The service's TCP connections, which the restore resets: their clients are told at
-        // once (see `tardi_netfilter::probe`) rather than after their retransmission timeout.
+        // The service's TCP connections that the restore resets (those the checkpoint does not
+        // carry): their clients are told at once (see `tardi_netfilter::probe`) rather than
+        // after their retransmission timeout.
         let conns = from
             .map(|img| tcp_connections(&img.meta))
             .unwrap_or_default();

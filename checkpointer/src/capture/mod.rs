@@ -111,6 +111,10 @@ fn checkpoint_once(
     let captured = capture_stopped(proc, &mut st, &mut stats, buf, false).and_then(|(mut c, _)| {
         // Inside the pause: the files consistent with the memory.
         c.0.private_files = private_tree(proc, private_dirs)?;
+        // Its connections (no output gate here: any moment of the pause will do).
+        c.0.tcp = crate::tcp::Connections::default()
+            .capture(proc.pid, &c.0.fds)
+            .conns;
         Ok(c)
     });
     let resumed = st.resume();
@@ -812,5 +816,6 @@ fn capture_meta_once(
         shared_files: Vec::new(),
         zombies: Vec::new(),
         scrub: None,
+        tcp: Vec::new(),
     })
 }

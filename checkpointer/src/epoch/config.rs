@@ -198,6 +198,11 @@ pub struct EpochStats {
     pub exe_us: u64,
     pub commit_us: u64,
     pub hook_us: u64,
+    /// The TCP connections read in this pause (after the hook, part of the pause), how long
+    /// that took, and the connected sockets a restore would reset instead (see `crate::tcp`).
+    pub tcp_conns: u64,
+    pub tcp_us: u64,
+    pub tcp_reset: u64,
     /// The divergence check's pages read and digested in this pause (0: no check), and how
     /// long that took (part of the pause).
     pub scrub_pages: u64,

@@ -35,6 +35,7 @@ impl EpochLoop {
             scan,
             copy,
             parts: pp,
+            tcp_reset,
             ..
         } = c;
         // Nothing fails from here on.
@@ -210,6 +211,9 @@ impl EpochLoop {
         st.exe_us = us(pp.exe);
         st.commit_us = us(pp.commit);
         st.hook_us = us(pp.hook);
+        st.tcp_us = us(pp.tcp);
+        st.tcp_conns = meta.tcp.len() as u64;
+        st.tcp_reset = tcp_reset;
         st.scrub_us = us(pp.scrub);
         st.layout_carried = pp.layout_carried;
         st.layout_missed = self.layout_missed;

@@ -238,6 +238,8 @@ struct EpochLoop {
     /// pause digested, until its checkpoint takes them.
     scrubber: Option<crate::scrub::Scrubber>,
     scrub_pages: Option<Vec<tardi_image::scrub::PageDigest>>,
+    /// The main process's TCP connections, read in every pause (the members' are not yet).
+    tcp: crate::tcp::Connections,
     /// Periodic full reads that found a layout change no call was counted for.
     layout_missed: u64,
     /// `/proc/PID/maps`, open for `PROCMAP_QUERY` (stacks growing down).

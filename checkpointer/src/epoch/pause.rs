@@ -537,6 +537,7 @@ impl EpochLoop {
         self.prev_cow = cow_list;
         Ok(Captured {
             meta,
+            tcp_reset: 0,
             exe: Some(exe),
             shm: (shm, shm_data),
             write_faults: self.tracker.write_faults(),
@@ -741,6 +742,8 @@ pub(super) struct TreeCaptured {
 
 pub(super) struct Captured {
     pub(super) meta: ProcessImage,
+    /// Connected sockets a restore of this checkpoint resets (see [`crate::tcp::Captured`]).
+    pub(super) tcp_reset: u64,
     /// Identified (and taken) by `identify`.
     pub(super) exe: Option<capture::PendingFile>,
     /// The shared memory objects with the pages that changed, and those pages' bytes.
@@ -777,6 +780,8 @@ pub(super) struct Parts {
     pub(super) exe: Duration,
     pub(super) commit: Duration,
     pub(super) hook: Duration,
+    /// Reading the connections (see [`crate::tcp`]).
+    pub(super) tcp: Duration,
     /// The divergence check's reading (see [`crate::scrub`]).
     pub(super) scrub: Duration,
     pub(super) resume: Duration,

@@ -3,10 +3,18 @@
 //! makes a fresh socket carry on the same connection without a handshake, so neither end sees
 //! a reset.
 //!
-//! Status: **unfinished**. This module has both halves and is tested on real connections
-//! (`tests` below), but checkpoints do not carry [`TcpConn`]s yet: a connected socket is still
-//! restored as reset by its peer (`fds::reset_connection`). Wiring it into the image, the
-//! capture, the restore plan and the epoch loop is the next step of issue 28.
+//! Where it runs: the epoch loop reads the main process's connections ([`Connections`])
+//! inside every pause *after* the output gate's epoch boundary (`EpochHooks::on_pause`), so
+//! that every acknowledgement released with this epoch acknowledges bytes the checkpoint
+//! holds (in memory, or in a receive queue read after it); a one-shot checkpoint reads them
+//! in its pause. The restore child recreates each with [`restore`] (`fds::recreate`).
+//!
+//! Status: **unfinished** (issue 28). Carried: established connections of the main process,
+//! IPv4 and IPv6. Restored as reset by the peer, as before, and counted: other states
+//! (half-closed, closing), connections of a tree's other processes, a socket two descriptors
+//! share, and any connection whose state could not be read or recreated. Not yet: holding the
+//! sandbox's input while sockets are recreated, connections still in a listener's queue, and
+//! reading only the connections that moved (every pause reads every connection).
 //!
 //! Kernel rules this relies on (Linux `net/ipv4/tcp.c`, `TCP_REPAIR` and friends):
 //! - Repair mode needs `CAP_NET_ADMIN` over the socket's network namespace. While it is on,
@@ -27,8 +35,9 @@
 //! - `TCP_TIMESTAMP` reads our timestamp clock; setting it offsets the new socket's clock to
 //!   continue from that value (the peer drops segments whose timestamp went back: PAWS).
 
-use crate::image::{SocketImage, TcpConn};
-use crate::sys::{self, cvt_i as check};
+use crate::image::{FdImage, FdKind, SocketImage, SocketState, TcpConn};
+use crate::sys::{self, Pid, cvt_i as check};
+use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
@@ -49,9 +58,9 @@ const TCPI_OPT_TIMESTAMPS: u8 = 1;
 const TCPI_OPT_SACK: u8 = 2;
 const TCPI_OPT_WSCALE: u8 = 4;
 /// `tcpi_state` of an established connection.
-pub const ESTABLISHED: u8 = 1;
+pub use crate::image::TCP_ESTABLISHED as ESTABLISHED;
 /// The largest queue a checkpoint carries (a socket buffer's ceiling is a few MiB).
-pub const MAX_QUEUE: usize = 64 << 20;
+pub use crate::image::TCP_MAX_QUEUE as MAX_QUEUE;
 
 /// Why a connection's state could not be read or recreated.
 #[derive(Debug, thiserror::Error)]
@@ -152,10 +161,10 @@ impl Drop for Repairing {
     }
 }
 
-/// Reads the state of connected TCP socket `s` (a descriptor of the process's socket, taken
-/// while the process is stopped). The socket is left as it was: repair mode is turned off
-/// again without a probe, and nothing is consumed.
-pub fn capture(s: RawFd) -> Result<TcpConn, TcpError> {
+/// Reads the state of connected TCP socket `s` (a copy of the process's descriptor `fd`,
+/// taken while the process is stopped). The socket is left as it was: repair mode is turned
+/// off again without a probe, and nothing is consumed.
+pub fn capture(fd: i32, s: RawFd) -> Result<TcpConn, TcpError> {
     let (state, options, snd_ws, rcv_ws) = info(s)?;
     if state != ESTABLISHED {
         return Err(TcpError::State(state));
@@ -204,6 +213,7 @@ pub fn capture(s: RawFd) -> Result<TcpConn, TcpError> {
         None
     };
     Ok(TcpConn {
+        fd,
         state,
         send_seq: write_seq.wrapping_sub(outq as u32),
         send_queue,
@@ -395,6 +405,74 @@ pub fn close_silently(s: OwnedFd) -> io::Result<()> {
     // SAFETY: closing a descriptor we own (taken out of the OwnedFd, so closed once).
     check(unsafe { libc::close(s.into_raw_fd()) })?;
     Ok(())
+}
+
+/// Connections restores reset because they could not carry them on, since this process
+/// started (the instance's `tardi_instance_tcp_reset_at_restore_total`).
+static RESET_AT_RESTORE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts one connection a restore reset instead of carrying it on.
+pub(crate) fn count_reset_at_restore() {
+    RESET_AT_RESTORE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How many connections restores by this process reset instead of carrying them on.
+pub fn reset_at_restore() -> u64 {
+    RESET_AT_RESTORE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The epoch loop's reader of a process's connections: remembers which descriptors it warned
+/// about, so that a connection that cannot be carried is said once in the log, not every pause.
+#[derive(Debug, Default)]
+pub struct Connections {
+    warned: HashSet<(Pid, i32)>,
+}
+
+/// What [`Connections::capture`] read.
+#[derive(Debug, Default)]
+pub struct Captured {
+    pub conns: Vec<TcpConn>,
+    /// Connected sockets that a restore resets (their state could not be read, or is one not
+    /// carried yet).
+    pub reset: u64,
+}
+
+impl Connections {
+    /// Reads the connection of every connected TCP socket among `fds`, descriptors of stopped
+    /// process `pid`. Never fails: a connection that cannot be read is left out (a restore
+    /// resets it) and counted.
+    pub fn capture(&mut self, pid: Pid, fds: &[FdImage]) -> Captured {
+        let mut out = Captured::default();
+        let connected = fds.iter().filter(
+            |f| matches!(&f.kind, FdKind::Socket(s) if s.state == SocketState::ConnectedTcp),
+        );
+        let mut pidfd = None;
+        for f in connected {
+            let r = pidfd
+                .get_or_insert_with(|| sys::pidfd_open(pid))
+                .as_ref()
+                .map_err(|e| TcpError::Io {
+                    what: "pidfd",
+                    source: io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(0)),
+                })
+                .and_then(|p| sys::pidfd_getfd(p, f.fd).map_err(io_err("pidfd_getfd")))
+                .and_then(|dup| capture(f.fd, dup.as_raw_fd()));
+            match r {
+                Ok(c) => out.conns.push(c),
+                Err(e) => {
+                    out.reset += 1;
+                    if self.warned.insert((pid, f.fd)) {
+                        tracing::warn!(
+                            pid,
+                            fd = f.fd,
+                            "a TCP connection will be reset by a restore: {e}"
+                        );
+                    }
+                }
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]

@@ -96,6 +96,8 @@ pub struct ChildPlan {
     pub shared: Vec<bool>,
     pub exe: String,
     pub fds: Vec<FdImage>,
+    /// The connections its connected TCP sockets carry on (see [`crate::tcp`]).
+    pub tcp: Vec<TcpConn>,
     pub cwd: String,
     pub rlimits: Vec<(u32, u64, u64)>,
     pub max_tid: i32,
@@ -172,6 +174,9 @@ pub struct Prepared {
 }
 
 const INHERITED: usize = 4;
+/// A notify-pipe record that says something that did not stop the restore, followed by its
+/// text (a report's first word is a blob address, or `u64::MAX` for a failure).
+const NOTE: u64 = u64::MAX - 1;
 
 /// Checks `ckpt` and lays out everything the restore needs. `host_path` maps a path inside the
 /// sandbox to the host path the sandbox will show there (its mount table).
@@ -313,6 +318,7 @@ fn prepare_pages(
             .collect(),
         exe: img.exe.path.clone(),
         fds: img.fds.clone(),
+        tcp: img.tcp.clone(),
         cwd: img.cwd.clone(),
         rlimits: img.rlimits.clone(),
         max_tid: img.max_tid,
@@ -707,6 +713,7 @@ mod tests {
             shared: vec![false],
             exe: "/bin/x".into(),
             fds: Vec::new(),
+            tcp: Vec::new(),
             cwd: "/".into(),
             rlimits: Vec::new(),
             max_tid: 0,

@@ -32,7 +32,7 @@ mod libc_types {
 /// `shared_files`, named by `FdKind::Shared`; 7: a tree's shared memory objects listed once, by
 /// the main process, and named by every process's mappings of them; 8: children that exited
 /// and were not reaped, `zombies`; 9: signals queued and not yet delivered, `pending`).
-pub const FORMAT_VERSION: u32 = 10;
+pub const FORMAT_VERSION: u32 = 11;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
 /// checkpointer checks equals this).
@@ -174,6 +174,11 @@ pub struct ProcessImage {
     /// at this pause, which the receiver compares with its image once this checkpoint is
     /// applied (see [`crate::scrub`]). Not kept in an image.
     pub scrub: Option<crate::scrub::Scrub>,
+    /// The process's connected TCP sockets that carry on through a restore (the others are
+    /// restored as reset by their peer), each by the descriptor that holds it. An incremental
+    /// checkpoint lists the connections that changed since its base; the rest are carried
+    /// over ([`Carried::tcp`]).
+    pub tcp: Vec<TcpConn>,
 }
 
 /// A child that exited and that its parent (a process of the tree) has not reaped yet: it
@@ -345,12 +350,18 @@ pub struct Carried {
     /// Threads (by TID) whose whole [`ThreadImage`] is the base's: their entry in `threads`
     /// keeps its place and TID, with no registers, XSAVE area or name.
     pub threads: Vec<i32>,
+    /// Descriptors whose [`TcpConn`] is the base's (they are not in `tcp`).
+    pub tcp: Vec<i32>,
 }
 
 impl Carried {
     /// Nothing is left out.
     pub fn is_empty(&self) -> bool {
-        !self.layout && !self.fds && !self.sigactions && self.threads.is_empty()
+        !self.layout
+            && !self.fds
+            && !self.sigactions
+            && self.threads.is_empty()
+            && self.tcp.is_empty()
     }
 }
 
@@ -859,11 +870,18 @@ pub struct SocketImage {
     pub options: Vec<(i32, i32, i32)>,
 }
 
+/// `tcpi_state` of an established connection, the one state a [`TcpConn`] carries yet.
+pub const TCP_ESTABLISHED: u8 = 1;
+/// The most bytes a [`TcpConn`] queue may hold (a socket buffer's ceiling is a few MiB).
+pub const TCP_MAX_QUEUE: usize = 64 << 20;
+
 /// A connected TCP socket's state as the kernel's repair mode reads and writes it: enough for
 /// a socket made on another machine to carry on the same connection, with neither end seeing
 /// a reset. Sequence numbers are those of the first byte of each queue.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TcpConn {
+    /// The descriptor that holds the socket (a [`SocketState::ConnectedTcp`] socket).
+    pub fd: i32,
     /// `tcpi_state` (1 = established).
     pub state: u8,
     /// Sequence number of the first byte of `send_queue` (the oldest unacknowledged one).
@@ -906,3 +924,5 @@ pub enum SocketState {
 
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tests_tcp;

@@ -161,6 +161,8 @@ pub(super) fn tcp_connections(
     use tardi_checkpointer::image::{FdKind, SocketState};
     img.fds
         .iter()
+        // A connection the checkpoint carries is restored, not reset (see `tardi_checkpointer::tcp`).
+        .filter(|f| !img.tcp.iter().any(|c| c.fd == f.fd))
         .filter_map(|f| match &f.kind {
             FdKind::Socket(s) if s.state == SocketState::ConnectedTcp => {
                 Some((sockaddr(&s.local)?, sockaddr(&s.peer)?))

@@ -34,7 +34,7 @@ fn image_of(s: &TcpStream) -> SocketImage {
 /// Captures `s`, closes it silently and makes its successor.
 fn move_connection(s: TcpStream, probe: bool) -> (TcpConn, TcpStream) {
     let img = image_of(&s);
-    let conn = capture(s.as_raw_fd()).expect("capture");
+    let conn = capture(3, s.as_raw_fd()).expect("capture");
     close_silently(OwnedFd::from(s)).unwrap();
     let new = TcpStream::from(restore(&img, &conn, probe).expect("restore"));
     new.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -94,14 +94,14 @@ fn a_capture_leaves_the_connection_as_it_was() {
     let (mut c, mut s) = pair("127.0.0.1:0");
     c.write_all(b"abc").unwrap();
     std::thread::sleep(Duration::from_millis(20));
-    let a = capture(s.as_raw_fd()).unwrap();
-    let b = capture(s.as_raw_fd()).unwrap();
+    let a = capture(3, s.as_raw_fd()).unwrap();
+    let b = capture(3, s.as_raw_fd()).unwrap();
     assert_eq!(a.recv_queue, b"abc");
     assert_eq!((a.recv_seq, a.send_seq), (b.recv_seq, b.send_seq));
     assert_eq!(read_exact(&mut s, 3), b"abc");
     s.write_all(b"xyz").unwrap();
     assert_eq!(read_exact(&mut c, 3), b"xyz");
-    let after = capture(s.as_raw_fd()).unwrap();
+    let after = capture(3, s.as_raw_fd()).unwrap();
     assert_eq!(after.recv_seq, a.recv_seq.wrapping_add(3));
     assert_eq!(after.send_seq, a.send_seq.wrapping_add(3));
 }
@@ -211,7 +211,7 @@ fn bytes_sent_but_unacknowledged_are_sent_again_and_read_once() {
         assert_eq!(read_exact(&mut c, data.len()), data);
         let (conn, mut s) = {
             let img = image_of(&s);
-            let conn = capture(s.as_raw_fd()).expect("capture");
+            let conn = capture(3, s.as_raw_fd()).expect("capture");
             sh("nft delete table inet tardi_t");
             close_silently(OwnedFd::from(s)).unwrap();
             let new = TcpStream::from(restore(&img, &conn, true).expect("restore"));

@@ -171,6 +171,38 @@ fn timers_seccomp_and_inotify_survive_a_restore() {
     restored.stop();
 }
 
+/// A periodic `ITIMER_REAL` whose `SIGALRM` is pending when the process stops reads as
+/// value 0 (the kernel re-arms it only when the signal is taken): the checkpoint keeps it
+/// all the same, and the restored process goes on getting alarms. (Before the fix the capture
+/// took value 0 for "disarmed" and dropped the timer: the suite met it by chance, the test
+/// below makes the moment certain by blocking the signal.)
+#[test]
+fn an_interval_timer_whose_signal_is_pending_survives_a_restore() {
+    let (scratch, cur) = start("pending-alarm");
+    assert_eq!(cur.ask(PORT, "hold"), "hold");
+    // Two periods: the timer has expired, its signal waits.
+    std::thread::sleep(Duration::from_millis(120));
+    let file = scratch.0.join("t.tardi");
+    cur.snapshot(&file).expect("snapshot");
+    let log = cur.log.clone();
+    cur.stop();
+    let image = Checkpoint::from_bytes(std::fs::read(&file).unwrap())
+        .unwrap()
+        .image;
+    let real = image.timers.itimers.iter().find(|t| t.which == 0);
+    assert_eq!(
+        real.map(|t| t.interval_ns),
+        Some(50_000_000),
+        "ITIMER_REAL dropped: {:?}",
+        image.timers
+    );
+    let r = Running::restore_or_log(&file, &log);
+    assert_eq!(r.ask(PORT, "release"), "release");
+    let before = State::of(&r).n("alarms");
+    wait_for(&r, "alarms", before + 3);
+    r.stop();
+}
+
 /// Runs `n` epochs, each checkpoint through its bytes and onto `image`.
 fn epochs(ep: &mut Epochs, image: &mut Image, n: usize) {
     for _ in 0..n {

@@ -24,6 +24,10 @@
  *            (ret/errno: -1/E when the call failed with E, else ok/0)
  *   more  -> creates timer C (SIGRTMIN+2, every 25 ms -> ticks_c), installs F3 in main only
  *            (getsid fails with errno 79), watches /tmp/second (IN_MODIFY, wd 4); replies "more"
+ *   hold  -> blocks SIGALRM in main (the worker always does): once ITIMER_REAL expires its
+ *            SIGALRM stays pending, and the kernel re-arms the timer only when the signal is
+ *            taken, so getitimer reads a value of 0 meanwhile; replies "hold"
+ *   release -> unblocks it; replies "release"
  * Build: gcc -O2 -pthread -o timers timers.c
  */
 #define _GNU_SOURCE
@@ -264,6 +268,12 @@ int main(void) {
         } else if (strcmp(req, "state") == 0) {
             read_events();
             state();
+        } else if (strcmp(req, "hold") == 0 || strcmp(req, "release") == 0) {
+            sigset_t a;
+            sigemptyset(&a);
+            sigaddset(&a, SIGALRM);
+            pthread_sigmask(req[0] == 'h' ? SIG_BLOCK : SIG_UNBLOCK, &a, NULL);
+            put("%s", req);
         } else if (strcmp(req, "more") == 0) {
             if (!have_c) {
                 tc = make_timer(CLOCK_MONOTONIC, SIGEV_SIGNAL, SIGRTMIN + 2, NULL, 0);

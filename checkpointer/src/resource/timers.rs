@@ -108,7 +108,15 @@ fn read(
     posix.sort_by_key(|t| t.id);
     let mut itimers = Vec::new();
     for which in 0..3u32 {
-        let (interval_ns, value_ns) = get(st, maps, libc::SYS_getitimer, which as u64)?;
+        let (interval_ns, mut value_ns) = get(st, maps, libc::SYS_getitimer, which as u64)?;
+        // A periodic ITIMER_REAL that expired while its SIGALRM waits to be taken reads as 0:
+        // the kernel re-arms it (by its period, from then) only when the signal is dequeued,
+        // and a restore cannot make a timer in that state (`setitimer` with a value of 0
+        // disarms it for good). It is restored armed for one period; the pending SIGALRM is
+        // restored with the other pending signals.
+        if which == 0 && value_ns == 0 && interval_ns > 0 {
+            value_ns = interval_ns;
+        }
         if value_ns > 0 {
             itimers.push(ITimer {
                 which,

@@ -277,10 +277,13 @@ pub fn restore(img: &SocketImage, c: &TcpConn, probe: bool) -> Result<OwnedFd, T
         )
     };
     let fd = s.as_raw_fd();
-    set(fd, libc::TCP_REPAIR, TCP_REPAIR_ON, "TCP_REPAIR on")?;
+    // The options first: repair mode lets the socket take its address even where a listener
+    // of the service holds the port (it sets `sk_reuse` to force), and `SO_REUSEADDR`, one of
+    // the options, would set that back to an ordinary reuse, which a listener refuses.
     for &(l, n, v) in &img.options {
         sys::setsockopt_int(fd, l, n, v).map_err(io_err("socket option"))?;
     }
+    set(fd, libc::TCP_REPAIR, TCP_REPAIR_ON, "TCP_REPAIR on")?;
     room(
         fd,
         libc::SO_SNDBUF,

@@ -7,14 +7,20 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-/// A connected pair over `addr`'s loopback: (client, server's accepted end).
-fn pair(addr: &str) -> (TcpStream, TcpStream) {
+/// A connected pair over `addr`'s loopback: (client, server's accepted end, the listener,
+/// which keeps the port: a restored server end must take its address all the same).
+fn pair_listening(addr: &str) -> (TcpStream, TcpStream, TcpListener) {
     let l = TcpListener::bind(addr).unwrap();
     let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
     let (s, _) = l.accept().unwrap();
     for x in [&c, &s] {
         x.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     }
+    (c, s, l)
+}
+
+fn pair(addr: &str) -> (TcpStream, TcpStream) {
+    let (c, s, _) = pair_listening(addr);
     (c, s)
 }
 
@@ -27,7 +33,11 @@ fn image_of(s: &TcpStream) -> SocketImage {
         state: SocketState::ConnectedTcp,
         local: sys::sock_addr(fd, false).unwrap(),
         peer: sys::sock_addr(fd, true).unwrap(),
-        options: vec![(libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)],
+        // As an accepted socket of a server that set SO_REUSEADDR on its listener has them.
+        options: vec![
+            (libc::SOL_SOCKET, libc::SO_REUSEADDR, 1),
+            (libc::IPPROTO_TCP, libc::TCP_NODELAY, 1),
+        ],
     }
 }
 
@@ -48,7 +58,7 @@ fn read_exact(s: &mut TcpStream, n: usize) -> Vec<u8> {
 }
 
 fn carries_on(addr: &str) {
-    let (mut c, mut s) = pair(addr);
+    let (mut c, mut s, _listener) = pair_listening(addr);
     c.write_all(b"hello").unwrap();
     s.write_all(b"world").unwrap();
     // The bytes are in the server's receive queue before the capture.

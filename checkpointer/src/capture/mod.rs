@@ -111,10 +111,11 @@ fn checkpoint_once(
     let captured = capture_stopped(proc, &mut st, &mut stats, buf, false).and_then(|(mut c, _)| {
         // Inside the pause: the files consistent with the memory.
         c.0.private_files = private_tree(proc, private_dirs)?;
-        // Its connections (no output gate here: any moment of the pause will do).
-        c.0.tcp = crate::tcp::Connections::default()
-            .capture(proc.pid, &c.0.fds)
-            .conns;
+        // No connections (`image.tcp` stays empty: a restore resets them, as it always
+        // did): the process this checkpoint is taken of runs on, and whatever it then sends
+        // or closes its clients see, which a restore of this moment would contradict. Only the
+        // epoch loop carries them, whose output gate holds everything sent after the
+        // checkpoint (see `crate::tcp`).
         Ok(c)
     });
     let resumed = st.resume();

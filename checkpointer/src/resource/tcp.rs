@@ -6,15 +6,19 @@
 //! Where it runs: the epoch loop reads the main process's connections ([`Connections`])
 //! inside every pause *after* the output gate's epoch boundary (`EpochHooks::on_pause`), so
 //! that every acknowledgement released with this epoch acknowledges bytes the checkpoint
-//! holds (in memory, or in a receive queue read after it); a one-shot checkpoint reads them
-//! in its pause. The restore child recreates each with [`restore`] (`fds::recreate`).
+//! holds (in memory, or in a receive queue read after it). A one-shot checkpoint (`tardi
+//! snapshot`) carries none: without a gate, the process goes on after it and its clients see
+//! what it sends and closes, which a restore of that moment would contradict (a restored
+//! socket whose peer already took its FIN waits forever). The restore child recreates each
+//! connection with [`restore`] (`fds::recreate`).
 //!
 //! Status: **unfinished** (issue 28). Carried: established connections of the main process,
 //! IPv4 and IPv6. Restored as reset by the peer, as before, and counted: other states
 //! (half-closed, closing), connections of a tree's other processes, a socket two descriptors
-//! share, and any connection whose state could not be read or recreated. Not yet: holding the
-//! sandbox's input while sockets are recreated, connections still in a listener's queue, and
-//! reading only the connections that moved (every pause reads every connection).
+//! share, and any connection whose state could not be read or recreated. Not yet: `tardi
+//! snapshot`/`restore` (it needs the snapshot to silence the service's sockets), connections
+//! still in a listener's queue, and reading only the connections that moved (every pause
+//! reads every connection).
 //!
 //! Kernel rules this relies on (Linux `net/ipv4/tcp.c`, `TCP_REPAIR` and friends):
 //! - Repair mode needs `CAP_NET_ADMIN` over the socket's network namespace. While it is on,

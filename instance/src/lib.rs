@@ -623,6 +623,12 @@ fn metrics(machine: &str, reports: &[pb::ServiceReport]) -> String {
         &[("machine", machine)],
         reports.len() as f64,
     );
+    e.counter(
+        "tardi_instance_tcp_reset_at_restore_total",
+        "TCP connections a takeover's restore on this machine reset instead of carrying them on (their state could not be read or recreated; each is also logged).",
+        &[("machine", machine)],
+        tardi_checkpointer::tcp::reset_at_restore() as f64,
+    );
     for r in reports {
         let role = match pb::Role::try_from(r.role) {
             Ok(pb::Role::Primary) if r.state.starts_with("failed") => "failed",

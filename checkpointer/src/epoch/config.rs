@@ -48,7 +48,7 @@ pub struct EpochConfig {
     /// pre-copy runs after the epoch's end is decided, so it delays the pause, and the replies
     /// waiting for it, by its scan and copy (~2.7 µs a page on Redis, ~200 µs at 70 pages,
     /// against ~0.3 µs a page copied inside the pause): it pays only when the pause would copy
-    /// many pages. See docs/BENCHMARKS.md ("Checkpoint path").
+    /// many pages. See docs/BENCHMARKS.md ("Dirty-page pre-copy").
     pub precopy_min_pages: u64,
     /// End on output sooner when the clients of the last release have answered: once the
     /// output of the epochs before the open one is released ([`Trigger::released`]) and this
@@ -70,7 +70,7 @@ pub struct EpochConfig {
     /// finishes at normal priority; 0 (the default): it runs at normal priority throughout. Either way the next epoch does not end before the encoding
     /// has finished: a slow encoding lengthens it (backpressure,
     /// [`EpochStats::encode_late_us`]) rather than queueing. The pause keeps its priority. See
-    /// [`crate::budget`] and docs/BENCHMARKS.md ("Checkpoint path").
+    /// [`crate::budget`] and docs/BENCHMARKS.md ("Encoding on a budget").
     pub encode_budget: u32,
     /// Test support: the pre-copy waits this long, half between taking the written pages
     /// (which protects them again) and copying them, half after the copy, so that the service

@@ -18,10 +18,13 @@
 //! Contents queries ([`Tracker::scan`]) use `/proc/PID/pagemap`, not `PAGEMAP_SCAN`, so the
 //! tracker needs nothing newer than seccomp filters.
 //!
-//! Known limits (documented in docs/ARCHITECTURE.md): system calls outside the agent's list
-//! that write into armed memory fail with `EFAULT`; writes that bypass page protection
-//! (`/proc/self/mem`, io_uring fixed buffers) are not seen; `execve` fails with `EPERM`; a bad
-//! pointer passed to an emulated call faults in the agent instead of returning `EFAULT`.
+//! Known limits: system calls outside the agent's list that write into armed memory fail with
+//! `EFAULT`; writes that bypass page protection (`/proc/self/mem`, io_uring fixed buffers) are
+//! not seen; `execve` fails with `EPERM` (the filter survives `execve`, the agent and its
+//! SIGSYS handler do not); a bad pointer passed to an emulated call faults in the agent instead
+//! of returning `EFAULT`; the app cannot keep fault signals blocked; system calls in flight when
+//! the agent arrives restart through the filter, except those restarting via
+//! `restart_syscall` (`poll` and the like with a timeout), which end with `EINTR`.
 //!
 //! A process with neither `no_new_privs` nor `CAP_SYS_ADMIN` (an ordinary user's), where the
 //! kernel refuses the agent's filter, gets `no_new_privs` set for good; images keep the app's

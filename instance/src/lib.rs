@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tardi_orchestrator::client::Orchestrators;
+use tardi_orchestrator_client::Orchestrators;
 use tardi_proto as pb;
 use tardi_sandbox::SandboxConfig;
 
@@ -925,7 +925,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             opts.machine, opts.listen, opts.orchestrator
         );
         let session = tokio::spawn(session(roles.clone(), events));
-        tardi_orchestrator::shutdown_signal().await;
+        tardi_orchestrator_client::shutdown_signal().await;
         session.abort();
         anyhow::Ok(())
     });

@@ -31,6 +31,11 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     nearest_rank(sorted, p).unwrap_or(f64::NAN)
 }
 
+/// [`percentile`] of values in any order (a sorted copy is taken).
+pub fn percentile_of(values: &[f64], p: f64) -> f64 {
+    percentile(&sorted(values.to_vec()), p)
+}
+
 /// [`rounded_rank`] of values in a table: NaN when there are none.
 pub fn percentile_rounded(sorted: &[f64], p: f64) -> f64 {
     rounded_rank(sorted, p).unwrap_or(f64::NAN)
@@ -84,6 +89,8 @@ mod tests {
         assert!(percentile_rounded(&[], 0.5).is_nan());
         assert!(mean(&[]).is_nan());
         assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 0.5), 2.0);
+        assert_eq!(percentile_of(&[4.0, 1.0, 3.0, 2.0], 0.75), 3.0);
+        assert!(percentile_of(&[], 0.5).is_nan());
         assert_eq!(percentile_rounded(&[1.0, 2.0, 3.0, 4.0], 0.5), 3.0);
         assert_eq!(mean(&[1.0, 2.0, 3.0]), 2.0);
         assert_eq!(sorted(vec![3.0, 1.0, 2.0]), vec![1.0, 2.0, 3.0]);

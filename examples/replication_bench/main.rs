@@ -46,7 +46,7 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tardi_testkit::stats::{mean, percentile as pct, sorted};
+use tardi_testkit::stats::{floor_rank, mean, percentile as pct, sorted};
 use tardi_testkit::{root, sh};
 
 // ---------------------------------------------------------------------------------------------
@@ -553,13 +553,8 @@ fn cycle_parts(lines: &[Value]) -> Value {
         return Value::Null;
     }
     let a = |l: &Value, k: &str| l["answers"][k].as_f64();
-    let med = |mut v: Vec<f64>| -> Value {
-        if v.is_empty() {
-            return Value::Null;
-        }
-        v.sort_by(f64::total_cmp);
-        json!(v[v.len() / 2])
-    };
+    let med =
+        |v: Vec<f64>| -> Value { floor_rank(&sorted(v), 0.5).map_or(Value::Null, |m| json!(m)) };
     let release: Vec<f64> = out.iter().filter_map(|l| a(l, "release_us")).collect();
     let first: Vec<f64> = out
         .iter()

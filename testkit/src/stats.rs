@@ -4,7 +4,9 @@
 //! * [`nearest_rank`]: the smallest value with at least a fraction `p` of the values at or
 //!   below it (rank `ceil(p·n)`, 1-based) — the replication and epoch benchmarks;
 //! * [`rounded_rank`]: the value at index `round(p·(n−1))` (0-based) — the fault campaign's
-//!   gaps, the scrub cost and the transport round trips.
+//!   gaps, the scrub cost, the quiesce, files and transport benchmarks;
+//! * [`floor_rank`]: the value at index `floor(p·n)` (0-based; the upper median) — the load
+//!   generator, the twin-encoding benchmark and the replication benchmark's medians.
 //!
 //! Neither interpolates: every percentile is one of the measured values.
 
@@ -23,6 +25,16 @@ pub fn rounded_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
         return None;
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    Some(sorted[i.min(sorted.len() - 1)])
+}
+
+/// The value at index `floor(p·n)` of `sorted` (ascending; the last one for `p` = 1); `None`
+/// when empty.
+pub fn floor_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let i = (sorted.len() as f64 * p) as usize;
     Some(sorted[i.min(sorted.len() - 1)])
 }
 
@@ -81,6 +93,17 @@ mod tests {
         assert_eq!(rounded_rank(&v, 0.0), Some(1));
         assert_eq!(rounded_rank(&v, 1.0), Some(10));
         assert_eq!(rounded_rank::<u32>(&[], 0.5), None);
+    }
+
+    #[test]
+    fn floor_rank_takes_the_index_below() {
+        let v: Vec<u32> = (1..=10).collect();
+        assert_eq!(floor_rank(&v, 0.5), Some(6));
+        assert_eq!(floor_rank(&v, 0.1), Some(2));
+        assert_eq!(floor_rank(&v, 0.99), Some(10));
+        assert_eq!(floor_rank(&v, 1.0), Some(10));
+        assert_eq!(floor_rank(&v[..9], 0.5), Some(5));
+        assert_eq!(floor_rank::<u32>(&[], 0.5), None);
     }
 
     #[test]

@@ -35,9 +35,6 @@
 //! redis|memcached] [--backups N] [--clients N] [--recovery-timeout S] [--seed N]
 //! [--keep-histories] [--lock-wait S] [--tardi PATH] [--out DIR] [--stamp STAMP]`.
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod client;
 mod faults;
 mod history;
@@ -46,7 +43,6 @@ mod trial;
 
 use anyhow::{Context, Result, bail};
 use client::Kind;
-use common::{root, sh};
 use faults::FAULTS;
 use lab::Cluster;
 use rand::SeedableRng;
@@ -54,6 +50,8 @@ use rand::rngs::StdRng;
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tardi_testkit::stats::percentile_rounded as pct;
+use tardi_testkit::{root, sh};
 use tracing::info;
 
 const ORCHESTRATORS: usize = 3;
@@ -171,14 +169,6 @@ pub fn now_unix_us() -> u64 {
 // Summary
 // ---------------------------------------------------------------------------------------------
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 fn summarize(trials: &[Value], faults: &[String]) -> (Value, String) {
     let mut md = String::from(
         "| fault | trials | recovered | lost writes | linearizability violations | not checked | gap p50 ms | p90 | p99 | max |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
@@ -291,7 +281,7 @@ fn run() -> Result<()> {
             };
             let out = trial::trial(&mut c, &o, &dir, fault, n, &mut rng);
             if out.keep_logs {
-                c.save_logs(&dir.join("logs").join(format!("{fault}-{n:03}")));
+                c.keep_logs(&dir.join("logs").join(format!("{fault}-{n:03}")));
             }
             trials.push(out.rec);
             if out.lab_ok {

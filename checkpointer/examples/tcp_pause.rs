@@ -113,9 +113,9 @@ fn main() {
     let port: u16 = arg(&args, "--port", 16391);
     let bin: String = arg(&args, "--redis-server", "redis-server".to_string());
     println!(
-        "| connections | load | pauses | pause p50 (µs) | pause p99 (µs) | reading connections p50 (µs) | p99 (µs) | per connection p50 (µs) | carried |"
+        "| connections | load | pauses | pause p50 (µs) | pause p99 (µs) | reading connections p50 (µs) | p99 (µs) | per connection p50 (µs) | carried | read whole per pause |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in counts
         .split(',')
         .map(|c| c.trim().parse::<usize>().expect("--conns"))
@@ -137,12 +137,13 @@ fn main() {
             for _ in 0..20 {
                 ep.next().expect("warm-up epoch");
             }
-            let (mut pause, mut tcp, mut carried) = (Vec::new(), Vec::new(), 0u64);
+            let (mut pause, mut tcp, mut carried, mut read) = (Vec::new(), Vec::new(), 0u64, 0u64);
             for _ in 0..epochs {
                 let (_ck, st) = ep.next().expect("epoch");
                 pause.push(st.pause_us as f64);
                 tcp.push(st.tcp_us as f64);
                 carried = carried.max(st.tcp_conns);
+                read += st.tcp_read;
             }
             ep.stop();
             stop.store(true, Ordering::Relaxed);
@@ -154,8 +155,9 @@ fn main() {
             let (pause, tcp) = (sorted(pause), sorted(tcp));
             let q = |v: &[f64], p| nearest_rank(v, p).unwrap_or(f64::NAN);
             let per = if n > 0 { q(&tcp, 0.5) / n as f64 } else { 0.0 };
+            let read = read as f64 / pause.len().max(1) as f64;
             println!(
-                "| {n} | {load} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {per:.2} | {carried} |",
+                "| {n} | {load} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {per:.2} | {carried} | {read:.1} |",
                 pause.len(),
                 q(&pause, 0.5),
                 q(&pause, 0.99),

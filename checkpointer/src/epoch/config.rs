@@ -203,6 +203,8 @@ pub struct EpochStats {
     pub tcp_conns: u64,
     pub tcp_us: u64,
     pub tcp_reset: u64,
+    /// Of `tcp_conns`, those read whole (the others had not moved since the last pause).
+    pub tcp_read: u64,
     /// The divergence check's pages read and digested in this pause (0: no check), and how
     /// long that took (part of the pause).
     pub scrub_pages: u64,

@@ -268,6 +268,7 @@ impl EpochLoop {
         let tcp = self.tcp.capture(self.proc.pid, &c.main.meta.fds);
         c.main.meta.tcp = tcp.conns;
         c.main.tcp_reset = tcp.reset;
+        c.main.tcp_read = tcp.read;
         c.main.parts.tcp = tt.elapsed();
         if hold {
             let r = self.finish(c, epoch, interval, quiesce, t0.elapsed(), ended_by);

@@ -36,6 +36,7 @@ impl EpochLoop {
             copy,
             parts: pp,
             tcp_reset,
+            tcp_read,
             ..
         } = c;
         // Nothing fails from here on.
@@ -214,6 +215,7 @@ impl EpochLoop {
         st.tcp_us = us(pp.tcp);
         st.tcp_conns = meta.tcp.len() as u64;
         st.tcp_reset = tcp_reset;
+        st.tcp_read = tcp_read;
         st.scrub_us = us(pp.scrub);
         st.layout_carried = pp.layout_carried;
         st.layout_missed = self.layout_missed;

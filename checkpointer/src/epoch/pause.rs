@@ -538,6 +538,7 @@ impl EpochLoop {
         Ok(Captured {
             meta,
             tcp_reset: 0,
+            tcp_read: 0,
             exe: Some(exe),
             shm: (shm, shm_data),
             write_faults: self.tracker.write_faults(),
@@ -744,6 +745,8 @@ pub(super) struct Captured {
     pub(super) meta: ProcessImage,
     /// Connected sockets a restore of this checkpoint resets (see [`crate::tcp::Captured`]).
     pub(super) tcp_reset: u64,
+    /// Connections read whole (the others had not moved).
+    pub(super) tcp_read: u64,
     /// Identified (and taken) by `identify`.
     pub(super) exe: Option<capture::PendingFile>,
     /// The shared memory objects with the pages that changed, and those pages' bytes.

@@ -281,3 +281,39 @@ fn a_connection_that_cannot_be_recreated_is_reset_and_said() {
         .expect_err("a reset connection");
     assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{err}");
 }
+
+/// The epoch loop's reader reads a connection whole only when it moved: not again while it
+/// is idle, again once the process read from it (no packet), or the peer wrote to it.
+#[test]
+fn the_reader_reads_a_connection_again_only_when_it_moved() {
+    let (mut c, mut s) = pair("127.0.0.1:0");
+    c.write_all(b"0123456789").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let me = std::process::id() as i32;
+    let fds = [FdImage {
+        fd: s.as_raw_fd(),
+        cloexec: true,
+        flags: libc::O_RDWR,
+        kind: FdKind::Socket(image_of(&s)),
+    }];
+    let mut r = Connections::default();
+    let first = r.capture(me, &fds);
+    assert_eq!((first.read, first.conns.len()), (1, 1));
+    assert_eq!(first.conns[0].recv_queue, b"0123456789");
+    let idle = r.capture(me, &fds);
+    assert_eq!(idle.read, 0, "an idle connection was read again");
+    assert_eq!(idle.conns, first.conns);
+    // The process reads 4 bytes: no packet need go out, the unread bytes changed.
+    assert_eq!(read_exact(&mut s, 4), b"0123");
+    let after_read = r.capture(me, &fds);
+    assert_eq!(after_read.read, 1);
+    assert_eq!(after_read.conns[0].recv_queue, b"456789");
+    // The peer writes.
+    c.write_all(b"ab").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let after_write = r.capture(me, &fds);
+    assert_eq!(after_write.read, 1);
+    assert_eq!(after_write.conns[0].recv_queue, b"456789ab");
+    // A descriptor that is gone is forgotten.
+    assert!(r.capture(me, &[]).conns.is_empty());
+}

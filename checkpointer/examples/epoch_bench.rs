@@ -24,6 +24,9 @@
 //! either way), `--dirtier PATH`, `--port N`, `--mb M` (dirtier region, default 100).
 //! Redis: `--redis-port N` (default 16390), `--bench-log FILE` (redis-benchmark's output).
 //! Run as root (ptrace). Reports figures only; asserts nothing about them.
+//!
+//! Over a thousand lines: a benchmark driver with four parts that share the service setup and
+//! the report's tables; it is not part of the product and each part reads top to bottom.
 
 use std::collections::HashMap;
 use std::fs::OpenOptions;

@@ -28,6 +28,9 @@
 //! Run through `bench/replication.sh` (builds everything first), or:
 //! `cargo run --release --example replication_bench -- SUBCOMMAND [--option value]...`
 //! (options: see `Opts`).
+//!
+//! Over a thousand lines: the benchmark's subcommands and their report tables (the lab driving
+//! is in `lab.rs` and the kit); it is a driver, not product code.
 
 mod floor;
 mod lab;

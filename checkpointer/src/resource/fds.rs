@@ -973,3 +973,6 @@ fn reset_connection(s: &SocketImage, ty: i32, floor: RawFd) -> io::Result<RawFd>
         Ok(c)
     }
 }
+
+#[cfg(test)]
+mod tests;

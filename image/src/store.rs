@@ -10,7 +10,7 @@ use crate::files::Tree;
 use crate::image::*;
 use std::collections::BTreeMap;
 
-const PAGE: u64 = PAGE_SIZE as u64;
+use crate::delta::PAGE;
 
 /// Why a checkpoint cannot be applied. The image is unchanged.
 #[derive(Debug, thiserror::Error)]

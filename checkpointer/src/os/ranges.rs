@@ -7,8 +7,8 @@
 //! inside a pause, over every mapping of the process (a quadratic version cost ~0.5 ms on
 //! Redis's ~120 mappings).
 
-/// The page size this checkpointer supports (x86-64's base page).
-pub const PAGE: u64 = 4096;
+/// The page size this checkpointer supports (x86-64's base page): the image crate's.
+pub use crate::delta::PAGE;
 
 /// The end of the user part of an x86-64 address space with 4-level page tables (the highest
 /// address a mapping may end at, less the guard page).

@@ -88,7 +88,7 @@ impl ProcessImage {
         fn bad<T>(m: String) -> Result<T, FormatError> {
             Err(FormatError::Meta(m))
         }
-        const PAGE: u64 = crate::delta::PAGE_SIZE as u64;
+        use crate::delta::PAGE;
         let aligned = |x: u64| x.is_multiple_of(PAGE);
         if self.pid <= 0 {
             return bad(format!("process id {} is not positive", self.pid));
@@ -749,7 +749,7 @@ impl ProcessImage {
         tree_shm: Option<&[ShmObject]>,
     ) -> Result<(), FormatError> {
         let bad = |m: String| Err(FormatError::Meta(m));
-        const PAGE: u64 = crate::delta::PAGE_SIZE as u64;
+        use crate::delta::PAGE;
         if tree_shm.is_some() && !self.shm.is_empty() {
             return bad(format!(
                 "process {} lists shared memory objects (the main process lists a tree's)",

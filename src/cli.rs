@@ -471,6 +471,11 @@ pub struct InstanceArgs {
         env = "TARDI_FAULT_CORRUPT_IMAGE"
     )]
     pub fault_corrupt_image: Option<PathBuf>,
+    /// Testing only: a takeover here restores as if its checkpoint carried no TCP connection:
+    /// they are reset, said and counted, and their clients probed (the way of a connection
+    /// that cannot be carried). Used by the lab tests.
+    #[arg(long, hide = true, env = "TARDI_FAULT_DROP_TCP")]
+    pub fault_drop_tcp: bool,
 }
 
 /// Measure how much a service would cost to replicate: run it in a sandbox and take an

@@ -149,6 +149,7 @@ pub fn instance(a: InstanceArgs) -> anyhow::Result<()> {
         security: sec,
         fault_restore: a.fault_restore,
         fault_corrupt_image: a.fault_corrupt_image,
+        fault_drop_tcp: a.fault_drop_tcp,
     })
 }
 

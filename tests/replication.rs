@@ -518,6 +518,69 @@ fn keeps_its_connection(primary: bool) {
     );
 }
 
+/// After a takeover, a client whose connection the restore reset (here every one, by the
+/// hidden `--fault-drop-tcp`: the way of a connection that cannot be carried) learns it at
+/// once, without sending anything: the new primary probes every client of a reset
+/// connection, the client's answer meets no socket, and the new primary's reset ends the
+/// connection. The reset is said in the log and counted in the metrics.
+#[test]
+fn idle_clients_of_reset_connections_learn_at_once_after_a_takeover() {
+    use std::io::{Read, Write};
+    let mut c = Cluster::up_args(3, 1, &[], &["--fault-drop-tcp"]);
+    c.deploy(&manifest("redis.manifest"), 1);
+    let svc = c.wait_active("redis", Duration::from_secs(30), |_| true);
+    let old = svc["primary"].as_str().unwrap().to_string();
+    let to = addr(&svc, 6379);
+    let mut conn = c
+        .lab
+        .in_node("client", || {
+            let mut s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            s.write_all(b"PING\r\n").unwrap();
+            let mut buf = [0u8; 16];
+            let n = s.read(&mut buf).unwrap();
+            assert_eq!(&buf[..n], b"+PONG\r\n");
+            s
+        })
+        .unwrap();
+    // Let the connection be in a checkpoint the backup holds.
+    std::thread::sleep(Duration::from_millis(300));
+    c.lab.kill(&old).unwrap();
+    let svc = c.wait_active("redis", Duration::from_secs(20), |s| {
+        s["primary"] != old.as_str()
+    });
+    conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut buf = [0u8; 16];
+    match conn.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("the idle connection was not ended by the new primary: {other:?}"),
+    }
+    let new = svc["primary"].as_str().unwrap();
+    let log = c.log(new);
+    assert!(
+        log.contains("the TCP connection of descriptor") && log.contains("was reset"),
+        "the reset is not in the new primary's log:\n{log}"
+    );
+    let at = std::net::SocketAddr::from((c.lab.address(new).unwrap(), tardi_lab::METRICS_PORT));
+    let metrics = c
+        .lab
+        .in_node("client", || {
+            tardi_metrics::get(at, "/metrics", Duration::from_secs(5))
+        })
+        .unwrap()
+        .unwrap();
+    let counted = metrics
+        .lines()
+        .find(|l| l.starts_with("tardi_instance_tcp_reset_at_restore_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        counted.is_some_and(|n| n >= 1.0),
+        "not counted: {counted:?}\n{metrics}"
+    );
+}
+
 /// The primary's daemon alone crashes (SIGKILL: its sandbox keeps running, holding the
 /// service's name and address on that machine) and restarts. The restarted daemon removes the
 /// leftover sandbox; the backup has taken over; the machine becomes its backup again and can

@@ -40,4 +40,8 @@ pub struct Options {
     /// applying a checkpoint, if it removes FILE ([`Backup::corrupt_when_removed`]). `None` in
     /// any real deployment.
     pub fault_corrupt_image: Option<PathBuf>,
+    /// Testing only (`--fault-drop-tcp`): a takeover here restores as if its checkpoint carried
+    /// no TCP connection (they are reset, said, counted, and their clients probed). `false` in
+    /// any real deployment.
+    pub fault_drop_tcp: bool,
 }

@@ -205,6 +205,11 @@ impl Primary {
         required: BTreeSet<String>,
         gate: Option<Arc<Gate>>,
     ) -> Result<Primary, StartFailure> {
+        let mut from = from;
+        if let Some(img) = from.as_mut().filter(|_| ctx.opts.fault_drop_tcp) {
+            tracing::warn!(service = %target.name, "restoring without the checkpoint's TCP connections on purpose (--fault-drop-tcp)");
+            img.meta.tcp.clear();
+        }
         match Self::start_from(ctx, target, from.as_ref(), required, gate) {
             Ok(p) => {
                 // Freeing a large image page by page takes tens of milliseconds: not on the

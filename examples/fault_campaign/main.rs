@@ -171,7 +171,7 @@ pub fn now_unix_us() -> u64 {
 
 fn summarize(trials: &[Value], faults: &[String]) -> (Value, String) {
     let mut md = String::from(
-        "| fault | trials | recovered | lost writes | linearizability violations | not checked | gap p50 ms | p90 | p99 | max |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| fault | trials | recovered | lost writes | linearizability violations | not checked | connections kept | gap p50 ms | p90 | p99 | max |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut by = serde_json::Map::new();
     for f in faults {
@@ -184,6 +184,12 @@ fn summarize(trials: &[Value], faults: &[String]) -> (Value, String) {
         let checked: Vec<&&Value> = ts.iter().filter(|t| t["checked"] == true).collect();
         let violations = checked.iter().filter(|t| t["linearizable"] != true).count();
         let unchecked = ts.len() - checked.len();
+        let clients: u64 = ts.iter().filter_map(|t| t["clients"].as_u64()).sum();
+        let broke: u64 = ts
+            .iter()
+            .filter_map(|t| t["clients_reconnected"].as_u64())
+            .sum();
+        let kept = format!("{}/{clients}", clients - broke.min(clients));
         let mut gaps: Vec<f64> = ts
             .iter()
             .filter(|t| t["recovered"] == true)
@@ -192,7 +198,7 @@ fn summarize(trials: &[Value], faults: &[String]) -> (Value, String) {
         gaps.sort_by(f64::total_cmp);
         let g = |p| pct(&gaps, p);
         md.push_str(&format!(
-            "| {f} | {} | {recovered} | {lost} | {violations} | {unchecked} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+            "| {f} | {} | {recovered} | {lost} | {violations} | {unchecked} | {kept} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
             ts.len(),
             g(0.5),
             g(0.9),
@@ -203,6 +209,7 @@ fn summarize(trials: &[Value], faults: &[String]) -> (Value, String) {
             f.clone(),
             json!({"trials": ts.len(), "recovered": recovered, "lost_writes": lost,
                    "linearizability_violations": violations, "not_checked": unchecked,
+                   "clients": clients, "clients_reconnected": broke,
                    "gap_ms": {"p50": g(0.5), "p90": g(0.9), "p99": g(0.99), "max": gaps.last()}}),
         );
     }

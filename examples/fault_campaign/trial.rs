@@ -87,6 +87,7 @@ pub fn trial(
         stop: AtomicBool::new(false),
         last_ok: AtomicU64::new(0),
         ops: Mutex::new(Vec::new()),
+        reconnected: AtomicU64::new(0),
     });
     let threads: Vec<_> = (0..o.clients)
         .map(|id| {
@@ -264,6 +265,7 @@ pub fn trial(
         "service": c.kind.name(), "backups": c.backups,
         "gap_ms": gap as f64 / 1e3, "gap_started_after_fault_ms": (gap_from - fault_at) as f64 / 1e3,
         "ops_ok": n_ok, "ops_unknown": n_unknown, "ops_failed": n_fail,
+        "clients": o.clients, "clients_reconnected": sh.reconnected.load(Ordering::Relaxed),
         "final_reads": final_ok,
         "checked": checked, "linearizable": checked && linearizable, "lost_writes": lost,
         "check": report, "duration_s": end as f64 / 1e6, "views_since_fault": views,

@@ -130,21 +130,28 @@ fn peek(s: RawFd, len: usize, what: &'static str) -> Result<Vec<u8>, TcpError> {
     Ok(buf)
 }
 
-/// `(state, options, snd_wscale, rcv_wscale)` from `TCP_INFO`.
-fn info(s: RawFd) -> Result<(u8, u8, u8, u8), TcpError> {
-    let mut buf = [0u8; 104];
+/// A TCP option of `s` that is a structure, into `buf`: how many bytes the kernel wrote (it
+/// writes at most `buf.len()`, fewer for a shorter structure of an older kernel).
+fn get_bytes(s: RawFd, name: i32, buf: &mut [u8], what: &'static str) -> Result<usize, TcpError> {
     let mut len = buf.len() as libc::socklen_t;
     // SAFETY: `buf`/`len` describe a writable buffer; the kernel truncates to it.
     check(unsafe {
         libc::getsockopt(
             s,
             libc::IPPROTO_TCP,
-            libc::TCP_INFO,
+            name,
             buf.as_mut_ptr().cast(),
             &mut len,
         )
     })
-    .map_err(io_err("TCP_INFO"))?;
+    .map_err(io_err(what))?;
+    Ok(len as usize)
+}
+
+/// `(state, options, snd_wscale, rcv_wscale)` from `TCP_INFO`.
+fn info(s: RawFd) -> Result<(u8, u8, u8, u8), TcpError> {
+    let mut buf = [0u8; 104];
+    get_bytes(s, libc::TCP_INFO, &mut buf, "TCP_INFO")?;
     // struct tcp_info: u8 state, ca_state, retransmits, probes, backoff, options, then a byte
     // of two 4-bit fields, tcpi_snd_wscale in the low bits (little-endian bit-field order).
     Ok((buf[0], buf[5], buf[6] & 0xf, buf[6] >> 4))
@@ -198,19 +205,11 @@ pub fn capture(fd: i32, s: RawFd) -> Result<TcpConn, TcpError> {
     let unsent = ioctl_int(s, SIOCOUTQNSD, "unsent bytes")?;
     let send_queue = peek(s, outq, "reading the send queue")?;
 
-    let mut window = [0u32; 5];
-    let mut len = std::mem::size_of_val(&window) as libc::socklen_t;
-    // SAFETY: `window` is 20 writable bytes, the size of struct tcp_repair_window.
-    check(unsafe {
-        libc::getsockopt(
-            s,
-            libc::IPPROTO_TCP,
-            libc::TCP_REPAIR_WINDOW,
-            window.as_mut_ptr().cast(),
-            &mut len,
-        )
-    })
-    .map_err(io_err("TCP_REPAIR_WINDOW"))?;
+    // struct tcp_repair_window: five u32s.
+    let mut raw = [0u8; 20];
+    get_bytes(s, libc::TCP_REPAIR_WINDOW, &mut raw, "TCP_REPAIR_WINDOW")?;
+    let window: [u32; 5] =
+        std::array::from_fn(|i| u32::from_ne_bytes(raw[i * 4..i * 4 + 4].try_into().unwrap()));
     let timestamp = if options & TCPI_OPT_TIMESTAMPS != 0 {
         Some(get(s, libc::TCP_TIMESTAMP, "TCP_TIMESTAMP")? as u32)
     } else {

@@ -42,19 +42,8 @@ pub struct Captured {
 /// The socket's inode and what of its state moves with traffic (see the module doc).
 fn signature(s: RawFd) -> Result<(u8, [u64; 10]), TcpError> {
     let mut buf = [0u8; 240];
-    let mut len = buf.len() as libc::socklen_t;
-    // SAFETY: `buf`/`len` describe a writable buffer; the kernel truncates to it.
-    check(unsafe {
-        libc::getsockopt(
-            s,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            buf.as_mut_ptr().cast(),
-            &mut len,
-        )
-    })
-    .map_err(io_err("TCP_INFO"))?;
-    if (len as usize) < 236 {
+    let len = get_bytes(s, libc::TCP_INFO, &mut buf, "TCP_INFO")?;
+    if len < 236 {
         // A kernel without tcpi_snd_wnd / tcpi_rcv_wnd (before 5.4 and 6.x): no signature,
         // every pause reads the connection whole.
         return Ok((buf[0], [u64::MAX; 10]));

@@ -51,8 +51,8 @@ fn start_redis(bin: &str, port: u16) -> Redis {
     let t0 = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "redis-server does not answer"
+            t0.elapsed() < Duration::from_secs(30),
+            "redis-server does not answer on port {port}"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -116,6 +116,7 @@ fn main() {
         "| connections | load | pauses | pause p50 (µs) | pause p99 (µs) | reading connections p50 (µs) | p99 (µs) | per connection p50 (µs) | carried | read whole per pause |"
     );
     println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut case = 0u16;
     for n in counts
         .split(',')
         .map(|c| c.trim().parse::<usize>().expect("--conns"))
@@ -124,6 +125,10 @@ fn main() {
             if n == 0 && load == "busy" {
                 continue;
             }
+            // A port of its own per case: the last case's thousands of closed connections
+            // linger on theirs.
+            let port = port + case;
+            case += 1;
             let redis = start_redis(&bin, port);
             let conns = connect(port, n);
             let stop = Arc::new(AtomicBool::new(false));

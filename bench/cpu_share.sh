@@ -47,7 +47,7 @@ trap cleanup EXIT
 
 manifest="$ROOT/gramine-manifests/redis.manifest"
 if [[ "$MODE" == tracked ]]; then
-    taskset -c 0 env "${TARDI_ENV[@]}" "$TARDI" profile "$manifest" --interval "$INTERVAL" \
+    taskset -c 0 env "${TARDI_ENV[@]}" "$TARDI" profile "$manifest" --interval "${INTERVAL}ms" \
         --duration 600s --out "$OUT/profile" "${PROFILE_ARGS[@]}" >"$TMP/log" 2>"$TMP/err" &
     pid=$!
     addr_of() { sed -nE 's/.*\(address ([0-9.]+),.*/\1/p' "$TMP/log" | head -1; }

@@ -8,7 +8,7 @@
 #
 # Each service is measured
 #   untracked   `tardi run`, load from this machine;
-#   tracked     `tardi profile --interval MS` (checkpoints taken and encoded, sent nowhere),
+#   tracked     `tardi profile --interval MSms` (checkpoints taken and encoded, sent nowhere),
 #               load from this machine; the pause figures come from its epochs.json;
 #   replicated  one primary and one backup in the local lab (`tardi lab up --machines 2`),
 #               deployed with `[tardi.epoch] interval_ms = MS`, load from the lab's client node,
@@ -159,7 +159,7 @@ untracked() {
 tracked() {
     local svc=$1 ms=$2 m out="$TMP/prof-$1-$2"
     m=$(manifest "$svc" "$ms")
-    "${SVC_PIN[@]}" "$TARDI" profile "$m" --interval "$ms" --duration 600s --out "$out" >"$TMP/prof.log" 2>"$TMP/prof.err" &
+    "${SVC_PIN[@]}" "$TARDI" profile "$m" --interval "${ms}ms" --duration 600s --out "$out" >"$TMP/prof.log" 2>"$TMP/prof.err" &
     local pid=$!
     local addr=""
     for _ in $(seq 200); do
@@ -182,7 +182,7 @@ replicated() {
     local svc=$1 ms=$2 m
     m=$(manifest "$svc" "$ms")
     local L=("$TARDI" lab exec client --)
-    "${L[@]}" "$TARDI" deploy "$m" --backups 1 --timeout 120 >/dev/null
+    "${L[@]}" "$TARDI" deploy "$m" --backups 1 --timeout 120s >/dev/null
     local addr
     addr=$("${L[@]}" "$TARDI" status --json | python3 -c '
 import json, sys

@@ -47,7 +47,7 @@ def unprotected(path, tmp):
 def profiled(path, tmp):
     """The same load under `tardi profile --json`: its epochs, and connections per second."""
     log = os.path.join(tmp, "profiled.log")
-    r = subprocess.run([TARDI, "profile", path, "--json", "--duration", f"{SECS}s", "--interval", "10",
+    r = subprocess.run([TARDI, "profile", path, "--json", "--duration", f"{SECS}s", "--interval", "10ms",
                         "--load", LOAD.format(a="{address}", log=log)],
                        capture_output=True, text=True, timeout=SECS + 120)
     if r.returncode != 0:

@@ -13,6 +13,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
+use tardi_testkit::stats::floor_rank;
 
 struct Opts {
     addr: SocketAddr,
@@ -171,10 +172,7 @@ fn main() {
         }
     }
     lat.sort_unstable();
-    let pct = |p: f64| {
-        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
-            .map_or(0.0, |&v| v as f64 / 1000.0)
-    };
+    let pct = |p: f64| floor_rank(&lat, p).map_or(0.0, |v| v as f64 / 1000.0);
     println!(
         "{{\"test\":\"{}\",\"conns\":{},\"seconds\":{:.3},\"requests\":{},\"rps\":{:.0},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"errors\":{}}}",
         o.test,

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The demo: a replicated redis on a local lab of three machines (network namespaces), a client
 # writing and verifying, and a power cut of the primary's machine. The backup takes over; the
-# client carries on with nothing lost. Leaves nothing behind.
+# client carries on, on the same TCP connection, with nothing lost. Leaves nothing behind.
 #
 #   1. installs what is missing and builds Tardi (release);
 #   2. `tardi lab up`: machines m1 m2 m3, a cluster of three orchestrators o1 o2 o3 (raft),
 #      a client node;
 #   3. `tardi deploy gramine-manifests/redis.manifest --backups 1` (Debian's redis-server);
-#   4. a client in the client node writes key:N = value-N for 8 s, reconnecting when needed;
+#   4. a client in the client node writes key:N = value-N for 8 s (its connection survives the
+#      failover; it would reconnect if it did not);
 #   5. after 3 s, `tardi lab kill` of the primary's machine (SIGKILL of everything, link down);
 #   6. `tardi status` shows the new view; the client reads back every acknowledged write;
 #   7. `tardi lab down`.

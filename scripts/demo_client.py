@@ -37,18 +37,20 @@ def command(conn, *args):
 
 def main():
     host, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-    acked, conn, i = [], None, 0
+    acked, conn, i, connects = [], None, 0, 0
     start = last_ok = time.monotonic()
     gaps = []
     while time.monotonic() - start < seconds:
         try:
             if conn is None:
                 conn = connect(host, port)
+                connects += 1
             if command(conn, "SET", f"key:{i}", f"value-{i}") == "OK":
                 now = time.monotonic()
                 if now - last_ok > 0.1:
                     gaps.append(now - last_ok)
-                    print(f"  client: service back after {1000 * (now - last_ok):.0f} ms; "
+                    same = "on the same connection" if connects == 1 else f"on connection {connects}"
+                    print(f"  client: service back after {1000 * (now - last_ok):.0f} ms {same}; "
                           f"{len(acked)} writes acknowledged so far", flush=True)
                 last_ok = now
                 acked.append(i)
@@ -72,7 +74,7 @@ def main():
                 raise
             time.sleep(0.05)
     lost = [k for k in acked if command(conn, "GET", f"key:{k}") != f"value-{k}"]
-    print(f"  client: {len(acked)} writes acknowledged, {len(lost)} lost"
+    print(f"  client: {len(acked)} writes acknowledged on {connects} connection(s), {len(lost)} lost"
           + (f"; longest pause {1000 * max(gaps):.0f} ms" if gaps else ""), flush=True)
     sys.exit(1 if lost or not acked else 0)
 

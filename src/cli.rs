@@ -230,9 +230,9 @@ pub struct UndeployArgs {
     /// Return once the orchestrator forgot the service, without waiting for the machines.
     #[arg(long)]
     pub no_wait: bool,
-    /// Give up waiting for the machines after this many seconds.
-    #[arg(long, default_value_t = 30)]
-    pub timeout: u64,
+    /// Give up waiting for the machines after this long.
+    #[arg(long, default_value = "30s", value_parser = crate::parse::parse_duration)]
+    pub timeout: std::time::Duration,
 }
 
 /// Bring back a service that was given up, from the freshest image a machine holds.
@@ -260,9 +260,9 @@ pub struct RestartArgs {
     /// Return once the orchestrator took the request, without waiting for a new view.
     #[arg(long)]
     pub no_wait: bool,
-    /// Give up waiting for the new view after this many seconds.
-    #[arg(long, default_value_t = 60)]
-    pub timeout: u64,
+    /// Give up waiting for the new view after this long.
+    #[arg(long, default_value = "60s", value_parser = crate::parse::parse_duration)]
+    pub timeout: std::time::Duration,
 }
 
 /// Deploy a replicated service: a primary runs it, backups receive its checkpoints.
@@ -303,9 +303,9 @@ pub struct DeployArgs {
     /// Return once the orchestrator accepted the deployment, without waiting for protection.
     #[arg(long)]
     pub no_wait: bool,
-    /// Give up waiting for protection after this many seconds.
-    #[arg(long, default_value_t = 60)]
-    pub timeout: u64,
+    /// Give up waiting for protection after this long.
+    #[arg(long, default_value = "60s", value_parser = crate::parse::parse_duration)]
+    pub timeout: std::time::Duration,
     /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -352,9 +352,9 @@ pub struct OrchestratorArgs {
     /// Start with an empty data directory and wait to be added by `tardi orchestrator join`.
     #[arg(long)]
     pub join: bool,
-    /// An instance silent this long (milliseconds) is suspected failed.
-    #[arg(long, default_value_t = 100)]
-    pub failure_timeout: u64,
+    /// An instance silent this long is suspected failed.
+    #[arg(long, default_value = "100ms", value_parser = crate::parse::parse_duration)]
+    pub failure_timeout: std::time::Duration,
     /// Serve Prometheus metrics on http://ADDR/metrics: this node's raft state (leader, term,
     /// log index, members' reachability) and, from the leader, every machine, service, view
     /// and the primaries' and backups' latest reports (tardi_orchestrator_*, tardi_machine_*,
@@ -440,14 +440,13 @@ pub struct InstanceArgs {
     /// acknowledging: longer queues shorten acknowledgements, shorter ones shorten takeovers.
     #[arg(long, default_value_t = 16)]
     pub queue_len: usize,
-    /// Limit the checkpoint stream to this rate (e.g. 1gbit, 100mbit) to reproduce slower
+    /// Limit the checkpoint stream to this rate (e.g. 1Gbit/s, 100Mbit/s) to reproduce slower
     /// links; unlimited by default.
-    #[arg(long, value_parser = tardi_instance::throttle::parse_bandwidth)]
+    #[arg(long, value_name = "RATE", value_parser = crate::parse::parse_bandwidth)]
     pub link_bandwidth: Option<u64>,
-    /// Milliseconds between heartbeats to the orchestrator (keep it well under its failure
-    /// timeout).
-    #[arg(long, default_value_t = 20)]
-    pub heartbeat_ms: u64,
+    /// Time between heartbeats to the orchestrator (keep it well under its failure timeout).
+    #[arg(long, default_value = "20ms", value_parser = crate::parse::parse_duration)]
+    pub heartbeat: std::time::Duration,
     /// Append one JSON line per epoch of every primary on this machine to FILE (service,
     /// machine, epoch, interval_us, pause_us, encoded_bytes, raw_bytes, dirty_pages, ended_by,
     /// unix_us): the epoch-interval distribution for benchmarks. Buffered, flushed every 100 ms.
@@ -472,6 +471,11 @@ pub struct InstanceArgs {
         env = "TARDI_FAULT_CORRUPT_IMAGE"
     )]
     pub fault_corrupt_image: Option<PathBuf>,
+    /// Testing only: a takeover here restores as if its checkpoint carried no TCP connection:
+    /// they are reset, said and counted, and their clients probed (the way of a connection
+    /// that cannot be carried). Used by the lab tests.
+    #[arg(long, hide = true, env = "TARDI_FAULT_DROP_TCP")]
+    pub fault_drop_tcp: bool,
 }
 
 /// Measure how much a service would cost to replicate: run it in a sandbox and take an
@@ -531,9 +535,9 @@ pub struct ProfileArgs {
     /// the two processes byte for byte. Exit status 1 if they differ.
     #[arg(long)]
     pub verify: bool,
-    /// Epoch length in ms [default: tardi.epoch.interval_ms].
-    #[arg(long, value_name = "MS", value_parser = crate::parse::parse_ms)]
-    pub interval: Option<f64>,
+    /// Epoch length: 20ms, 5ms [default: tardi.epoch.interval_ms].
+    #[arg(long, value_parser = crate::parse::parse_duration)]
+    pub interval: Option<std::time::Duration>,
     /// End an epoch early once this many pages are dirty; 0: never [default: tardi.epoch.cap_pages].
     #[arg(long, value_name = "N")]
     pub cap_pages: Option<u64>,

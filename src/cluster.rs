@@ -93,8 +93,8 @@ pub fn orchestrator(a: OrchestratorArgs) -> anyhow::Result<()> {
         }
         None => {}
     }
-    if a.failure_timeout == 0 {
-        anyhow::bail!("--failure-timeout must be at least 1 ms");
+    if a.failure_timeout < Duration::from_millis(1) {
+        anyhow::bail!("--failure-timeout must be at least 1ms");
     }
     let sec = security(&a.tls, "tardi orchestrator")?;
     let peers = a
@@ -118,7 +118,7 @@ pub fn orchestrator(a: OrchestratorArgs) -> anyhow::Result<()> {
         tardi_orchestrator::server::Options {
             listen: a.listen,
             name: a.name,
-            failure_timeout: Duration::from_millis(a.failure_timeout),
+            failure_timeout: a.failure_timeout,
             data_dir,
             peers,
             join: a.join,
@@ -130,8 +130,8 @@ pub fn orchestrator(a: OrchestratorArgs) -> anyhow::Result<()> {
 }
 
 pub fn instance(a: InstanceArgs) -> anyhow::Result<()> {
-    if a.heartbeat_ms == 0 || a.queue_len == 0 {
-        anyhow::bail!("--heartbeat-ms and --queue-len must be at least 1");
+    if a.heartbeat < Duration::from_millis(1) || a.queue_len == 0 {
+        anyhow::bail!("--heartbeat must be at least 1ms and --queue-len at least 1");
     }
     let sec = security(&a.tls, "tardi instance")?;
     tardi_instance::run(tardi_instance::Options {
@@ -143,17 +143,18 @@ pub fn instance(a: InstanceArgs) -> anyhow::Result<()> {
         run_dir: a.run_dir,
         queue_len: a.queue_len,
         link_bandwidth: a.link_bandwidth,
-        heartbeat: Duration::from_millis(a.heartbeat_ms),
+        heartbeat: a.heartbeat,
         epoch_log: a.epoch_log,
         metrics: a.metrics,
         security: sec,
         fault_restore: a.fault_restore,
         fault_corrupt_image: a.fault_corrupt_image,
+        fault_drop_tcp: a.fault_drop_tcp,
     })
 }
 
 pub fn undeploy(a: UndeployArgs) -> anyhow::Result<()> {
-    let wait = (!a.no_wait).then(|| Duration::from_secs(a.timeout));
+    let wait = (!a.no_wait).then_some(a.timeout);
     let sec = security(&a.tls, "tardi undeploy")?;
     runtime()?.block_on(client::undeploy(&a.orchestrator, &sec, &a.service, wait))?;
     if wait.is_some() {
@@ -168,7 +169,7 @@ pub fn undeploy(a: UndeployArgs) -> anyhow::Result<()> {
 }
 
 pub fn restart(a: RestartArgs) -> anyhow::Result<()> {
-    let wait = (!a.no_wait).then(|| Duration::from_secs(a.timeout));
+    let wait = (!a.no_wait).then_some(a.timeout);
     let sec = security(&a.tls, "tardi restart")?;
     runtime()?.block_on(client::restart(&a.orchestrator, &sec, &a.service, wait))?;
     if wait.is_some() {
@@ -193,7 +194,7 @@ pub fn deploy(a: DeployArgs) -> anyhow::Result<()> {
     }
     let path = std::path::absolute(&a.manifest)?;
     let json = a.json;
-    let wait = (!a.no_wait).then(|| Duration::from_secs(a.timeout));
+    let wait = (!a.no_wait).then_some(a.timeout);
     if !json {
         println!(
             "deploying {:?} with {} backup(s) through {}",

@@ -3,15 +3,19 @@
 use std::time::Duration;
 use tardi_checkpointer::delta::Codec;
 
-/// `500ms`, `10s`, `1.5s`, `2m`, `1h`, `1m30s`, `250us`; a plain number is seconds.
+/// A duration with its unit: `500ms`, `10s`, `1.5s`, `2m`, `1h`, `1m30s`, `250us`. Every
+/// duration flag of `tardi` takes this one syntax; a bare number is refused (is `100` seconds
+/// or milliseconds?).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || format!("{s:?} is not a duration (examples: 500ms, 10s, 2m, 1m30s)");
     let t = s.trim();
     if t.is_empty() {
         return Err(bad());
     }
-    if let Ok(secs) = t.parse::<f64>() {
-        return positive_secs(secs).ok_or_else(bad);
+    if t.parse::<f64>().is_ok() {
+        return Err(format!(
+            "{s:?} has no unit: write {t}ms or {t}s (a duration takes ns, us, ms, s, m or h)"
+        ));
     }
     let mut total = 0f64;
     let mut rest = t;
@@ -46,24 +50,30 @@ fn positive_secs(secs: f64) -> Option<Duration> {
     (secs.is_finite() && secs > 0.0 && secs < 1e9).then(|| Duration::from_secs_f64(secs))
 }
 
-/// `1Gbit/s`, `100Mbit/s`, `10Gbit/s`, `500kbit/s`, `1Gbps`, or plain bits/s (`1000000`).
-/// Prefixes are decimal (k = 1000).
+/// A rate in bits per second: `1Gbit/s`, `100mbit`, `10Gbps`, `500kbit/s`, or plain bits/s
+/// (`2500000`). Prefixes (k, M, G, T, either case) are decimal: k = 1000. Every bandwidth flag
+/// of `tardi` takes this one syntax.
 pub fn parse_bandwidth(s: &str) -> Result<u64, String> {
-    let bad = || format!("{s:?} is not a bandwidth (examples: 1Gbit/s, 100Mbit/s, 2500000)");
+    let bad = || format!("{s:?} is not a bandwidth (examples: 1Gbit/s, 100mbit, 2500000)");
     let t = s.trim();
     let num_end = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let n: f64 = t[..num_end].parse().map_err(|_| bad())?;
-    let unit = t[num_end..].trim();
+    if t[num_end..].contains('B') {
+        return Err(format!(
+            "{s:?}: a bandwidth is in bits (1Gbit/s), not bytes (B)"
+        ));
+    }
+    let unit = t[num_end..].trim().to_ascii_lowercase();
     let (scale, rest) = match unit.chars().next() {
-        Some('k' | 'K') => (1e3, &unit[1..]),
-        Some('M') => (1e6, &unit[1..]),
-        Some('G') => (1e9, &unit[1..]),
-        Some('T') => (1e12, &unit[1..]),
-        _ => (1.0, unit),
+        Some('k') => (1e3, &unit[1..]),
+        Some('m') => (1e6, &unit[1..]),
+        Some('g') => (1e9, &unit[1..]),
+        Some('t') => (1e12, &unit[1..]),
+        _ => (1.0, unit.as_str()),
     };
-    if !matches!(rest, "" | "bit/s" | "bps" | "b/s" | "bit") {
+    if !matches!(rest, "" | "bit/s" | "bps" | "b/s" | "bit" | "bits") {
         return Err(bad());
     }
     let bps = n * scale;
@@ -81,10 +91,38 @@ pub fn parse_codec(s: &str) -> Result<Codec, String> {
     })
 }
 
-/// A positive number of milliseconds.
-pub fn parse_ms(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("{s:?} is not a positive number of milliseconds")),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_one_syntax_with_a_unit() {
+        let ms = Duration::from_millis;
+        assert_eq!(parse_duration("500ms"), Ok(ms(500)));
+        assert_eq!(parse_duration("1m30s"), Ok(ms(90_000)));
+        assert_eq!(parse_duration("1.5s"), Ok(ms(1500)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        for bad in ["", "100", "0s", "soon", "5 parsecs", "-1s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_duration("100").unwrap_err().contains("100ms"));
+    }
+
+    #[test]
+    fn bandwidths_take_both_spellings_the_flags_had() {
+        for (s, bps) in [
+            ("1Gbit/s", 1_000_000_000),
+            ("1gbit", 1_000_000_000),
+            ("100Mbit/s", 100_000_000),
+            ("100mbit", 100_000_000),
+            ("10Gbps", 10_000_000_000),
+            ("500kbit", 500_000),
+            ("2500000", 2_500_000),
+        ] {
+            assert_eq!(parse_bandwidth(s), Ok(bps), "{s}");
+        }
+        for bad in ["fast", "-1gbit", "1GB/s", "0", "1 furlong"] {
+            assert!(parse_bandwidth(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -7,6 +7,10 @@
 //! Links are not named after sandboxes and other tests (and other people's test runs) start
 //! sandboxes concurrently, so a new `td<i>h` link only counts as left behind if it outlives a
 //! grace period without belonging to a sandbox listed by `tardi status`.
+//!
+//! One file over a thousand lines: one binary, so the suite builds and links it once; each test
+//! is a short case of the same pattern (a bad input, the error a user reads, nothing left
+//! behind), and splitting by input would only add binaries.
 
 mod common;
 

@@ -2,6 +2,9 @@
 //! program, each serialized and parsed back, applied to an image; at intervals (and at the end)
 //! the process is held stopped and the image is compared with its memory byte for byte. Then
 //! the final image is restored with `tardi restore` and must carry on correctly.
+//!
+//! Over a thousand lines: one binary (built and linked once) whose tests share the churn
+//! program's driver and the image comparison; each test is one scenario of the same chain.
 
 mod common;
 

@@ -430,11 +430,30 @@ fn replicated_postgres_keeps_every_acknowledged_row_across_a_failover() {
         .in_node("client", || {
             wait_answering(addr, 60);
             psql(addr, "create table t (id int primary key, v text)").unwrap();
-            (1..=40)
-                .filter(|i| psql(addr, &format!("insert into t values ({i}, 'row {i}')")).is_ok())
-                .count()
+            // An insert whose reply did not come (psql's 10 s connect timeout on a loaded
+            // machine: a loaded run failed so, once) is tried again, idempotently; each
+            // failure is shown, and more than a few fail the test.
+            let mut failures = Vec::new();
+            let acked = (1..=40)
+                .filter(|i| {
+                    let q = format!("insert into t values ({i}, 'row {i}') on conflict do nothing");
+                    (0..3).any(|_| match psql(addr, &q) {
+                        Ok(_) => true,
+                        Err(e) => {
+                            failures.push(format!("row {i}: {}", e.trim()));
+                            false
+                        }
+                    })
+                })
+                .count();
+            (acked, failures)
         })
         .unwrap();
+    let (acked, failures) = acked;
+    if !failures.is_empty() {
+        eprintln!("inserts tried again: {failures:#?}");
+    }
+    assert!(failures.len() <= 5, "inserts kept failing: {failures:#?}");
     assert_eq!(acked, 40, "every insert acknowledged before the power cut");
     let svc = c.service(&name);
     assert_eq!(

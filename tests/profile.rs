@@ -116,7 +116,7 @@ fn profile_json_totals_rates_and_verify() {
     let (epochs, s) = profile_json(
         &scratch.0,
         &manifest,
-        &["--duration", "2s", "--interval", "20", "--verify"],
+        &["--duration", "2s", "--interval", "20ms", "--verify"],
     );
     assert!(
         epochs.len() >= 20,
@@ -191,7 +191,7 @@ fn profile_writes_plots() {
             "--duration",
             "1500ms",
             "--interval",
-            "25",
+            "25ms",
             "--out",
             out.to_str().unwrap(),
         ],
@@ -408,7 +408,7 @@ fn profile_redis_with_an_encode_budget_verifies() {
             "--encode-budget",
             "2",
             "--interval",
-            "5",
+            "5ms",
             "--duration",
             "6s",
             "--verify",

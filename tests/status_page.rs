@@ -153,7 +153,7 @@ fn the_status_page_shows_a_failover() {
     // This test is about what the page shows, not how fast a failure is detected: a failure
     // timeout of 500 ms (default 100) keeps a loaded machine (Chromium, the daemons' debug
     // builds) from suspecting a live primary.
-    let mut c = Cluster::up_with(3, 3, &["--failure-timeout", "500"]);
+    let mut c = Cluster::up_with(3, 3, &["--failure-timeout", "500ms"]);
     c.deploy(
         &programs::workspace_root().join("gramine-manifests/redis.manifest"),
         1,

@@ -30,6 +30,10 @@
 //! Invariants: position independent, self-contained, no statics holding pointers; built by
 //! `checkpointer/build.rs`, which refuses a binary with relocations. Every handler path is
 //! async-signal-safe: no locks except `Control::lock`, taken only with signals blocked.
+//!
+//! One file over a thousand lines on purpose: the agent is a freestanding blob built as one
+//! translation unit with no relocations (`build.rs` checks), so it has no module tree to split
+//! into.
 
 #![no_std]
 #![no_main]

@@ -20,6 +20,7 @@
 
 use std::time::Instant;
 use tardi_image::delta::{Codec, PAGE_SIZE, PageCodec, PageEncoding, TwinStore};
+use tardi_testkit::stats::floor_rank;
 
 const TWINS: usize = 4000;
 const PAGES: usize = 1000;
@@ -136,9 +137,9 @@ fn main() {
         t.sort_unstable();
         println!(
             "{name:>8}: {PAGES} pages, encode + twin update p50 {} µs (p10 {}) = {:.2} µs a page",
-            t[t.len() / 2],
-            t[t.len() / 10],
-            t[t.len() / 2] as f64 / PAGES as f64
+            floor_rank(&t, 0.5).unwrap_or(0),
+            floor_rank(&t, 0.1).unwrap_or(0),
+            floor_rank(&t, 0.5).unwrap_or(0) as f64 / PAGES as f64
         );
     }
 }

@@ -24,6 +24,9 @@
 //! either way), `--dirtier PATH`, `--port N`, `--mb M` (dirtier region, default 100).
 //! Redis: `--redis-port N` (default 16390), `--bench-log FILE` (redis-benchmark's output).
 //! Run as root (ptrace). Reports figures only; asserts nothing about them.
+//!
+//! Over a thousand lines: a benchmark driver with four parts that share the service setup and
+//! the report's tables; it is not part of the product and each part reads top to bottom.
 
 use std::collections::HashMap;
 use std::fs::OpenOptions;
@@ -36,6 +39,8 @@ use std::time::{Duration, Instant};
 use tardi_checkpointer::delta::Codec;
 use tardi_checkpointer::epoch::{EpochConfig, EpochStats, Epochs};
 use tardi_checkpointer::image::Checkpoint;
+// Nearest rank, of values in any order.
+use tardi_testkit::stats::{mean, percentile_of as pct};
 
 const PAGE: f64 = 4096.0;
 
@@ -252,25 +257,8 @@ impl LoadWindow {
 // ---------------------------------------------------------------------------------------------
 // Statistics and output
 
-fn pct(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    // Nearest rank.
-    let i = ((p * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1;
-    s[i]
-}
 fn med(v: &[f64]) -> f64 {
     pct(v, 0.5)
-}
-fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v.iter().sum::<f64>() / v.len() as f64
-    }
 }
 fn col(st: &[EpochStats], f: impl Fn(&EpochStats) -> u64) -> Vec<f64> {
     st.iter().map(|s| f(s) as f64).collect()

@@ -6,11 +6,7 @@
 
 use std::time::Instant;
 use tardi_checkpointer::files::DirTracker;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+use tardi_testkit::stats::{rounded_rank, sorted};
 
 fn main() {
     let base = std::env::args()
@@ -43,13 +39,13 @@ fn main() {
                 times.push(t0.elapsed().as_secs_f64() * 1e6);
                 assert_eq!(ch.upsert.is_empty(), size == 0, "{label}: {ch:?}");
             }
-            let mut s = times.clone();
-            s.sort_by(f64::total_cmp);
+            let s = sorted(times);
+            let q = |p: f64| rounded_rank(&s, p).expect("50 samples");
             println!(
                 "| {n} | {label} | {:.0} ({:.0}–{:.0}) |",
-                median(times),
-                s[5],
-                s[44]
+                q(0.5),
+                q(0.1),
+                q(0.9)
             );
         }
         std::fs::remove_dir_all(&root).unwrap();

@@ -11,10 +11,11 @@
 use std::time::{Duration, Instant};
 use tardi_checkpointer::procfs::Proc;
 use tardi_checkpointer::ptrace::Stopped;
+use tardi_testkit::stats::rounded_rank;
 
 fn summary(v: &mut [f64]) -> String {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let q = |p: f64| v[(((v.len() - 1) as f64) * p).round() as usize];
+    let q = |p: f64| rounded_rank(v, p).expect("samples taken");
     format!(
         "{{\"min\":{:.1},\"median\":{:.1},\"p99\":{:.1},\"max\":{:.1}}}",
         v[0],

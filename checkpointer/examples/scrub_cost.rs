@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 use tardi_checkpointer::epoch::{EpochConfig, Epochs};
 use tardi_checkpointer::scrub::ScrubConfig;
+use tardi_testkit::stats::rounded_rank;
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
@@ -23,11 +24,10 @@ fn arg(name: &str, default: u64) -> u64 {
         .map_or(default, |v| v.parse().expect("a number"))
 }
 
+/// The value at index round(p·(n−1)) of `v` once sorted; 0 when empty.
 fn pct(v: &mut [u64], p: f64) -> u64 {
     v.sort_unstable();
-    v.get(((v.len() as f64 - 1.0) * p).round() as usize)
-        .copied()
-        .unwrap_or(0)
+    rounded_rank(v, p).unwrap_or(0)
 }
 
 fn main() {

@@ -34,7 +34,7 @@ pub enum Priority {
 
 /// The nice value of [`Priority::Background`]: weight 110 against 1,024 at nice 0. (`SCHED_IDLE`,
 /// weight 3, was measured too: on a machine shared with other work it starved the encoding
-/// for tens of milliseconds; see docs/BENCHMARKS.md.)
+/// for tens of milliseconds; see docs/BENCHMARKS.md, "Encoding on a budget".)
 pub const BACKGROUND_NICE: i32 = 10;
 
 /// Switches the calling thread to `p`. Going back to [`Priority::Normal`] needs

@@ -22,7 +22,7 @@ use tardi_image::scrub::{Cursor, PageDigest, digest, zero_digest};
 // The receiver's half, for those who link this crate only.
 pub use tardi_image::scrub::{Mismatch, Scrub, check};
 
-const PAGE: u64 = 4096;
+use crate::os::ranges::PAGE;
 /// Page map bits (`Documentation/admin-guide/mm/pagemap.rst`).
 const PM_PRESENT: u64 = 1 << 63;
 const PM_SWAP: u64 = 1 << 62;

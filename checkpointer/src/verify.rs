@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-const PAGE: usize = 4096;
+const PAGE: usize = crate::os::ranges::PAGE as usize;
 
 /// Differences found (empty: identical). At most `limit` are listed.
 pub fn compare_live(pid: Pid, image: &Image, limit: usize) -> io::Result<Vec<String>> {

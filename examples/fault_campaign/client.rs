@@ -198,7 +198,7 @@ impl Conn {
 }
 
 /// Runs one client until `stop`: one operation at a time, reconnecting when the connection
-/// breaks.
+/// breaks (counted in [`Shared::reconnected`], once per client).
 pub fn client(
     kind: Kind,
     id: usize,
@@ -213,11 +213,18 @@ pub fn client(
     let mut ops = Vec::new();
     let mut seq = 0u64;
     let counters = kind.counters();
+    let mut connects = 0u32;
     while !sh.stop.load(Ordering::Relaxed) {
         let c = match conn.as_mut() {
             Some(c) => c,
             None => match Conn::connect(kind, &ns, to) {
-                Ok(c) => conn.insert(c),
+                Ok(c) => {
+                    connects += 1;
+                    if connects == 2 {
+                        sh.reconnected.fetch_add(1, Ordering::Relaxed);
+                    }
+                    conn.insert(c)
+                }
                 Err(_) => {
                     std::thread::sleep(Duration::from_millis(10));
                     continue;

@@ -60,7 +60,7 @@ pub struct Roles {
 
 impl Roles {
     pub fn of(c: &Cluster, s: &Value) -> Roles {
-        let svc = c.service(s);
+        let svc = c.svc(s);
         let strings = |v: &Value| -> Vec<String> {
             v.as_array()
                 .map(|a| {
@@ -186,8 +186,8 @@ pub fn inject(c: &mut Cluster, fault: &str, victim: &str, r: &Roles) -> Result<V
         // The view change under way: a newer view proposed, with another primary.
         let t0 = std::time::Instant::now();
         let next = loop {
-            let s = c.status();
-            let svc = c.service(&s);
+            let s = c.status_or_null();
+            let svc = c.svc(&s);
             if svc["view"].as_u64().is_some_and(|v| v > r.view)
                 && let Some(p) = svc["primary"].as_str().filter(|p| *p != victim)
             {
@@ -245,7 +245,7 @@ fn lift_one(c: &mut Cluster, fault: &str, victim: &str, r: &Roles) -> Result<()>
 
 /// Whether the status `s` shows the service recovered from `fault` on `victims`.
 pub fn recovered(c: &Cluster, fault: &str, s: &Value, r: &Roles, victims: &[String]) -> bool {
-    let svc = c.service(s);
+    let svc = c.svc(s);
     // Machines still down when recovery is judged (a lasting fault's victims, unless they are
     // orchestrators: those are not machines).
     let lost = if transient(fault).is_some() || fault == "leader" {
@@ -253,7 +253,7 @@ pub fn recovered(c: &Cluster, fault: &str, s: &Value, r: &Roles, victims: &[Stri
     } else {
         victims.len()
     };
-    if !c.whole(svc, lost) {
+    if !c.is_whole(svc, lost) {
         return false;
     }
     let newer = svc["view"].as_u64().is_some_and(|v| v > r.view);

@@ -38,6 +38,10 @@ pub struct Shared {
     /// µs since `base` of the latest successful operation.
     pub last_ok: AtomicU64,
     pub ops: Mutex<Vec<Op>>,
+    /// Clients that had to open a second connection (theirs broke): since connections carry
+    /// through a failover, a client keeps its one connection through every fault that leaves
+    /// a backup.
+    pub reconnected: AtomicU64,
 }
 
 impl Shared {

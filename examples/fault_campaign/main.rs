@@ -35,9 +35,6 @@
 //! redis|memcached] [--backups N] [--clients N] [--recovery-timeout S] [--seed N]
 //! [--keep-histories] [--lock-wait S] [--tardi PATH] [--out DIR] [--stamp STAMP]`.
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod client;
 mod faults;
 mod history;
@@ -46,7 +43,6 @@ mod trial;
 
 use anyhow::{Context, Result, bail};
 use client::Kind;
-use common::{root, sh};
 use faults::FAULTS;
 use lab::Cluster;
 use rand::SeedableRng;
@@ -54,6 +50,8 @@ use rand::rngs::StdRng;
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tardi_testkit::stats::percentile_rounded as pct;
+use tardi_testkit::{root, sh};
 use tracing::info;
 
 const ORCHESTRATORS: usize = 3;
@@ -171,17 +169,9 @@ pub fn now_unix_us() -> u64 {
 // Summary
 // ---------------------------------------------------------------------------------------------
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 fn summarize(trials: &[Value], faults: &[String]) -> (Value, String) {
     let mut md = String::from(
-        "| fault | trials | recovered | lost writes | linearizability violations | not checked | gap p50 ms | p90 | p99 | max |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| fault | trials | recovered | lost writes | linearizability violations | not checked | connections kept | gap p50 ms | p90 | p99 | max |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut by = serde_json::Map::new();
     for f in faults {
@@ -194,6 +184,12 @@ fn summarize(trials: &[Value], faults: &[String]) -> (Value, String) {
         let checked: Vec<&&Value> = ts.iter().filter(|t| t["checked"] == true).collect();
         let violations = checked.iter().filter(|t| t["linearizable"] != true).count();
         let unchecked = ts.len() - checked.len();
+        let clients: u64 = ts.iter().filter_map(|t| t["clients"].as_u64()).sum();
+        let broke: u64 = ts
+            .iter()
+            .filter_map(|t| t["clients_reconnected"].as_u64())
+            .sum();
+        let kept = format!("{}/{clients}", clients - broke.min(clients));
         let mut gaps: Vec<f64> = ts
             .iter()
             .filter(|t| t["recovered"] == true)
@@ -202,7 +198,7 @@ fn summarize(trials: &[Value], faults: &[String]) -> (Value, String) {
         gaps.sort_by(f64::total_cmp);
         let g = |p| pct(&gaps, p);
         md.push_str(&format!(
-            "| {f} | {} | {recovered} | {lost} | {violations} | {unchecked} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+            "| {f} | {} | {recovered} | {lost} | {violations} | {unchecked} | {kept} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
             ts.len(),
             g(0.5),
             g(0.9),
@@ -213,6 +209,7 @@ fn summarize(trials: &[Value], faults: &[String]) -> (Value, String) {
             f.clone(),
             json!({"trials": ts.len(), "recovered": recovered, "lost_writes": lost,
                    "linearizability_violations": violations, "not_checked": unchecked,
+                   "clients": clients, "clients_reconnected": broke,
                    "gap_ms": {"p50": g(0.5), "p90": g(0.9), "p99": g(0.99), "max": gaps.last()}}),
         );
     }
@@ -291,7 +288,7 @@ fn run() -> Result<()> {
             };
             let out = trial::trial(&mut c, &o, &dir, fault, n, &mut rng);
             if out.keep_logs {
-                c.save_logs(&dir.join("logs").join(format!("{fault}-{n:03}")));
+                c.keep_logs(&dir.join("logs").join(format!("{fault}-{n:03}")));
             }
             trials.push(out.rec);
             if out.lab_ok {

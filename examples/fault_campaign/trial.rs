@@ -38,7 +38,9 @@ pub fn trial(
     rng: &mut StdRng,
 ) -> Outcome {
     let tag = format!("{fault}-{n:03}");
-    let st = match c.wait("the steady state", Duration::from_secs(30), |s| c.steady(s)) {
+    let st = match c.try_wait("the steady state", Duration::from_secs(30), |s| {
+        c.is_steady(s)
+    }) {
         Ok(s) => s,
         Err(e) => {
             return Outcome {
@@ -48,7 +50,7 @@ pub fn trial(
             };
         }
     };
-    let svc = c.service(&st).clone();
+    let svc = c.svc(&st).clone();
     let roles = Roles::of(c, &st);
     let view0 = roles.view;
     let (primary, leader) = (roles.primary.clone(), roles.leader.clone());
@@ -85,6 +87,7 @@ pub fn trial(
         stop: AtomicBool::new(false),
         last_ok: AtomicU64::new(0),
         ops: Mutex::new(Vec::new()),
+        reconnected: AtomicU64::new(0),
     });
     let threads: Vec<_> = (0..o.clients)
         .map(|id| {
@@ -122,7 +125,7 @@ pub fn trial(
     }
 
     // Recovery.
-    let recovered_status = c.wait("recovery", o.recovery_timeout, |s| {
+    let recovered_status = c.try_wait("recovery", o.recovery_timeout, |s| {
         faults::recovered(c, fault, s, &roles, &victims)
     });
     // ... and the service answers in it.
@@ -146,7 +149,7 @@ pub fn trial(
     }
     let after = recovered_status
         .as_ref()
-        .map(|s| c.service(s))
+        .map(|s| c.svc(s))
         .cloned()
         .unwrap_or_default();
 
@@ -162,8 +165,8 @@ pub fn trial(
         if let Err(e) = back {
             notes.push(format!("bringing {victim} back: {e:#}"));
             lab_ok = false;
-        } else if let Err(e) = c.wait("the steady state again", Duration::from_secs(30), |s| {
-            c.steady(s)
+        } else if let Err(e) = c.try_wait("the steady state again", Duration::from_secs(30), |s| {
+            c.is_steady(s)
         }) {
             notes.push(format!("{e:#}"));
             lab_ok = false;
@@ -171,10 +174,10 @@ pub fn trial(
         if faults::deposes_the_victim(fault) {
             // The old primary, healed, must learn it was deposed and stop its sandbox.
             let t0 = Instant::now();
-            let mut pids = c.service_pids(&victim);
+            let mut pids = c.pids_of_service(&victim);
             while !pids.is_empty() && t0.elapsed() < Duration::from_secs(10) {
                 std::thread::sleep(Duration::from_millis(100));
-                pids = c.service_pids(&victim);
+                pids = c.pids_of_service(&victim);
             }
             deposed_ok = json!(pids.is_empty());
             if !pids.is_empty() {
@@ -187,7 +190,7 @@ pub fn trial(
     }
     let restored_at = sh.now();
     // The views since the fault, with when each was proposed and active (unix ms).
-    let views: Vec<Value> = c.service(&c.status())["history"]
+    let views: Vec<Value> = c.svc(&c.status_or_null())["history"]
         .as_array()
         .map(|h| {
             h.iter()
@@ -262,6 +265,7 @@ pub fn trial(
         "service": c.kind.name(), "backups": c.backups,
         "gap_ms": gap as f64 / 1e3, "gap_started_after_fault_ms": (gap_from - fault_at) as f64 / 1e3,
         "ops_ok": n_ok, "ops_unknown": n_unknown, "ops_failed": n_fail,
+        "clients": o.clients, "clients_reconnected": sh.reconnected.load(Ordering::Relaxed),
         "final_reads": final_ok,
         "checked": checked, "linearizable": checked && linearizable, "lost_writes": lost,
         "check": report, "duration_s": end as f64 / 1e6, "views_since_fault": views,

@@ -28,26 +28,29 @@
 //! Run through `bench/replication.sh` (builds everything first), or:
 //! `cargo run --release --example replication_bench -- SUBCOMMAND [--option value]...`
 //! (options: see `Opts`).
+//!
+//! Over a thousand lines: the benchmark's subcommands and their report tables (the lab driving
+//! is in `lab.rs` and the kit); it is a driver, not product code.
 
-#[path = "../common/mod.rs"]
-mod common;
 mod floor;
+mod lab;
 #[path = "../../src/plot_font.rs"]
 mod plot_font;
-use common::{root, sh};
+use lab::Cluster;
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tardi_lab::{Daemons, Lab, LabError, LabOptions};
+use tardi_testkit::stats::{floor_rank, mean, percentile as pct, sorted};
+use tardi_testkit::{root, sh};
 
 // ---------------------------------------------------------------------------------------------
 // Options and environment
@@ -410,27 +413,6 @@ fn conditions() -> Value {
 // Statistics
 // ---------------------------------------------------------------------------------------------
 
-/// Nearest-rank percentile of sorted values.
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.iter().sum::<f64>() / v.len() as f64
-}
-
-fn sorted(mut v: Vec<f64>) -> Vec<f64> {
-    v.sort_by(f64::total_cmp);
-    v
-}
-
 /// mean/p50/p90/p99/p99.9/max of values in ms.
 fn summary_ms(ms: &[f64]) -> Value {
     let s = sorted(ms.to_vec());
@@ -448,248 +430,6 @@ fn summary_ms(ms: &[f64]) -> Value {
 
 fn f(v: &Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or(f64::NAN)
-}
-
-// ---------------------------------------------------------------------------------------------
-// The lab
-// ---------------------------------------------------------------------------------------------
-
-/// A lab with the real daemons, every machine registered.
-struct Cluster {
-    lab: Lab,
-    tardi: PathBuf,
-    epoch_log: PathBuf,
-}
-
-impl Cluster {
-    /// `machines` machines, the instances with `--epoch-log` (a fresh file) and `extra`.
-    fn up(env: &Env, machines: usize, extra: &[&str], case: &str) -> Cluster {
-        let epoch_log = env.tmp.join(format!("epochs-{case}.jsonl"));
-        let _ = std::fs::remove_file(&epoch_log);
-        let mut instance = vec!["--epoch-log".to_string(), epoch_log.display().to_string()];
-        instance.extend(extra.iter().map(|s| s.to_string()));
-        let daemons = Daemons::TardiWith {
-            exe: env.o.tardi.clone(),
-            orchestrator: vec![],
-            instance,
-        };
-        let t0 = Instant::now();
-        let limit = Duration::from_secs(env.o.lock_wait);
-        let mut said = false;
-        let lab = loop {
-            let mut opts = LabOptions::new(machines).daemons(daemons.clone());
-            opts.lock_wait = limit
-                .saturating_sub(t0.elapsed())
-                .max(Duration::from_secs(1));
-            match Lab::up(opts) {
-                Ok(l) => break l,
-                Err(LabError::AlreadyUp) if t0.elapsed() < limit => {
-                    if !said {
-                        eprintln!(
-                            "[bench] another lab is up (someone else's); waiting up to {} s for it to go",
-                            env.o.lock_wait
-                        );
-                        said = true;
-                    }
-                    std::thread::sleep(Duration::from_secs(5));
-                }
-                Err(e) => panic!("lab up: {e}"),
-            }
-        };
-        eprintln!(
-            "[bench] {case}: lab up ({machines} machines) in {:.1} s (waited for the lab included)",
-            t0.elapsed().as_secs_f64()
-        );
-        let c = Cluster {
-            lab,
-            tardi: env.o.tardi.clone(),
-            epoch_log,
-        };
-        c.wait("every machine to register", Duration::from_secs(30), |s| {
-            s["machines"]
-                .as_array()
-                .is_some_and(|m| m.iter().filter(|m| m["alive"] == true).count() == machines)
-        })
-        .expect("machines registered");
-        c
-    }
-
-    fn tardi(&self, args: &[&str]) -> Output {
-        let mut argv = vec![self.tardi.display().to_string()];
-        argv.extend(args.iter().map(|s| s.to_string()));
-        self.lab
-            .exec("client", &argv)
-            .expect("running tardi in the client node")
-    }
-
-    fn status(&self) -> Value {
-        let out = self.tardi(&["status", "--json"]);
-        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
-    }
-
-    fn service(&self, name: &str) -> Value {
-        self.status()["services"]
-            .as_array()
-            .and_then(|a| a.iter().find(|x| x["name"] == name).cloned())
-            .unwrap_or(Value::Null)
-    }
-
-    fn deploy(&self, manifest: &Path, backups: u32) {
-        let out = self.tardi(&[
-            "deploy",
-            &manifest.display().to_string(),
-            "--backups",
-            &backups.to_string(),
-            "--json",
-        ]);
-        assert!(
-            out.status.success(),
-            "deploy failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn wait(
-        &self,
-        what: &str,
-        timeout: Duration,
-        ok: impl Fn(&Value) -> bool,
-    ) -> Result<Value, String> {
-        let t0 = Instant::now();
-        loop {
-            let s = self.status();
-            if ok(&s) {
-                return Ok(s);
-            }
-            if t0.elapsed() > timeout {
-                return Err(format!(
-                    "timed out after {timeout:?} waiting for {what}; last status: {s}"
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Waits until `name` has an active view with `backups` backups, its primary running and
-    /// every backup required (decided advancing); returns the service's status.
-    fn wait_ready(&self, name: &str, backups: usize, timeout: Duration) -> Result<Value, String> {
-        let s = self.wait(
-            &format!("{name} active with {backups} backup(s)"),
-            timeout,
-            |st| {
-                st["services"].as_array().is_some_and(|a| {
-                    a.iter().any(|x| {
-                        x["name"] == name
-                            && x["active"] == true
-                            && x["backups"].as_array().is_some_and(|b| b.len() == backups)
-                            && x["primary_report"]["state"] == "running"
-                    })
-                })
-            },
-        )?;
-        Ok(s["services"]
-            .as_array()
-            .and_then(|a| a.iter().find(|x| x["name"] == name).cloned())
-            .unwrap_or(Value::Null))
-    }
-
-    /// The epoch log's lines of `service` written in [from_us, to_us] (unix µs).
-    fn epochs(&self, service: &str, from_us: u64, to_us: u64) -> Vec<Value> {
-        // The primary flushes at most every 100 ms.
-        std::thread::sleep(Duration::from_millis(250));
-        let text = std::fs::read_to_string(&self.epoch_log).unwrap_or_default();
-        text.lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| {
-                v["service"] == service
-                    && v["unix_us"]
-                        .as_u64()
-                        .is_some_and(|t| t >= from_us && t <= to_us)
-            })
-            .collect()
-    }
-
-    /// Copies the daemons' logs (`/run/tardi-lab/logs`) to `dir`/`tag`-NODE.log.
-    fn save_logs(&self, dir: &Path, tag: &str) {
-        let _ = std::fs::create_dir_all(dir);
-        if let Ok(rd) = std::fs::read_dir("/run/tardi-lab/logs") {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().to_string();
-                let _ = std::fs::copy(e.path(), dir.join(format!("{tag}-{name}")));
-            }
-        }
-    }
-
-    /// A UDP socket of the client node.
-    fn client_udp(&self) -> UdpSocket {
-        self.lab
-            .in_node("client", || UdpSocket::bind("0.0.0.0:0"))
-            .expect("entering the client node")
-            .expect("binding a UDP socket in the client node")
-    }
-
-    /// Starts `tardi run MANIFEST --json` in machine m1 (unreplicated baseline).
-    fn run_unreplicated(&self, manifest: &Path) -> Unreplicated {
-        let mut cmd = self.lab.command("m1", &self.tardi).expect("command in m1");
-        cmd.args(["run", &manifest.display().to_string(), "--json"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        let mut child = cmd.spawn().expect("starting tardi run in m1");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
-            // Keep draining so the service never blocks on its stdout.
-            let mut sink = Vec::new();
-            let _ = r.read_to_end(&mut sink);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("tardi run printed nothing in 30 s");
-        let v: Value = serde_json::from_str(line.trim())
-            .unwrap_or_else(|e| panic!("tardi run's first line {line:?}: {e}"));
-        let address = v["address"]
-            .as_str()
-            .expect("address in tardi run's started event")
-            .to_string();
-        Unreplicated {
-            child,
-            address,
-            host_if: v["host_if"].as_str().map(str::to_string),
-            pid: v["pid"].as_i64().map(|p| p as i32),
-        }
-    }
-}
-
-/// The unreplicated service (`tardi run` in m1); stopped with SIGTERM when dropped.
-struct Unreplicated {
-    child: Child,
-    address: String,
-    /// The host side of its link in m1, and its main process's host PID.
-    host_if: Option<String>,
-    pid: Option<i32>,
-}
-
-impl Drop for Unreplicated {
-    fn drop(&mut self) {
-        let pid = self.child.id() as libc::pid_t;
-        // SAFETY: kill(2) on our own child, which has not been reaped yet.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -816,13 +556,8 @@ fn cycle_parts(lines: &[Value]) -> Value {
         return Value::Null;
     }
     let a = |l: &Value, k: &str| l["answers"][k].as_f64();
-    let med = |mut v: Vec<f64>| -> Value {
-        if v.is_empty() {
-            return Value::Null;
-        }
-        v.sort_by(f64::total_cmp);
-        json!(v[v.len() / 2])
-    };
+    let med =
+        |v: Vec<f64>| -> Value { floor_rank(&sorted(v), 0.5).map_or(Value::Null, |m| json!(m)) };
     let release: Vec<f64> = out.iter().filter_map(|l| a(l, "release_us")).collect();
     let first: Vec<f64> = out
         .iter()
@@ -912,7 +647,7 @@ fn dirtier_case(
     // Past the full checkpoints and the start.
     std::thread::sleep(Duration::from_secs(2));
     let p = ping_series(&sock, to, pings, limit);
-    let svc = c.service(&name);
+    let svc = c.service_or_null(&name);
     let lines = c.epochs(&name, p.from_us, p.to_us);
     let window = (p.to_us - p.from_us) as f64 / 1e6;
     let interval_ms: Vec<f64> = lines
@@ -1254,7 +989,7 @@ impl Pinger {
 /// machine.
 fn failover_trial(c: &mut Cluster, name: &str, fault: &str, trial: usize) -> (Value, String) {
     let before = conditions();
-    let svc = c.service(name);
+    let svc = c.service_or_null(name);
     let primary = svc["primary"].as_str().unwrap_or_default().to_string();
     let backup = svc["backups"][0].as_str().unwrap_or_default().to_string();
     let victim = if fault == "primary" {
@@ -1280,7 +1015,7 @@ fn failover_trial(c: &mut Cluster, name: &str, fault: &str, trial: usize) -> (Va
     // the service is whole again (a new backup joined: its full checkpoint can stall the
     // primary too; at most 30 s), then 500 ms more.
     let view_before = svc["view"].as_u64().unwrap_or(0);
-    let changed = c.wait("a new view", Duration::from_secs(20), |s| {
+    let changed = c.try_wait("a new view", Duration::from_secs(20), |s| {
         s["services"].as_array().is_some_and(|a| {
             a.iter()
                 .any(|x| x["name"] == name && x["view"].as_u64().is_some_and(|v| v > view_before))
@@ -1324,7 +1059,7 @@ fn failover_trial(c: &mut Cluster, name: &str, fault: &str, trial: usize) -> (Va
     } else {
         f64::NAN
     };
-    let svc = c.service(name);
+    let svc = c.service_or_null(name);
     let history: Vec<Value> = svc["history"]
         .as_array()
         .map(|h| {
@@ -1391,7 +1126,12 @@ fn failover_cluster(env: &Env, manifest: &Path, name: &str, case: &str) -> Clust
     c.deploy(manifest, 1);
     c.wait_ready(name, 1, Duration::from_secs(90))
         .expect("dirtier ready for the failover trials");
-    let to = addr(c.service(name)["address"].as_str().expect("address"), 7100);
+    let to = addr(
+        c.service_or_null(name)["address"]
+            .as_str()
+            .expect("address"),
+        7100,
+    );
     assert!(
         wait_pong(&c.client_udp(), to, Duration::from_secs(20)),
         "no pong"
@@ -1435,7 +1175,7 @@ fn bench_failover(env: &Env) -> Value {
                 why = "the service was not whole again within 30 s of the kill".into();
             } else if let Err(e) = c.lab.start(&victim) {
                 why = format!("lab start {victim}: {e}");
-            } else if let Err(e) = c.wait(
+            } else if let Err(e) = c.try_wait(
                 "the killed machine to rejoin",
                 Duration::from_secs(30),
                 |s| {
@@ -1444,7 +1184,7 @@ fn bench_failover(env: &Env) -> Value {
                         .is_some_and(|m| m.iter().filter(|m| m["alive"] == true).count() == 3)
                 },
             ) {
-                why = e;
+                why = format!("{e:#}");
             } else if let Err(e) = c.wait_ready(name, 1, Duration::from_secs(30)) {
                 why = e;
             }
@@ -1458,12 +1198,12 @@ fn bench_failover(env: &Env) -> Value {
                 cluster = Some(c);
             } else {
                 eprintln!("[bench] failover: rebuilding the lab for the next trial ({why})");
-                c.save_logs(&logs, &format!("{fault}-upto{trial}"));
+                c.save_logs_tagged(&logs, &format!("{fault}-upto{trial}"));
                 drop(c);
             }
         }
         if let Some(c) = &cluster {
-            c.save_logs(&logs, &format!("{fault}-end"));
+            c.save_logs_tagged(&logs, &format!("{fault}-end"));
         }
         drop(cluster);
     }
@@ -1773,7 +1513,7 @@ fn bench_redis(env: &Env) -> Value {
         let to = now_unix_us();
         cmds.push(cmd);
         let lines = c.epochs("redis", from, to);
-        let svc = c.service("redis");
+        let svc = c.service_or_null("redis");
         m.insert(
             format!("P{p}"),
             json!({"results": r, "before": cb, "epochs": epoch_summary(&lines, (to - from) as f64 / 1e6), "primary_report": svc["primary_report"]}),

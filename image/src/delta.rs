@@ -34,6 +34,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Size of a page, the unit of encoding.
 pub const PAGE_SIZE: usize = 4096;
+/// [`PAGE_SIZE`] as an address increment: the one page constant of the crate (and, through
+/// `tardi_checkpointer::ranges`, of the checkpointer).
+pub const PAGE: u64 = PAGE_SIZE as u64;
 
 /// Default zstd level of [`PageCodec::new`] (see `examples/codec_compare.rs` for measurements).
 pub const DEFAULT_LEVEL: i32 = 1;

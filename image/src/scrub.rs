@@ -28,7 +28,7 @@ use crate::image::{Backing, ProcessImage, Vma};
 use crate::store::Image;
 use serde::{Deserialize, Serialize};
 
-const PAGE: u64 = 4096;
+use crate::delta::PAGE;
 /// Most pages one check may list (a checkpoint listing more is refused as corrupt).
 pub const MAX_PAGES: usize = 1 << 16;
 

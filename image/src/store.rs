@@ -10,7 +10,7 @@ use crate::files::Tree;
 use crate::image::*;
 use std::collections::BTreeMap;
 
-const PAGE: u64 = PAGE_SIZE as u64;
+use crate::delta::PAGE;
 
 /// Why a checkpoint cannot be applied. The image is unchanged.
 #[derive(Debug, thiserror::Error)]
@@ -641,6 +641,7 @@ fn stored_meta(img: &ProcessImage) -> ProcessImage {
         pending: img.pending.clone(),
         // What the image is checked against once, not part of it.
         scrub: None,
+        tcp: img.tcp.clone(),
     }
 }
 
@@ -666,6 +667,15 @@ fn member_data<'a>(data: &'a [u8], m: &Member) -> Result<&'a [u8], FormatError> 
         })
 }
 
+/// [`resolved_meta`] of a lone process, for the format's tests.
+#[cfg(test)]
+pub(crate) fn resolve_for_tests(
+    img: &ProcessImage,
+    base: &ProcessImage,
+) -> Result<ProcessImage, FormatError> {
+    resolved_meta(img, base, true, None)
+}
+
 /// The full metadata of incremental checkpoint `img` applied to an image whose metadata is
 /// `base`: [`stored_meta`] with what `img` carried over ([`Carried`]) taken from `base`.
 /// Checked as a full checkpoint's metadata would be: whole for a process `alone`, as one
@@ -689,6 +699,15 @@ fn resolved_meta(
     if c.sigactions {
         meta.sigactions = base.sigactions.clone();
     }
+    for &fd in &c.tcp {
+        let conn = base.tcp.iter().find(|b| b.fd == fd).ok_or_else(|| {
+            FormatError::Meta(format!(
+                "the connection of descriptor {fd} is carried over from a base that has none"
+            ))
+        })?;
+        meta.tcp.push(conn.clone());
+    }
+    meta.tcp.sort_by_key(|t| t.fd);
     for t in meta
         .threads
         .iter_mut()
@@ -760,6 +779,16 @@ impl MetaCarry {
         } else {
             last.sigactions.clone_from(&img.sigactions);
         }
+        // Connections: each left out when it equals the last one's of the same descriptor.
+        let tcp = std::mem::take(&mut img.tcp);
+        for t in &tcp {
+            if last.tcp.iter().any(|l| l == t) {
+                c.tcp.push(t.fd);
+            } else {
+                img.tcp.push(t.clone());
+            }
+        }
+        last.tcp = tcp;
         let mut threads = Vec::with_capacity(img.threads.len());
         for t in &mut img.threads {
             match last.threads.iter().position(|l| l.tid == t.tid) {

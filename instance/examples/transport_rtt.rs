@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tardi_instance::stream;
 use tardi_proto as pb;
+use tardi_testkit::stats::rounded_rank;
 use tokio_stream::StreamExt;
 
 /// The HTTP/2 windows the instances used (with the 64 KiB defaults, a 64 KiB message waited
@@ -51,7 +52,7 @@ impl pb::replica_server::Replica for AckAll {
 fn percentiles(mut v: Vec<Duration>) -> (f64, f64, f64) {
     v.sort_unstable();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    let p = |q: f64| us(v[((v.len() - 1) as f64 * q).round() as usize]);
+    let p = |q: f64| us(rounded_rank(&v, q).expect("round trips measured"));
     (
         p(0.5),
         p(0.99),

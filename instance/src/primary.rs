@@ -205,6 +205,11 @@ impl Primary {
         required: BTreeSet<String>,
         gate: Option<Arc<Gate>>,
     ) -> Result<Primary, StartFailure> {
+        let mut from = from;
+        if let Some(img) = from.as_mut().filter(|_| ctx.opts.fault_drop_tcp) {
+            tracing::warn!(service = %target.name, "restoring without the checkpoint's TCP connections on purpose (--fault-drop-tcp)");
+            img.meta.tcp.clear();
+        }
         match Self::start_from(ctx, target, from.as_ref(), required, gate) {
             Ok(p) => {
                 // Freeing a large image page by page takes tens of milliseconds: not on the
@@ -281,8 +286,9 @@ impl Primary {
         // earlier, a client's first pings were answered ~50 ms late in some trials). What the
         // client sends meanwhile is held by the gate: input is held until the restore is done.
         let mut early_claim = None;
-        // The service's TCP connections, which the restore resets: their clients are told at
-        // once (see `tardi_netfilter::probe`) rather than after their retransmission timeout.
+        // The service's TCP connections that the restore resets (those the checkpoint does not
+        // carry): their clients are told at once (see `tardi_netfilter::probe`) rather than
+        // after their retransmission timeout.
         let conns = from
             .map(|img| tcp_connections(&img.meta))
             .unwrap_or_default();
@@ -352,7 +358,7 @@ impl Primary {
             st.takeover_us = t0.elapsed().as_micros() as u64;
         }
         tracing::warn!(service = %target.name, view = target.view.number, address = %svc.address(), took_ms = t0.elapsed().as_millis() as u64, "primary serving");
-        let cfg = epoch_config(&target.manifest, &svc);
+        let cfg = tardi_service::epoch_config(&target.manifest, svc.private_dirs());
         let me = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("primary-{}", target.name))

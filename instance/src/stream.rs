@@ -7,9 +7,9 @@
 //! sent back on the HTTP/2 response stream intermittently sat in one of the two processes until
 //! the *next* checkpoint went the other way, so every reply waited one extra epoch interval
 //! (UDP ping +12 ms instead of +1.5 ms), and messages of 64 KiB and more saw ~40 ms p99 stalls
-//! (`docs/BENCHMARKS.md`, "Transport"). The round trip of one epoch is on the critical path of
-//! every reply the service sends, so it gets the simplest transport that has no scheduler
-//! between the socket and the decision.
+//! (`docs/BENCHMARKS.md`, "Transport round trip"). The round trip of one epoch is on the
+//! critical path of every reply the service sends, so it gets the simplest transport that has
+//! no scheduler between the socket and the decision.
 //!
 //! Wire format (all integers little-endian):
 //! - the primary opens with `HELLO` (8 bytes) and the version (u32); the backup answers the same;
@@ -23,8 +23,8 @@
 //! the cluster's CA signed, and the primary only a backup whose certificate names the address
 //! it dialled. The stream carries the service's whole memory and the backup applies it, so an
 //! unauthenticated peer must not get past the handshake. The sockets keep `TCP_NODELAY`; each
-//! write of the framing becomes TLS records sent at once (`docs/BENCHMARKS.md`, "Transport":
-//! the cost per round trip).
+//! write of the framing becomes TLS records sent at once (`docs/BENCHMARKS.md`, "Transport
+//! round trip": the cost per round trip).
 //!
 //! Owns: framing, the hello and the TLS session. Must not touch: what a checkpoint means (the
 //! backup checks it).

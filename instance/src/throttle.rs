@@ -40,39 +40,12 @@ impl Throttle {
     }
 }
 
-/// Parses `1gbit`, `100mbit`, `500kbit`, `2000000` (bits per second).
-pub fn parse_bandwidth(s: &str) -> Result<u64, String> {
-    let t = s.trim().to_ascii_lowercase();
-    let (num, mult) = if let Some(n) = t.strip_suffix("gbit") {
-        (n, 1e9)
-    } else if let Some(n) = t.strip_suffix("mbit") {
-        (n, 1e6)
-    } else if let Some(n) = t.strip_suffix("kbit") {
-        (n, 1e3)
-    } else if let Some(n) = t.strip_suffix("bit") {
-        (n, 1.0)
-    } else {
-        (t.as_str(), 1.0)
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a bandwidth (examples: 1gbit, 100mbit, 500kbit)"))?;
-    if v.is_nan() || v <= 0.0 || !v.is_finite() {
-        return Err(format!("bandwidth {s:?} must be positive"));
-    }
-    Ok((v * mult) as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn parses_and_paces() {
-        assert_eq!(parse_bandwidth("1gbit"), Ok(1_000_000_000));
-        assert_eq!(parse_bandwidth("100Mbit"), Ok(100_000_000));
-        assert!(parse_bandwidth("fast").is_err() && parse_bandwidth("-1gbit").is_err());
+    fn paces() {
         // 8 Mbit/s = 1 MB/s: after the burst, 1 MB more waits about a second.
         let t = Throttle::new(8_000_000);
         assert_eq!(t.take(65536), Duration::ZERO);

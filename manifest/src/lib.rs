@@ -241,8 +241,8 @@ pub struct Epoch {
     /// replicated Redis with 50 clients at 1.5 against 1 ms, four runs alternated, median
     /// latency 1.65–1.96 against 2.26–2.48 ms, ~20% fewer epochs, throughput a little higher;
     /// at 1.75 against 1.5, four pairs, replicated SET 6% higher (median 22.75K against
-    /// 21.05K/s), 12% fewer epochs (docs/BENCHMARKS.md). A lone request after a release of
-    /// many packets waits the longer minimum.
+    /// 21.05K/s), 12% fewer epochs (docs/BENCHMARKS.md, "When an epoch ends on output"). A
+    /// lone request after a release of many packets waits the longer minimum.
     pub min_ms: f64,
     /// `follow_releases`: once the clients the last release answered have answered again (this
     /// epoch queued as many output packets as that release sent), end the epoch after
@@ -256,12 +256,13 @@ pub struct Epoch {
     /// after that release (when it came during the epoch), besides `min_ms` after the resume;
     /// default 1.3, 0 turns it off. Their answers only start at the release, which comes later
     /// on a slower machine: there a minimum counted from the resume alone ended about half of
-    /// replicated Redis's epochs before its 50 clients had answered (docs/BENCHMARKS.md).
+    /// replicated Redis's epochs before its 50 clients had answered (docs/BENCHMARKS.md, "When an
+    /// epoch ends on output").
     #[serde(default = "default_after_release_ms")]
     pub after_release_ms: f64,
     /// `cap_pages`: end the epoch early once this many pages are dirty, default 4000 (16 MiB
     /// written: at 1000, Redis under SET load ended most 10 ms epochs early and lost 10–15% of
-    /// its tracked throughput to the extra epochs; `docs/BENCHMARKS.md`).
+    /// its tracked throughput to the extra epochs; `docs/BENCHMARKS.md`, "The dirty-page cap").
     pub cap_pages: u64,
     /// `hot_epochs`: a page written in this many consecutive epochs is hot (left writable by the
     /// mprotect tracker; userfaultfd ignores it), default 3.
@@ -277,7 +278,7 @@ pub struct Epoch {
     /// (runs at nice 10) for up to this many intervals after the resume, then finishes at
     /// normal priority; the next epoch ends no earlier than the encoding (a slow one lengthens
     /// it). 0: the encoding runs at normal priority. Default 0 (see docs/BENCHMARKS.md,
-    /// "Checkpoint path").
+    /// "Encoding on a budget").
     pub encode_budget: u32,
 }
 

@@ -2,6 +2,10 @@
 //!
 //! Every table is walked key by key (in file order) so that each error can name the full dotted
 //! key and the line it is on; nothing goes through serde, whose errors cannot do that.
+//!
+//! Over a thousand lines because it is one table-driven walk: splitting the tables from the
+//! walk that gives their errors a line and a dotted key would put each key's rules in two
+//! places.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;

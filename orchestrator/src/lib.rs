@@ -13,7 +13,9 @@
 //! never depends on its failure detector (a view is activated only when its primary asks, and
 //! instances refuse checkpoints of views they have left).
 
-pub mod client;
+/// Reaching the cluster's leader: the crate `tardi-orchestrator-client`, which instances link
+/// instead of this one.
+pub use tardi_orchestrator_client as client;
 pub mod consensus;
 pub mod network;
 pub mod page;
@@ -23,19 +25,4 @@ pub mod status;
 pub mod store;
 pub mod views;
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        // Without signal handlers, run until killed.
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
-    }
-}
+pub use tardi_orchestrator_client::shutdown_signal;

@@ -22,11 +22,13 @@
 //! **Must not touch:** replication, the network protocol between machines, output buffering.
 //! This crate knows one machine and one service at a time.
 
+mod epochs;
 mod error;
 mod restore;
 mod service;
 mod snapshot;
 
+pub use epochs::epoch_config;
 pub use error::{Error, Result};
 pub use restore::RestoreTimings;
 pub use service::{Service, ServiceHandle, private_dirs};

@@ -47,28 +47,33 @@ impl Stop {
     }
 }
 
+/// The manifest's epoch settings ([`tardi_service::epoch_config`]) with this command's flags on
+/// top. A profile runs without backups, so nothing is released for the schedule to follow, and
+/// nothing checks a divergence digest: both are off.
 fn epoch_config(a: &ProfileArgs, m: &Manifest) -> EpochConfig {
-    let e = &m.tardi.epoch;
-    let interval = Duration::from_secs_f64(a.interval.unwrap_or(e.interval_ms).max(0.001) / 1e3);
-    let min_interval = Duration::from_secs_f64(e.min_ms.max(0.0) / 1e3).min(interval);
+    // Private directories are set from the sandbox's config once it is built.
+    let base = tardi_service::epoch_config(m, Vec::new());
+    let interval = match a.interval {
+        Some(d) => d.max(Duration::from_micros(1)),
+        None => base.interval,
+    };
     EpochConfig {
         interval,
-        min_interval,
-        cap_pages: a.cap_pages.unwrap_or(e.cap_pages),
-        hot_epochs: a.hot_epochs.unwrap_or(e.hot_epochs),
-        cold_one_in: 16,
+        min_interval: base.min_interval.min(interval),
+        cap_pages: a.cap_pages.unwrap_or(base.cap_pages),
+        hot_epochs: a.hot_epochs.unwrap_or(base.hot_epochs),
         codec: a.codec,
         twin_budget: (a.twin_budget as usize).saturating_mul(1 << 20),
-        refresh_every: 100,
         encode_workers: a.encode_workers.max(1),
-        private_dirs: Vec::new(), // set from the sandbox's config once it is built
-        tracker: a
-            .tracker
-            .unwrap_or_else(|| e.tracker.parse().unwrap_or_default()),
+        tracker: a.tracker.unwrap_or(base.tracker),
         precopy: !a.no_precopy,
-        precopy_min_pages: a.precopy_min_pages.unwrap_or(e.precopy_min_pages),
-        encode_budget: a.encode_budget.unwrap_or(e.encode_budget),
-        ..EpochConfig::default()
+        precopy_min_pages: a.precopy_min_pages.unwrap_or(base.precopy_min_pages),
+        encode_budget: a.encode_budget.unwrap_or(base.encode_budget),
+        follow_releases: false,
+        follow_min: EpochConfig::default().follow_min,
+        after_release: Duration::ZERO,
+        scrub: None,
+        ..base
     }
 }
 

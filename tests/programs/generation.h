@@ -1,7 +1,7 @@
 /* The memory of the process-tree test programs (forktree.c, unpriv.c): a 256 KiB heap buffer
  * (the program allocates `heap`) and a 16 KiB static array whose bytes are a pure function of
  * (role, generation), so a test can tell a restored process's memory from any other state.
- * tests/common/programs.rs rebuilds a program when a header here is newer than its binary. */
+ * testkit/src/programs.rs rebuilds a program when a header here is newer than its binary. */
 #ifndef TARDI_TEST_GENERATION_H
 #define TARDI_TEST_GENERATION_H
 

@@ -2,7 +2,7 @@
  * built with put() (printf-style, appended, cut at REPLY_SIZE - 1 bytes and always
  * NUL-terminated; the caller sets olen = 0 before each request and sends olen bytes of out),
  * and die(). Define REPLY_SIZE before including this for another size than 4096.
- * tests/common/programs.rs rebuilds a program when a header here is newer than its binary. */
+ * testkit/src/programs.rs rebuilds a program when a header here is newer than its binary. */
 #ifndef TARDI_TEST_REPLY_H
 #define TARDI_TEST_REPLY_H
 

@@ -1,7 +1,7 @@
 /* The UDP command socket of the test programs (forktree.c, sharedfds.c, unixsock.c):
  * udp_bound(PORT) is a socket bound to PORT on every address (or -1, errno set);
  * udp_request() reads the next command, udp_reply() answers it.
- * tests/common/programs.rs rebuilds a program when a header here is newer than its binary. */
+ * testkit/src/programs.rs rebuilds a program when a header here is newer than its binary. */
 #ifndef TARDI_TEST_UDP_H
 #define TARDI_TEST_UDP_H
 

@@ -11,6 +11,23 @@
 //!
 //! Owns: loading identities, building TLS configurations, the URL scheme. Must not know: any
 //! protocol carried inside.
+//!
+//! Trust model. `tardi certs` (or `tardi lab up`) makes one CA per cluster; its key (`ca.key`)
+//! stays where the certificates were made and never goes to a node. Each node holds its own key
+//! and certificate and the CA's certificate (`--tls-dir`): every orchestrator and instance (a
+//! certificate usable as TLS server and client, naming the node and its addresses) and each
+//! operator's CLI (a client identity, `TARDI_TLS_DIR`). Every connection between nodes is TLS
+//! in which both ends present a certificate the CA signed and check the other's: orchestrator
+//! ↔ orchestrator (raft), instance → orchestrator (session, activation), CLI → orchestrator,
+//! and primary → backup on the checkpoint stream (which carries the service's whole memory). A
+//! dialler also checks that the server's certificate names the address it dialled. A peer
+//! without such a certificate fails the handshake and reaches no handler. Not distinguished:
+//! any holder of a certificate from the cluster's CA is trusted for every call (roles, `OU`,
+//! are recorded but not enforced per RPC); there is no revocation list (re-issue the CA to
+//! remove a node). The Prometheus endpoints (`--metrics`) stay plain HTTP and read-only.
+//! Malformed input from an authenticated peer is refused without stopping the node (tonic
+//! refuses undecodable protobuf, handlers check ranges: `orchestrator/tests/tls.rs`; the
+//! checkpoint stream checks limits before allocating and the backup checks every checkpoint).
 
 pub mod certs;
 

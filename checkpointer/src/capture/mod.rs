@@ -5,83 +5,34 @@
 //! memory copy and the descriptor table. Hashing mapped files and dropping zero pages happen
 //! after the process runs again.
 
-use crate::abi::{self, Regs};
+use crate::abi;
 use crate::fds;
 use crate::image::*;
 use crate::procfs::{self, MapEntry, Proc};
-use crate::ptrace::{PtraceError, SCRATCH, Stopped};
+use crate::ptrace::{PtraceError, SCRATCH, Stopped, regs_to_vec};
 use crate::sys::{self, Pid};
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 mod memory;
 mod process;
 mod signals;
 mod threads;
+pub mod tree;
 
 pub(crate) use memory::*;
 pub(crate) use process::*;
 use signals::*;
-pub(crate) use threads::*;
+use threads::*;
 
-const PAGE: u64 = 4096;
-
-/// Why a checkpoint could not be taken. Every unsupported resource is named.
-#[derive(Debug, thiserror::Error)]
-pub enum CaptureError {
-    #[error(transparent)]
-    Ptrace(#[from] PtraceError),
-    #[error("reading {what} of process {pid}: {source}")]
-    Proc {
-        pid: Pid,
-        what: String,
-        source: io::Error,
-    },
-    #[error("cannot checkpoint: {0}")]
-    Unsupported(String),
-    #[error("injected {call} in thread {tid} failed with errno {errno}")]
-    Injected {
-        call: &'static str,
-        tid: Pid,
-        errno: i64,
-    },
-    #[error(
-        "cannot checkpoint: signals {} kept arriving while the process was read, or are pending without the details a restore needs to queue them again",
-        .0.join(", ")
-    )]
-    PendingSignals(Vec<String>),
-    #[error(
-        "cannot checkpoint: {0}, and they stayed queued; queued inotify events cannot be carried into a checkpoint"
-    )]
-    QueuedEvents(String),
-    /// The epoch loop's process tree changed in a way its chain cannot carry (see
-    /// `docs/PROCESS-TREES.md`: the main process ran `execve`, a process left the tree alive,
-    /// a process appeared under the mprotect tracker).
-    #[error("{0}; the chain must restart with a full checkpoint")]
-    TreeChanged(String),
-    /// The epoch loop: a process's children are not the ones the loop knows (a process
-    /// appeared or exited since the last pause). The loop looks at the tree again
-    /// (`EpochLoop::retree`) and captures the new processes whole.
-    #[error("{0}")]
-    ChildrenChanged(String),
-    /// The epoch loop: a process of the tree was exiting while the tree was stopped (neither
-    /// running nor a zombie yet): the pause is tried again.
-    #[error("process {0} (host PID) was exiting while the tree was stopped")]
-    Exiting(Pid),
-}
+pub use crate::os::error::CaptureError;
+pub(crate) use crate::os::error::proc_err;
+use crate::os::filehash::cached_hash;
+use crate::os::ranges::PAGE;
 
 type Result<T> = std::result::Result<T, CaptureError>;
-
-pub(crate) fn proc_err(
-    pid: Pid,
-    what: impl Into<String>,
-) -> impl FnOnce(io::Error) -> CaptureError {
-    let what = what.into();
-    move |source| CaptureError::Proc { pid, what, source }
-}
 
 /// Timings of one capture, for benchmarks and `--json` output.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -122,7 +73,7 @@ pub fn checkpoint_in_view(
         // this look and the stop is refused there by name and tried again as a tree.
         let forked = !children_of(proc, &proc.tids().unwrap_or_default()).is_empty();
         let r = if forked {
-            crate::tree::checkpoint_tree(proc, epoch, private_dirs)
+            tree::checkpoint_tree(proc, epoch, private_dirs)
         } else {
             checkpoint_once(proc, epoch, private_dirs)
         };
@@ -160,6 +111,11 @@ fn checkpoint_once(
     let captured = capture_stopped(proc, &mut st, &mut stats, buf, false).and_then(|(mut c, _)| {
         // Inside the pause: the files consistent with the memory.
         c.0.private_files = private_tree(proc, private_dirs)?;
+        // No connections (`image.tcp` stays empty: a restore resets them, as it always
+        // did): the process this checkpoint is taken of runs on, and whatever it then sends
+        // or closes its clients see, which a restore of this moment would contradict. Only the
+        // epoch loop carries them, whose output gate holds everything sent after the
+        // checkpoint (see `crate::tcp`).
         Ok(c)
     });
     let resumed = st.resume();
@@ -262,12 +218,6 @@ impl PendingFile {
     }
 }
 
-/// Hash cache: (dev, ino, size, mtime) → BLAKE3, so a file is hashed once per supervisor.
-static HASHES: Mutex<Option<HashMap<FileKey, [u8; 32]>>> = Mutex::new(None);
-
-/// (dev, ino, size, mtime seconds, mtime nanoseconds): a file's identity on this machine.
-type FileKey = (u64, u64, u64, i64, i64);
-
 fn identify_path(proc: &Proc, rel: &str, path: &str) -> Result<FileRef> {
     let f = proc
         .open_file(rel, libc::O_RDONLY)
@@ -286,27 +236,6 @@ fn identify_file(proc: &Proc, f: std::fs::File, path: &str) -> Result<FileRef> {
         size: m.size(),
         hash,
     })
-}
-
-/// The content hash of file `f` (whose metadata is `m`), hashed once per device, inode, size
-/// and modification time for the life of this process (a capture hashes a service's mapped
-/// files once, not every checkpoint; a tree's restore checks a library its processes all map
-/// once).
-pub(crate) fn cached_hash(f: std::fs::File, m: &std::fs::Metadata) -> io::Result<[u8; 32]> {
-    let key = (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec());
-    let lock = || HASHES.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(h) = lock().get_or_insert_default().get(&key) {
-        return Ok(*h);
-    }
-    let hash = hash_file(f)?;
-    lock().get_or_insert_default().insert(key, hash);
-    Ok(hash)
-}
-
-pub(crate) fn hash_file(mut f: std::fs::File) -> io::Result<[u8; 32]> {
-    let mut h = blake3::Hasher::new();
-    io::copy(&mut f, &mut h)?;
-    Ok(*h.finalize().as_bytes())
 }
 
 pub(crate) type Captured = (ProcessImage, Vec<u8>, Vec<PendingFile>);
@@ -888,5 +817,6 @@ fn capture_meta_once(
         shared_files: Vec::new(),
         zombies: Vec::new(),
         scrub: None,
+        tcp: Vec::new(),
     })
 }

@@ -135,18 +135,6 @@ pub(super) fn fit_xstate(mut xs: Vec<u8>) -> std::result::Result<Vec<u8>, String
     Ok(xs)
 }
 
-pub(super) fn regs_to_vec(r: &Regs) -> Vec<u64> {
-    // SAFETY: `Regs` is `repr(C)` of 27 u64 fields, no padding.
-    unsafe { std::slice::from_raw_parts((r as *const Regs).cast::<u64>(), 27) }.to_vec()
-}
-
-pub(crate) fn regs_from_slice(v: &[u64]) -> Regs {
-    let mut r = Regs::default();
-    // SAFETY: `Regs` is `repr(C)` of 27 u64 fields; `v` has 27 words (checked at decode).
-    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), (&raw mut r).cast::<u64>(), 27) };
-    r
-}
-
 #[cfg(test)]
 mod xstate_tests {
     use super::*;

@@ -48,7 +48,7 @@ pub struct EpochConfig {
     /// pre-copy runs after the epoch's end is decided, so it delays the pause, and the replies
     /// waiting for it, by its scan and copy (~2.7 µs a page on Redis, ~200 µs at 70 pages,
     /// against ~0.3 µs a page copied inside the pause): it pays only when the pause would copy
-    /// many pages. See docs/BENCHMARKS.md ("Checkpoint path").
+    /// many pages. See docs/BENCHMARKS.md ("Dirty-page pre-copy").
     pub precopy_min_pages: u64,
     /// End on output sooner when the clients of the last release have answered: once the
     /// output of the epochs before the open one is released ([`Trigger::released`]) and this
@@ -70,7 +70,7 @@ pub struct EpochConfig {
     /// finishes at normal priority; 0 (the default): it runs at normal priority throughout. Either way the next epoch does not end before the encoding
     /// has finished: a slow encoding lengthens it (backpressure,
     /// [`EpochStats::encode_late_us`]) rather than queueing. The pause keeps its priority. See
-    /// [`crate::budget`] and docs/BENCHMARKS.md ("Checkpoint path").
+    /// [`crate::budget`] and docs/BENCHMARKS.md ("Encoding on a budget").
     pub encode_budget: u32,
     /// Test support: the pre-copy waits this long, half between taking the written pages
     /// (which protects them again) and copying them, half after the copy, so that the service
@@ -198,6 +198,13 @@ pub struct EpochStats {
     pub exe_us: u64,
     pub commit_us: u64,
     pub hook_us: u64,
+    /// The TCP connections read in this pause (after the hook, part of the pause), how long
+    /// that took, and the connected sockets a restore would reset instead (see `crate::tcp`).
+    pub tcp_conns: u64,
+    pub tcp_us: u64,
+    pub tcp_reset: u64,
+    /// Of `tcp_conns`, those read whole (the others had not moved since the last pause).
+    pub tcp_read: u64,
     /// The divergence check's pages read and digested in this pause (0: no check), and how
     /// long that took (part of the pause).
     pub scrub_pages: u64,

@@ -263,6 +263,13 @@ impl EpochLoop {
             h(epoch);
         }
         let hook = th.elapsed();
+        // The connections, after the gate's boundary (see `crate::tcp`): still stopped.
+        let tt = Instant::now();
+        let tcp = self.tcp.capture(self.proc.pid, &c.main.meta.fds);
+        c.main.meta.tcp = tcp.conns;
+        c.main.tcp_reset = tcp.reset;
+        c.main.tcp_read = tcp.read;
+        c.main.parts.tcp = tt.elapsed();
         if hold {
             let r = self.finish(c, epoch, interval, quiesce, t0.elapsed(), ended_by);
             let r = self.settle(r, journal, journals);

@@ -35,6 +35,8 @@ impl EpochLoop {
             scan,
             copy,
             parts: pp,
+            tcp_reset,
+            tcp_read,
             ..
         } = c;
         // Nothing fails from here on.
@@ -74,7 +76,7 @@ impl EpochLoop {
             .iter()
             .filter(|v| matches!(v.backing, Backing::File { .. }) && !v.shared)
         {
-            no_twin.extend(subtract_all(&[(v.start, v.end)], &cow));
+            no_twin.extend(subtract_any(&[(v.start, v.end)], &cow));
         }
         no_twin.sort_unstable();
         let twin_kept = |a: u64| {
@@ -89,7 +91,7 @@ impl EpochLoop {
         let mut void = gaps(&live);
         void.extend_from_slice(&no_twin);
         let void = merge(void);
-        for (s, e) in subtract_all(&void, &self.void) {
+        for (s, e) in subtract_any(&void, &self.void) {
             self.twins.remove_range(s, e);
         }
         self.void = void;
@@ -210,6 +212,10 @@ impl EpochLoop {
         st.exe_us = us(pp.exe);
         st.commit_us = us(pp.commit);
         st.hook_us = us(pp.hook);
+        st.tcp_us = us(pp.tcp);
+        st.tcp_conns = meta.tcp.len() as u64;
+        st.tcp_reset = tcp_reset;
+        st.tcp_read = tcp_read;
         st.scrub_us = us(pp.scrub);
         st.layout_carried = pp.layout_carried;
         st.layout_missed = self.layout_missed;

@@ -269,7 +269,7 @@ impl EpochLoop {
         let member_cfg = cfg.for_member();
         let mut hook = hooks.on_pause;
         let mut attempt = 0u32;
-        let (sts, r, t0, quiesce, procs, parents, zombies, member_fds) = loop {
+        let (sts, mut r, t0, quiesce, procs, parents, zombies, member_fds) = loop {
             // A process of the tree that exits while it is being stopped (a PostgreSQL backend
             // whose client left) makes its /proc unreadable: list the tree again. (The listing
             // leaves out what exits meanwhile.)
@@ -432,11 +432,16 @@ impl EpochLoop {
             }
             break (sts, r, t0, quiesce, procs, parents, zombies, member_fds);
         };
-        if r.is_ok() {
+        if let Ok((firsts, _)) = &mut r {
             trigger.clear();
             if let Some(h) = hook.as_mut() {
                 h(0);
             }
+            // The main process's connections, after the gate's boundary (see `crate::tcp`).
+            let main = &mut firsts[0].img.image;
+            main.tcp = crate::tcp::Connections::default()
+                .capture(procs[0].pid, &main.fds)
+                .conns;
         }
         let resumed = resume_all(sts);
         let pause = pause_since(t0, &resumed);
@@ -575,6 +580,7 @@ impl EpochLoop {
             prev_cow: Vec::new(),
             scrubber,
             scrub_pages: None,
+            tcp: crate::tcp::Connections::default(),
             layout_missed: 0,
             cache,
             codecs: vec![codec],

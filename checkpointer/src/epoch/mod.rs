@@ -91,7 +91,7 @@ use handle::*;
 use pause::*;
 pub use trigger::*;
 
-const PAGE: u64 = 4096;
+use crate::os::ranges::{PAGE, coalesce, gaps, merge, subtract_any};
 
 /// What one epoch produced ([`Epochs::next_output`]).
 #[derive(Debug)]
@@ -238,6 +238,8 @@ struct EpochLoop {
     /// pause digested, until its checkpoint takes them.
     scrubber: Option<crate::scrub::Scrubber>,
     scrub_pages: Option<Vec<tardi_image::scrub::PageDigest>>,
+    /// The main process's TCP connections, read in every pause (the members' are not yet).
+    tcp: crate::tcp::Connections,
     /// Periodic full reads that found a layout change no call was counted for.
     layout_missed: u64,
     /// `/proc/PID/maps`, open for `PROCMAP_QUERY` (stacks growing down).
@@ -433,34 +435,6 @@ fn same_layout(a: &[MapEntry], b: &[MapEntry]) -> bool {
         })
 }
 
-/// `ranges` minus the union of `holes` (both lists of half-open intervals; `holes` in any
-/// order). Linear in the sizes after sorting the holes (this runs inside the pause, over every
-/// mapping: the quadratic version cost ~0.5 ms on Redis's ~120 mappings).
-fn subtract_all(ranges: &[(u64, u64)], holes: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let holes = merge(holes.to_vec());
-    let mut out = Vec::new();
-    for &(s, e) in ranges {
-        let mut at = s;
-        let mut i = holes.partition_point(|h| h.1 <= s);
-        while at < e {
-            match holes.get(i) {
-                Some(&(hs, he)) if hs < e => {
-                    if hs > at {
-                        out.push((at, hs));
-                    }
-                    at = at.max(he);
-                    i += 1;
-                }
-                _ => {
-                    out.push((at, e));
-                    break;
-                }
-            }
-        }
-    }
-    out
-}
-
 /// The mapping of `maps` (sorted, disjoint: a layout) holding `a`.
 fn mapping_at(maps: &[MapEntry], a: u64) -> Option<&MapEntry> {
     let i = maps.partition_point(|m| m.end <= a);
@@ -487,19 +461,6 @@ fn file_spans(maps: &[MapEntry]) -> Vec<(u64, u64)> {
     out
 }
 
-/// Ranges sorted, overlapping and touching ones merged.
-fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    v.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-    for (s, e) in v {
-        match out.last_mut() {
-            Some(l) if s <= l.1 => l.1 = l.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
-}
-
 /// `ESRCH` from a call on the service means it is gone.
 fn gone_or(pid: Pid, e: std::io::Error) -> EpochError {
     if e.raw_os_error() == Some(libc::ESRCH) {
@@ -511,65 +472,5 @@ fn gone_or(pid: Pid, e: std::io::Error) -> EpochError {
             source: e,
         }
         .into()
-    }
-}
-
-/// Sorted page addresses → (start, end) ranges.
-fn coalesce(pages: &[u64]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &a in pages {
-        match out.last_mut() {
-            Some(r) if r.1 == a => r.1 += PAGE,
-            _ => out.push((a, a + PAGE)),
-        }
-    }
-    out
-}
-
-/// The gaps between sorted ranges, over the whole user address space.
-fn gaps(sorted: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    let mut at = 0u64;
-    for &(s, e) in sorted {
-        if s > at {
-            out.push((at, s));
-        }
-        at = at.max(e);
-    }
-    if at < 0x7fff_ffff_f000 {
-        out.push((at, 0x7fff_ffff_f000));
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn range_arithmetic() {
-        assert_eq!(
-            subtract_all(&[(0, 100)], &[(10, 20), (50, 60)]),
-            vec![(0, 10), (20, 50), (60, 100)]
-        );
-        assert_eq!(subtract_all(&[(0, 100)], &[(0, 100)]), vec![]);
-        assert_eq!(subtract_all(&[(10, 20)], &[(0, 5)]), vec![(10, 20)]);
-        // Several ranges at once (every trackable mapping): each minus the holes, in order.
-        assert_eq!(
-            subtract_all(&[(0, 10), (20, 30), (40, 50)], &[(45, 60), (5, 25)]),
-            vec![(0, 5), (25, 30), (40, 45)]
-        );
-        assert_eq!(
-            coalesce(&[0, 4096, 8192, 16384]),
-            vec![(0, 12288), (16384, 20480)]
-        );
-        assert_eq!(
-            gaps(&[(4096, 8192)]),
-            vec![(0, 4096), (8192, 0x7fff_ffff_f000)]
-        );
-        assert_eq!(
-            merge(vec![(20, 30), (0, 10), (10, 15), (25, 40), (50, 60)]),
-            vec![(0, 15), (20, 40), (50, 60)]
-        );
     }
 }

@@ -154,14 +154,14 @@ impl EpochLoop {
         }
         stale.extend(self.carry.ranges.iter().copied());
         // Fresh: parts of trackable mappings not covered by a valid armed range.
-        let valid: Vec<(u64, u64)> = subtract_all(&self.armed, &stale);
+        let valid: Vec<(u64, u64)> = subtract_any(&self.armed, &stale);
         // (One subtraction over every trackable mapping: the holes are merged once.)
         let trackable_ranges: Vec<(u64, u64)> = maps
             .iter()
             .filter(|m| trackable(m))
             .map(|m| (m.start, m.end))
             .collect();
-        let fresh: Vec<(u64, u64)> = subtract_all(&trackable_ranges, &valid);
+        let fresh: Vec<(u64, u64)> = subtract_any(&trackable_ranges, &valid);
         // Armed below: a failure after that must not leave them for valid armed ranges.
         j.ranges.extend_from_slice(&fresh);
         // Pages to save in fresh ranges: those that exist (file mappings: copied-on-write).
@@ -537,6 +537,8 @@ impl EpochLoop {
         self.prev_cow = cow_list;
         Ok(Captured {
             meta,
+            tcp_reset: 0,
+            tcp_read: 0,
             exe: Some(exe),
             shm: (shm, shm_data),
             write_faults: self.tracker.write_faults(),
@@ -741,6 +743,10 @@ pub(super) struct TreeCaptured {
 
 pub(super) struct Captured {
     pub(super) meta: ProcessImage,
+    /// Connected sockets a restore of this checkpoint resets (see [`crate::tcp::Captured`]).
+    pub(super) tcp_reset: u64,
+    /// Connections read whole (the others had not moved).
+    pub(super) tcp_read: u64,
     /// Identified (and taken) by `identify`.
     pub(super) exe: Option<capture::PendingFile>,
     /// The shared memory objects with the pages that changed, and those pages' bytes.
@@ -777,6 +783,8 @@ pub(super) struct Parts {
     pub(super) exe: Duration,
     pub(super) commit: Duration,
     pub(super) hook: Duration,
+    /// Reading the connections (see [`crate::tcp`]).
+    pub(super) tcp: Duration,
     /// The divergence check's reading (see [`crate::scrub`]).
     pub(super) scrub: Duration,
     pub(super) resume: Duration,

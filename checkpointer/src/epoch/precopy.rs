@@ -14,7 +14,8 @@ impl EpochLoop {
     /// leaves them writable ([`Tracker::hot_pages_writable`]), and such a tracker (mprotect)
     /// does not pre-copy, while under userfaultfd a hot page written again before the pause is
     /// reported by its scan and copied there, the others need no copy in it (on Redis that
-    /// took the pause's median from 1.03–1.16 to 0.86–0.95 ms: docs/BENCHMARKS.md).
+    /// took the pause's median from 1.03–1.16 to 0.86–0.95 ms: docs/BENCHMARKS.md, "Dirty-page
+    /// pre-copy").
     pub(super) fn precopy(&mut self) {
         let t = Instant::now();
         let mut written = Vec::new();

@@ -135,3 +135,67 @@ impl Trigger {
         self.0.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The follow-releases rule: an epoch is "answered" once the release of an epoch at least
+    /// as new as it came and it has queued as many packets as that release sent.
+    #[test]
+    fn an_epoch_is_answered_once_it_queued_what_the_last_release_sent() {
+        let t = Trigger::default();
+        assert!(!t.is_set() && !t.answered(1));
+        t.output(2);
+        assert!(t.is_set());
+        assert!(!t.answered(1), "no release yet");
+        t.released(1, 3);
+        assert!(!t.answered(1), "2 of the 3 packets");
+        t.output(1);
+        assert!(t.answered(1));
+        assert!(!t.answered(2), "the release is of an older epoch");
+        // An older release changes nothing.
+        t.released(0, 0);
+        assert!(t.answered(1));
+        // The pause forgets the output, not the release.
+        t.clear();
+        assert!(!t.is_set() && !t.answered(1));
+        assert!(t.released_at(1).is_some() && t.released_at(2).is_none());
+    }
+
+    /// What the open epoch saw, relative to the resume that opened it.
+    #[test]
+    fn answers_are_timed_from_the_resume() {
+        let t = Trigger::default();
+        let resumed = Instant::now();
+        t.released(4, 7);
+        t.output(5);
+        let a = t.answers(4, resumed);
+        assert_eq!((a.packets, a.release_packets), (5, 7));
+        assert!(a.release_us.is_some() && a.first_output_us.is_some());
+        assert!(a.first_output_us <= a.last_output_us);
+        // A release of an older epoch than the open one's base is not this epoch's.
+        let b = t.answers(5, resumed);
+        assert_eq!((b.release_us, b.release_packets), (None, 0));
+    }
+
+    /// `wait` returns at once when set, and by its timeout when not; `set` from another
+    /// thread wakes it.
+    #[test]
+    fn a_set_wakes_the_waiting_loop() {
+        let t = Trigger::default();
+        let t0 = Instant::now();
+        t.wait(Duration::from_millis(30));
+        assert!(t0.elapsed() >= Duration::from_millis(30));
+        let u = t.clone();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            u.set();
+        });
+        let t1 = Instant::now();
+        t.wait(Duration::from_secs(10));
+        assert!(t.is_set());
+        assert!(t1.elapsed() < Duration::from_secs(10));
+        h.join().unwrap();
+    }
+}

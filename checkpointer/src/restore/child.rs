@@ -5,6 +5,34 @@
 #[allow(unused_imports)]
 use super::*;
 
+/// The descriptor of the notify pipe: at its final number once the inherited descriptors
+/// moved there, at its inherited one before; -1 when there is none.
+fn notify_fd(plan: &ChildPlan) -> RawFd {
+    if plan.inherited.len() != INHERITED {
+        return -1;
+    }
+    let notify = plan.base + 2;
+    // SAFETY: F_GETFD only queries.
+    if unsafe { libc::fcntl(notify, libc::F_GETFD) } >= 0 {
+        notify
+    } else {
+        plan.inherited[2]
+    }
+}
+
+/// Tells the parent something that did not stop the restore ([`NOTE`] record, then the text).
+fn note(plan: &ChildPlan, msg: &str) {
+    let fd = notify_fd(plan);
+    let rec = [NOTE, 0, msg.len() as u64];
+    // SAFETY: writing local buffers to the notify pipe (a pipe write of at most PIPE_BUF
+    // bytes is atomic; a longer note may interleave with nothing, as this process alone
+    // writes this pipe).
+    unsafe {
+        libc::write(fd, rec.as_ptr().cast(), 24);
+        libc::write(fd, msg.as_ptr().cast(), msg.len());
+    }
+}
+
 /// The restore child: runs inside the sandbox with the target's PID, never returns. On failure
 /// it reports the reason through the notify pipe and exits.
 pub fn child_main(payload: &[u8]) -> ! {
@@ -19,19 +47,8 @@ pub fn child_main(payload: &[u8]) -> ! {
     // Session, group and children first (a tree's processes are created top-down, each by
     // its parent); from here on `plan` is the plan of the process this one became.
     let (plan, failed) = make_tree(plan);
-    let notify = plan.base + 2;
     let msg = failed.unwrap_or_else(|| child_setup(&plan));
-    let notify_fd = if plan.inherited.len() == INHERITED {
-        // Before or after the move: try the final number first.
-        // SAFETY: F_GETFD only queries.
-        if unsafe { libc::fcntl(notify, libc::F_GETFD) } >= 0 {
-            notify
-        } else {
-            plan.inherited[2]
-        }
-    } else {
-        -1
-    };
+    let notify_fd = notify_fd(&plan);
     let rec = [u64::MAX, 0, msg.len() as u64];
     // SAFETY: writing local buffers to the notify pipe, then exiting.
     unsafe {
@@ -222,7 +239,9 @@ pub(super) fn make_shared(p: &ChildPlan) -> std::result::Result<(), String> {
         return Err(format!("chdir {}: {e}", p.cwd));
     }
     let end = p.shared_base + p.shared_count as RawFd;
-    fds::recreate(&p.make_shared, end, p.shared_base)
+    // A connected TCP socket several processes share is not carried on yet: reset, and said.
+    fds::recreate(&p.make_shared, &[], end, p.shared_base)
+        .map(|notes| notes.iter().for_each(|n| note(p, n)))
         .map_err(|e| format!("making a shared description: {e}"))
 }
 
@@ -362,8 +381,11 @@ pub(super) fn child_setup(p: &ChildPlan) -> String {
     }
     // 5. The target's descriptors at their numbers; limits, PID cursor.
     let floor = (first_anon + p.anon_fds as RawFd).max(shared_end);
-    if let Err(e) = fds::recreate(&p.fds, floor, p.shared_base) {
-        return e.to_string();
+    match fds::recreate(&p.fds, &p.tcp, floor, p.shared_base) {
+        // Connections that could not be carried on were reset: said to the parent, which
+        // logs and counts them (`finish::wait_report`).
+        Ok(notes) => notes.iter().for_each(|n| note(p, n)),
+        Err(e) => return e.to_string(),
     }
     if p.shared_count > 0 {
         // SAFETY: the shared block: every description this process holds is at its number

@@ -178,44 +178,57 @@ pub(super) fn wait_report(prep: Prepared, pid: Pid, timeout: Duration) -> Result
     let mut rec = [0u8; 24];
     let deadline = Instant::now() + timeout;
     let mut got = 0;
-    while got < 24 {
-        let mut pfd = libc::pollfd {
-            fd: r.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, 20) };
-        if n > 0 {
-            match r.read(&mut rec[got..]) {
-                Ok(0) => return Err(RestoreError::Died),
-                Ok(k) => got += k,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
+    loop {
+        while got < 24 {
+            let mut pfd = libc::pollfd {
+                fd: r.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, 20) };
+            if n > 0 {
+                match r.read(&mut rec[got..]) {
+                    Ok(0) => return Err(RestoreError::Died),
+                    Ok(k) => got += k,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e.into()),
+                }
+            } else if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return Err(RestoreError::Died);
+            } else if Instant::now() > deadline {
+                return Err(RestoreError::Timeout);
             }
-        } else if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            return Err(RestoreError::Died);
-        } else if Instant::now() > deadline {
-            return Err(RestoreError::Timeout);
         }
-    }
-    let w = |i: usize| u64::from_le_bytes(rec[i * 8..i * 8 + 8].try_into().unwrap());
-    if w(0) == u64::MAX {
-        let (step, val) = (w(1), w(2));
-        if step == 0 {
-            let mut msg = vec![0u8; val.min(4096) as usize];
-            let _ = r.read_exact(&mut msg);
-            return Err(RestoreError::Child(
-                String::from_utf8_lossy(&msg).into_owned(),
-            ));
+        let w = |i: usize| u64::from_le_bytes(rec[i * 8..i * 8 + 8].try_into().unwrap());
+        if w(0) == NOTE {
+            // Something the child gave up on without failing (a connection reset): logged and
+            // counted here, then the next record.
+            let mut msg = vec![0u8; w(2).min(4096) as usize];
+            r.read_exact(&mut msg)?;
+            let msg = String::from_utf8_lossy(&msg);
+            tracing::warn!(pid, "restore: {msg}");
+            crate::tcp::count_reset_at_restore();
+            got = 0;
+            continue;
         }
-        return Err(RestoreError::Restorer {
-            step,
-            what: step_name(step),
-            errno: -(val as i64),
-        });
+        if w(0) == u64::MAX {
+            let (step, val) = (w(1), w(2));
+            if step == 0 {
+                let mut msg = vec![0u8; val.min(4096) as usize];
+                let _ = r.read_exact(&mut msg);
+                return Err(RestoreError::Child(
+                    String::from_utf8_lossy(&msg).into_owned(),
+                ));
+            }
+            return Err(RestoreError::Restorer {
+                step,
+                what: step_name(step),
+                errno: -(val as i64),
+            });
+        }
+        return Ok((w(0), w(1)));
     }
-    Ok((w(0), w(1)))
 }
 
 pub(super) fn step_name(step: u64) -> &'static str {

@@ -17,10 +17,10 @@ use crate::abi::{
     SeccompDesc, SigactionDesc, ThreadDesc, TimerDesc, VMA_ANON, VMA_SHARED, VMA_SYSV, VmaDesc,
     XSTATE_MAX,
 };
-use crate::capture::regs_from_slice;
 use crate::fds;
 use crate::image::*;
 use crate::ptrace::Stopped;
+pub use crate::shm::ShmPlan;
 use crate::sys::{self, Pid, as_bytes};
 use std::ffi::CString;
 use std::io::{self, Read, Write};
@@ -96,6 +96,8 @@ pub struct ChildPlan {
     pub shared: Vec<bool>,
     pub exe: String,
     pub fds: Vec<FdImage>,
+    /// The connections its connected TCP sockets carry on (see [`crate::tcp`]).
+    pub tcp: Vec<TcpConn>,
     pub cwd: String,
     pub rlimits: Vec<(u32, u64, u64)>,
     pub max_tid: i32,
@@ -129,38 +131,6 @@ pub struct ChildPlan {
     /// The main process's plan only: the tree's zombies; each process recreates its own after
     /// its children ([`make_zombies`]).
     pub zombies: Vec<Zombie>,
-}
-
-/// A shared memory object for the restore child to make: System V segments in the sandbox's
-/// IPC namespace with their id, anonymous ones as a descriptor of a fresh shmem file that the
-/// restorer maps shared.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct ShmPlan {
-    pub id: ShmId,
-    pub size: u64,
-    pub sysv: Option<SysvShm>,
-    /// (offset in the object, length, offset in the pages descriptor).
-    pub runs: Vec<(u64, u64, u64)>,
-    /// Anonymous objects: the number its descriptor is made at (after the executable's, or
-    /// in a tree's shared block); -1 for a System V segment.
-    pub fd: RawFd,
-}
-
-impl ShmPlan {
-    /// Object `o`, its runs read at `pages_offset` in the pages descriptor, made at `fd`.
-    fn of(o: &ShmObject, pages_offset: u64, fd: RawFd) -> ShmPlan {
-        ShmPlan {
-            id: o.id,
-            size: o.size,
-            sysv: o.sysv.clone(),
-            runs: o
-                .runs
-                .iter()
-                .map(|r| (r.addr, r.len, pages_offset + r.data_off))
-                .collect(),
-            fd,
-        }
-    }
 }
 
 /// The anonymous shared memory objects of `objects` that `img` maps, in that order: the order
@@ -204,6 +174,9 @@ pub struct Prepared {
 }
 
 const INHERITED: usize = 4;
+/// A notify-pipe record that says something that did not stop the restore, followed by its
+/// text (a report's first word is a blob address, or `u64::MAX` for a failure).
+const NOTE: u64 = u64::MAX - 1;
 
 /// Checks `ckpt` and lays out everything the restore needs. `host_path` maps a path inside the
 /// sandbox to the host path the sandbox will show there (its mount table).
@@ -345,6 +318,7 @@ fn prepare_pages(
             .collect(),
         exe: img.exe.path.clone(),
         fds: img.fds.clone(),
+        tcp: img.tcp.clone(),
         cwd: img.cwd.clone(),
         rlimits: img.rlimits.clone(),
         max_tid: img.max_tid,
@@ -710,7 +684,7 @@ fn verify_files(
         let meta = file
             .metadata()
             .map_err(|e| err(format!("{}: {e}", host.display())))?;
-        let hash = crate::capture::cached_hash(file, &meta).map_err(|e| err(e.to_string()))?;
+        let hash = crate::os::filehash::cached_hash(file, &meta).map_err(|e| err(e.to_string()))?;
         if hash != f.hash {
             return Err(err(format!(
                 "{} differs from the checkpointed file (content hash mismatch)",
@@ -739,6 +713,7 @@ mod tests {
             shared: vec![false],
             exe: "/bin/x".into(),
             fds: Vec::new(),
+            tcp: Vec::new(),
             cwd: "/".into(),
             rlimits: Vec::new(),
             max_tid: 0,

@@ -184,7 +184,7 @@ pub(super) fn build_plan(
         let mut d = ThreadDesc {
             tid: t.tid,
             _pad: 0,
-            regs: apply_restart(regs_from_slice(&t.regs)),
+            regs: apply_restart(crate::ptrace::regs_from_slice(&t.regs)),
             sigmask: t.sigmask,
             robust_list: t.robust_list,
             robust_len: t.robust_len,

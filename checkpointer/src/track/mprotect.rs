@@ -18,10 +18,13 @@
 //! Contents queries ([`Tracker::scan`]) use `/proc/PID/pagemap`, not `PAGEMAP_SCAN`, so the
 //! tracker needs nothing newer than seccomp filters.
 //!
-//! Known limits (documented in docs/ARCHITECTURE.md): system calls outside the agent's list
-//! that write into armed memory fail with `EFAULT`; writes that bypass page protection
-//! (`/proc/self/mem`, io_uring fixed buffers) are not seen; `execve` fails with `EPERM`; a bad
-//! pointer passed to an emulated call faults in the agent instead of returning `EFAULT`.
+//! Known limits: system calls outside the agent's list that write into armed memory fail with
+//! `EFAULT`; writes that bypass page protection (`/proc/self/mem`, io_uring fixed buffers) are
+//! not seen; `execve` fails with `EPERM` (the filter survives `execve`, the agent and its
+//! SIGSYS handler do not); a bad pointer passed to an emulated call faults in the agent instead
+//! of returning `EFAULT`; the app cannot keep fault signals blocked; system calls in flight when
+//! the agent arrives restart through the filter, except those restarting via
+//! `restart_syscall` (`poll` and the like with a timeout), which end with `EINTR`.
 //!
 //! A process with neither `no_new_privs` nor `CAP_SYS_ADMIN` (an ordinary user's), where the
 //! kernel refuses the agent's filter, gets `no_new_privs` set for good; images keep the app's
@@ -39,7 +42,7 @@ use crate::ptrace::Stopped;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-const PAGE: u64 = 4096;
+use crate::os::ranges::{PAGE, intersect, merge, subtract};
 const RSP: usize = 19; // index of rsp in user_regs_struct
 const SS_DISABLE: u32 = 2;
 /// SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV, SIGSYS: a synchronous fault with its signal
@@ -596,78 +599,5 @@ impl Tracker for MprotectTracker {
 
     fn name(&self) -> &'static str {
         "mprotect"
-    }
-}
-
-/// Sorted, merged union of ranges.
-fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    v.retain(|r| r.0 < r.1);
-    v.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-    for (s, e) in v {
-        match out.last_mut() {
-            Some(l) if s <= l.1 => l.1 = l.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
-}
-
-/// `a` minus `b` (`b` sorted and merged).
-fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for &(s, e) in a {
-        let mut at = s;
-        for &(bs, be) in b {
-            if be <= at || bs >= e {
-                continue;
-            }
-            if bs > at {
-                out.push((at, bs));
-            }
-            at = at.max(be);
-            if at >= e {
-                break;
-            }
-        }
-        if at < e {
-            out.push((at, e));
-        }
-    }
-    out
-}
-
-/// `a` ∩ `b` (`b` sorted and merged).
-fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for &(s, e) in a {
-        for &(bs, be) in b {
-            let (x, y) = (s.max(bs), e.min(be));
-            if x < y {
-                out.push((x, y));
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn range_sets() {
-        assert_eq!(
-            merge(vec![(5, 9), (1, 3), (2, 4), (9, 10)]),
-            vec![(1, 4), (5, 10)]
-        );
-        assert_eq!(
-            subtract(&[(0, 10)], &[(2, 3), (5, 12)]),
-            vec![(0, 2), (3, 5)]
-        );
-        assert_eq!(
-            intersect(&[(0, 10)], &[(2, 3), (5, 12)]),
-            vec![(2, 3), (5, 10)]
-        );
     }
 }

@@ -32,7 +32,7 @@ mod libc_types {
 /// `shared_files`, named by `FdKind::Shared`; 7: a tree's shared memory objects listed once, by
 /// the main process, and named by every process's mappings of them; 8: children that exited
 /// and were not reaped, `zombies`; 9: signals queued and not yet delivered, `pending`).
-pub const FORMAT_VERSION: u32 = 10;
+pub const FORMAT_VERSION: u32 = 11;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8;
 /// Largest XSAVE area a thread may carry (the restorer's `abi::XSTATE_MAX`, which the
 /// checkpointer checks equals this).
@@ -174,6 +174,11 @@ pub struct ProcessImage {
     /// at this pause, which the receiver compares with its image once this checkpoint is
     /// applied (see [`crate::scrub`]). Not kept in an image.
     pub scrub: Option<crate::scrub::Scrub>,
+    /// The process's connected TCP sockets that carry on through a restore (the others are
+    /// restored as reset by their peer), each by the descriptor that holds it. An incremental
+    /// checkpoint lists the connections that changed since its base; the rest are carried
+    /// over ([`Carried::tcp`]).
+    pub tcp: Vec<TcpConn>,
 }
 
 /// A child that exited and that its parent (a process of the tree) has not reaped yet: it
@@ -345,12 +350,18 @@ pub struct Carried {
     /// Threads (by TID) whose whole [`ThreadImage`] is the base's: their entry in `threads`
     /// keeps its place and TID, with no registers, XSAVE area or name.
     pub threads: Vec<i32>,
+    /// Descriptors whose [`TcpConn`] is the base's (they are not in `tcp`).
+    pub tcp: Vec<i32>,
 }
 
 impl Carried {
     /// Nothing is left out.
     pub fn is_empty(&self) -> bool {
-        !self.layout && !self.fds && !self.sigactions && self.threads.is_empty()
+        !self.layout
+            && !self.fds
+            && !self.sigactions
+            && self.threads.is_empty()
+            && self.tcp.is_empty()
     }
 }
 
@@ -859,6 +870,45 @@ pub struct SocketImage {
     pub options: Vec<(i32, i32, i32)>,
 }
 
+/// `tcpi_state` of an established connection, the one state a [`TcpConn`] carries yet.
+pub const TCP_ESTABLISHED: u8 = 1;
+/// The most bytes a [`TcpConn`] queue may hold (a socket buffer's ceiling is a few MiB).
+pub const TCP_MAX_QUEUE: usize = 64 << 20;
+
+/// A connected TCP socket's state as the kernel's repair mode reads and writes it: enough for
+/// a socket made on another machine to carry on the same connection, with neither end seeing
+/// a reset. Sequence numbers are those of the first byte of each queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpConn {
+    /// The descriptor that holds the socket (a [`SocketState::ConnectedTcp`] socket).
+    pub fd: i32,
+    /// `tcpi_state` (1 = established).
+    pub state: u8,
+    /// Sequence number of the first byte of `send_queue` (the oldest unacknowledged one).
+    pub send_seq: u32,
+    /// Bytes written and not yet acknowledged by the peer: sent ones first, then `unsent`
+    /// bytes never sent.
+    #[serde(with = "crate::bytes")]
+    pub send_queue: Vec<u8>,
+    /// How many bytes at the end of `send_queue` were never sent.
+    pub unsent: u32,
+    /// Sequence number of the first byte of `recv_queue` (the oldest unread one).
+    pub recv_seq: u32,
+    /// Bytes received and acknowledged, not yet read by the process.
+    #[serde(with = "crate::bytes")]
+    pub recv_queue: Vec<u8>,
+    /// Maximum segment size to send.
+    pub mss: u32,
+    /// Window scale shifts, ours for sending and the peer's (`None`: not negotiated).
+    pub wscale: Option<(u8, u8)>,
+    /// SACK permitted on this connection.
+    pub sack: bool,
+    /// TCP timestamps in use, and the value our clock showed at the capture.
+    pub timestamp: Option<u32>,
+    /// `TCP_REPAIR_WINDOW`: snd_wl1, snd_wnd, max_window, rcv_wnd, rcv_wup.
+    pub window: [u32; 5],
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SocketState {
     /// Created, possibly bound, not listening or connected.
@@ -874,3 +924,5 @@ pub enum SocketState {
 
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tests_tcp;

@@ -49,6 +49,7 @@ pub(crate) fn meta(vmas: Vec<Vma>) -> ProcessImage {
         zombies: Vec::new(),
         pending: Vec::new(),
         scrub: None,
+        tcp: Vec::new(),
     }
 }
 
@@ -71,7 +72,7 @@ pub(crate) fn thread(tid: i32, rip: u64) -> ThreadImage {
     }
 }
 
-fn sample(kind: Kind) -> Checkpoint {
+pub(crate) fn sample(kind: Kind) -> Checkpoint {
     let image = ProcessImage {
         pid: 2,
         comm: "x".into(),
@@ -467,7 +468,7 @@ fn refuses_inconsistent_metadata() {
 
 /// `c` is refused, with a message containing `want`, by `validate` and by `from_bytes` of
 /// its encoding.
-fn assert_refused(c: &Checkpoint, want: &str) {
+pub(crate) fn assert_refused(c: &Checkpoint, want: &str) {
     let err = c.validate().expect_err(want).to_string();
     assert!(
         err.contains(want),

@@ -88,7 +88,7 @@ impl ProcessImage {
         fn bad<T>(m: String) -> Result<T, FormatError> {
             Err(FormatError::Meta(m))
         }
-        const PAGE: u64 = crate::delta::PAGE_SIZE as u64;
+        use crate::delta::PAGE;
         let aligned = |x: u64| x.is_multiple_of(PAGE);
         if self.pid <= 0 {
             return bad(format!("process id {} is not positive", self.pid));
@@ -304,6 +304,7 @@ impl ProcessImage {
         for f in &self.fds {
             validate_fd(f)?;
         }
+        self.validate_tcp()?;
         self.validate_timers(&tids)?;
         self.validate_seccomp(&tids)?;
         self.validate_shm(data_len, tree_shm)?;
@@ -633,6 +634,63 @@ impl ProcessImage {
     /// Timer ids non-negative and distinct, notification kinds Linux knows, a thread-directed
     /// timer naming a thread of the image, signals 1–64 (0 allowed for `SIGEV_NONE`), times
     /// that fit a `timespec`, interval timers 0–2 and each at most once.
+    /// Connections: each names a connected TCP socket of the process (when the descriptors
+    /// are listed), once, in a state a restore can carry on, with queues a socket can hold.
+    fn validate_tcp(&self) -> Result<(), FormatError> {
+        let bad = |m: String| Err(FormatError::Meta(m));
+        let mut named: Vec<i32> = self.tcp.iter().map(|t| t.fd).collect();
+        named.extend(&self.carried.tcp);
+        named.sort_unstable();
+        if let Some(w) = named.windows(2).find(|w| w[0] == w[1]) {
+            return bad(format!(
+                "the connection of descriptor {} is given twice",
+                w[0]
+            ));
+        }
+        for t in &self.tcp {
+            if t.state != TCP_ESTABLISHED {
+                return bad(format!(
+                    "the connection of descriptor {} is in TCP state {}, not established",
+                    t.fd, t.state
+                ));
+            }
+            if t.send_queue.len() > TCP_MAX_QUEUE || t.recv_queue.len() > TCP_MAX_QUEUE {
+                return bad(format!(
+                    "the connection of descriptor {} queues more than {TCP_MAX_QUEUE} bytes",
+                    t.fd
+                ));
+            }
+            if t.unsent as usize > t.send_queue.len() {
+                return bad(format!(
+                    "the connection of descriptor {} has {} unsent bytes of {} queued",
+                    t.fd,
+                    t.unsent,
+                    t.send_queue.len()
+                ));
+            }
+            if t.wscale.is_some_and(|(s, r)| s > 14 || r > 14) {
+                return bad(format!(
+                    "the connection of descriptor {} has a window scale above 14",
+                    t.fd
+                ));
+            }
+        }
+        if !self.carried.fds || self.base_epoch.is_none() {
+            for &fd in &named {
+                let connected = self.fds.iter().any(|f| {
+                    f.fd == fd
+                        && matches!(&f.kind, FdKind::Socket(s) if s.state == SocketState::ConnectedTcp)
+                });
+                if !connected {
+                    return bad(format!(
+                        "descriptor {fd} has a TCP connection but is no connected TCP socket"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn validate_timers(&self, tids: &[i32]) -> Result<(), FormatError> {
         let bad = |m: String| Err(FormatError::Meta(m));
         // Seconds must fit an i64 timespec: any u64 of nanoseconds does.
@@ -691,7 +749,7 @@ impl ProcessImage {
         tree_shm: Option<&[ShmObject]>,
     ) -> Result<(), FormatError> {
         let bad = |m: String| Err(FormatError::Meta(m));
-        const PAGE: u64 = crate::delta::PAGE_SIZE as u64;
+        use crate::delta::PAGE;
         if tree_shm.is_some() && !self.shm.is_empty() {
             return bad(format!(
                 "process {} lists shared memory objects (the main process lists a tree's)",

@@ -170,6 +170,18 @@ fn fds() -> Vec<FdImage> {
             }),
         ),
         fd(
+            14,
+            FdKind::Socket(SocketImage {
+                family: 2,
+                ty: 1,
+                protocol: 6,
+                state: SocketState::ConnectedTcp,
+                local: vec![2, 0, 0x1f, 0x90, 10, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0],
+                peer: vec![2, 0, 0xc3, 0x50, 10, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0],
+                options: vec![(6, 1, 1)],
+            }),
+        ),
+        fd(
             6,
             FdKind::EventFd {
                 count: 3,
@@ -396,6 +408,22 @@ impl Proc {
             shared_files: Vec::new(),
             zombies: Vec::new(),
             pending: Vec::new(),
+            // A connection whose queues move with the epoch: the receiver carries the
+            // unchanged ones over (none here: every checkpoint lists it).
+            tcp: vec![TcpConn {
+                fd: 14,
+                state: 1,
+                send_seq: 1000 + self.threads.len() as u32,
+                send_queue: b"reply".to_vec(),
+                unsent: 2,
+                recv_seq: 5000,
+                recv_queue: b"GET".to_vec(),
+                mss: 1448,
+                wscale: Some((7, 7)),
+                sack: true,
+                timestamp: Some(123_456),
+                window: [5000, 65535, 65535, 65535, 5000],
+            }],
             // Incremental checkpoints carry a divergence check (its pages need not be held:
             // the decoder only checks their order and number).
             scrub: base.map(|_| tardi_image::scrub::Scrub {

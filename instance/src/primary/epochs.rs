@@ -4,29 +4,6 @@
 #[allow(unused_imports)]
 use super::*;
 
-/// The epoch settings of a manifest's `[tardi.epoch]`.
-pub(super) fn epoch_config(m: &tardi_manifest::Manifest, svc: &Service) -> EpochConfig {
-    let e = &m.tardi.epoch;
-    EpochConfig {
-        interval: Duration::from_secs_f64(e.interval_ms / 1e3),
-        min_interval: Duration::from_secs_f64(e.min_ms / 1e3),
-        cap_pages: e.cap_pages,
-        hot_epochs: e.hot_epochs,
-        tracker: e.tracker.parse().unwrap_or_default(),
-        precopy_min_pages: e.precopy_min_pages,
-        encode_budget: e.encode_budget,
-        private_dirs: svc.private_dirs(),
-        follow_releases: e.follow_releases,
-        follow_min: Duration::from_secs_f64(e.follow_min_ms / 1e3),
-        after_release: Duration::from_secs_f64(e.after_release_ms / 1e3),
-        scrub: (m.tardi.scrub.interval_ms > 0).then(|| tardi_checkpointer::scrub::ScrubConfig {
-            every: Duration::from_millis(m.tardi.scrub.interval_ms),
-            pages: m.tardi.scrub.pages as usize,
-        }),
-        ..EpochConfig::default()
-    }
-}
-
 /// Runs the epoch loop until the service ends or the primary is stopped.
 pub(super) fn epoch_thread(
     sh: &Arc<Shared>,
@@ -184,6 +161,8 @@ pub(super) fn tcp_connections(
     use tardi_checkpointer::image::{FdKind, SocketState};
     img.fds
         .iter()
+        // A connection the checkpoint carries is restored, not reset (see `tardi_checkpointer::tcp`).
+        .filter(|f| !img.tcp.iter().any(|c| c.fd == f.fd))
         .filter_map(|f| match &f.kind {
             FdKind::Socket(s) if s.state == SocketState::ConnectedTcp => {
                 Some((sockaddr(&s.local)?, sockaddr(&s.peer)?))

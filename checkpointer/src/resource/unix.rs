@@ -32,8 +32,8 @@
 //! by the socket's peer (it reads as unnamed); the names of a pair restored as a `socketpair`
 //! when the listener it was accepted from is gone.
 
-use crate::capture::CaptureError;
 use crate::image::{FdImage, FdKind, UnixAddr, UnixSocketImage, UnixState};
+use crate::os::error::CaptureError;
 use crate::procfs::Proc;
 use crate::sys::{self, cvt_i as check};
 use std::collections::HashMap;

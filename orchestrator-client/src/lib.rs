@@ -1,6 +1,10 @@
 //! Reaching the orchestrator cluster: the CLI's calls (`tardi deploy`, `tardi status`,
 //! `tardi orchestrator join|leave`) and [`Orchestrators`], which instances use too.
 //!
+//! Owns: the client side of the orchestrators' gRPC API. Must not touch: views, consensus,
+//! storage (the crate `tardi-orchestrator`, which re-exports this one as its `client`); an
+//! instance links this crate alone, not openraft, redb or the status page.
+//!
 //! Clients know the orchestrators as a comma-separated list of URLs. Writes go to the leader: a
 //! follower refuses them with `UNAVAILABLE` and the leader's URL in the [`LEADER_KEY`] metadata
 //! key; [`Orchestrators::call`] follows that hint, or tries the next node when one is down or
@@ -491,6 +495,23 @@ pub async fn leave(
             async move { c.leave(req).await.map(|r| r.into_inner()) }
         })
         .await
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        // Without signal handlers, run until killed.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
 }
 
 #[cfg(test)]

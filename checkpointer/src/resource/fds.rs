@@ -5,8 +5,8 @@
 //! (inside the sandbox's namespaces, before the restorer is exec'd) and recreates every
 //! descriptor at its old number. Anything not understood is refused by name.
 
-use crate::capture::CaptureError;
 use crate::image::*;
+use crate::os::error::CaptureError;
 use crate::procfs::{self, Proc};
 use crate::sys::{self, Pid, cvt_i as check};
 use std::collections::{HashMap, HashSet};
@@ -633,11 +633,17 @@ fn install(fd: RawFd, target: RawFd, floor: RawFd) -> io::Result<()> {
 /// every descriptor the caller still needs. A descriptor that names a description the tree
 /// shares ([`FdKind::Shared`] `i`) is a duplicate of descriptor `shared_base + i`, which the
 /// caller inherited (see `restore::make_tree`).
+///
+/// A connected TCP socket with a connection in `tcp` carries it on ([`crate::tcp::restore`]);
+/// one without, or whose connection cannot be recreated, is reset by its peer. Returns what
+/// was reset instead of carried on, for the caller to report.
 pub fn recreate(
     fds: &[FdImage],
+    tcp: &[TcpConn],
     floor: RawFd,
     shared_base: RawFd,
-) -> std::result::Result<(), RecreateError> {
+) -> std::result::Result<Vec<String>, RecreateError> {
+    let mut notes = Vec::new();
     let mut pipes_done = HashSet::new();
     crate::unix::recreate(fds, floor).map_err(|e| RecreateError {
         fd: e.fd,
@@ -681,7 +687,8 @@ pub fn recreate(
                 recreate_pipe(fds, *id, floor)?;
             }
             FdKind::Socket(s) => {
-                let tmp = recreate_socket(f, s, floor)?;
+                let conn = tcp.iter().find(|c| c.fd == f.fd);
+                let tmp = recreate_socket(f, s, conn, floor, &mut notes)?;
                 place(tmp, f.fd).map_err(rerr(f.fd, "socket"))?;
             }
             FdKind::EventFd { count, semaphore } => {
@@ -743,7 +750,7 @@ pub fn recreate(
             }
         }
     }
-    Ok(())
+    Ok(notes)
 }
 
 fn recreate_pipe(fds: &[FdImage], id: u64, floor: RawFd) -> std::result::Result<(), RecreateError> {
@@ -826,7 +833,9 @@ fn recreate_timerfd(
 fn recreate_socket(
     f: &FdImage,
     s: &SocketImage,
+    conn: Option<&TcpConn>,
     floor: RawFd,
+    notes: &mut Vec<String>,
 ) -> std::result::Result<RawFd, RecreateError> {
     let e = |what: &'static str| rerr(f.fd, what);
     let ty = s.ty
@@ -837,6 +846,28 @@ fn recreate_socket(
             0
         };
     if s.state == SocketState::ConnectedTcp {
+        if let Some(c) = conn {
+            match crate::tcp::restore(s, c, true) {
+                Ok(sock) => {
+                    let fd = lift(sock.into_raw_fd(), floor).map_err(e("socket"))?;
+                    if f.flags & libc::O_NONBLOCK != 0 {
+                        // SAFETY: F_SETFL on a descriptor we own.
+                        check(unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) })
+                            .map_err(e("socket flags"))?;
+                    }
+                    return Ok(fd);
+                }
+                Err(err) => notes.push(format!(
+                    "the TCP connection of descriptor {} was reset: {err}",
+                    f.fd
+                )),
+            }
+        } else {
+            notes.push(format!(
+                "the TCP connection of descriptor {} was reset: the checkpoint does not carry it",
+                f.fd
+            ));
+        }
         return reset_connection(s, ty, floor).map_err(e("reset TCP connection"));
     }
     // SAFETY: plain socket creation.
@@ -942,3 +973,6 @@ fn reset_connection(s: &SocketImage, ty: i32, floor: RawFd) -> io::Result<RawFd>
         Ok(c)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -22,8 +22,8 @@
 //! the reader's PID namespace; `timer_gettime` of an armed timer never reports 0 left (1 ns at
 //! least).
 
-use crate::capture::{CaptureError, proc_err};
 use crate::image::{ITimer, PosixTimer, Timers, sigev};
+use crate::os::error::{CaptureError, proc_err};
 use crate::procfs::{MapEntry, Proc};
 use crate::ptrace::{SCRATCH, Stopped};
 use crate::sys::Pid;

@@ -10,7 +10,6 @@
 //!   code — see the header comment of `tests/programs/statemachine.c`).
 //! * [`Report::check`] bundles the consistency checks a test should make
 //!   after a restore.
-#![allow(dead_code)]
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
@@ -22,10 +21,8 @@ use std::time::{Duration, Instant};
 /// gcc flags used for every test program.
 pub const CFLAGS: &[&str] = &["-O2", "-g", "-pthread", "-Wall", "-Wextra"];
 
-/// Workspace root (the root package holds the integration tests).
-pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+/// Workspace root (the root package holds the integration tests and `tests/programs/`).
+pub use crate::root as workspace_root;
 
 /// Directory the compiled test programs go to.
 pub fn programs_out_dir() -> PathBuf {

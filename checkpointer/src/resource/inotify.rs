@@ -22,8 +22,8 @@
 //! highest live watch (a new watch after the restore gets the next number after the highest
 //! live one, possibly lower than it would have been).
 
-use crate::capture::CaptureError;
 use crate::image::{FdKind, InotifyWatch};
+use crate::os::error::CaptureError;
 use crate::procfs::Proc;
 use crate::sys::{self, cvt_i as check};
 use std::collections::HashMap;

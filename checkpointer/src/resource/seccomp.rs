@@ -22,8 +22,8 @@
 //! refused as an unknown descriptor; without a listener such calls fail with `ENOSYS`, as they
 //! would have once the listener was closed).
 
-use crate::capture::CaptureError;
 use crate::image::{Seccomp, SeccompChain, SeccompFilter};
+use crate::os::error::CaptureError;
 use crate::procfs::{self, MapEntry, Proc};
 use crate::ptrace::Stopped;
 use crate::sys::Pid;

@@ -38,16 +38,16 @@
 //! System V call — `shmget`, `shmctl`, `shmat`, `shmdt` — is a layout call for
 //! `crate::syscount`); otherwise the last list is kept, with its descriptors.
 
-use crate::capture::CaptureError;
 use crate::image::{PageRun, ShmId, ShmObject, SysvShm};
+use crate::os::error::CaptureError;
 use crate::procfs::{MapEntry, Proc};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileExt, MetadataExt};
 
-const PAGE: u64 = 4096;
+use crate::os::ranges::PAGE;
 type Result<T> = std::result::Result<T, CaptureError>;
 
 /// `SHM_DEST` and `SHM_LOCKED` in the mode `/proc/sysvipc/shm` prints.
@@ -255,7 +255,7 @@ impl ShmTracker {
         }
         // System V segments: all of the namespace's, attached or not.
         let text = std::fs::read_to_string("/proc/sysvipc/shm")
-            .map_err(crate::capture::proc_err(first.pid, "/proc/sysvipc/shm"))?;
+            .map_err(crate::os::error::proc_err(first.pid, "/proc/sysvipc/shm"))?;
         for seg in parse_sysvipc(&text) {
             let id = ShmId::Sysv(seg.shmid);
             let mapping = procs.iter().find_map(|&(p, maps)| {
@@ -299,7 +299,7 @@ impl ShmTracker {
 }
 
 fn read_err(proc: &Proc, id: ShmId) -> impl FnOnce(io::Error) -> CaptureError {
-    crate::capture::proc_err(proc.pid, format!("shared memory {id:?}"))
+    crate::os::error::proc_err(proc.pid, format!("shared memory {id:?}"))
 }
 
 /// The object's shmem file, through the process's mapping `m` of it.
@@ -308,7 +308,7 @@ fn open_mapping(proc: &Proc, m: &MapEntry) -> Result<File> {
         &format!("map_files/{:x}-{:x}", m.kernel.0, m.kernel.1),
         libc::O_RDONLY,
     )
-    .map_err(crate::capture::proc_err(
+    .map_err(crate::os::error::proc_err(
         proc.pid,
         format!("the shared memory mapped at {:#x}", m.start),
     ))
@@ -317,7 +317,7 @@ fn open_mapping(proc: &Proc, m: &MapEntry) -> Result<File> {
 /// A segment no mapping of the process names: attached read-only by this thread (in the
 /// sandbox's IPC namespace), its shmem file opened through our own mapping, detached.
 fn attach_and_open(proc: &Proc, shmid: i32) -> Result<File> {
-    let err = crate::capture::proc_err(proc.pid, format!("System V segment {shmid}"));
+    let err = crate::os::error::proc_err(proc.pid, format!("System V segment {shmid}"));
     // SAFETY: attaches the segment read-only wherever the kernel finds room in our address
     // space; nothing of ours is replaced, and it is detached below.
     let at = unsafe { libc::shmat(shmid, std::ptr::null(), libc::SHM_RDONLY) };
@@ -443,10 +443,7 @@ fn parse_sysvipc(text: &str) -> Vec<Segment> {
 /// same kind of file, shown as `/dev/zero (deleted)`) at their planned numbers, for the
 /// restorer to map shared (in a process tree, every process that maps one gets it from the
 /// process that made it: see `crate::restore`).
-pub fn make_all(
-    objects: &[crate::restore::ShmPlan],
-    pages: i32,
-) -> std::result::Result<(), String> {
+pub fn make_all(objects: &[ShmPlan], pages: i32) -> std::result::Result<(), String> {
     for o in objects {
         match (o.id, &o.sysv) {
             (ShmId::Sysv(id), Some(sv)) => make_sysv(id, o, sv, pages)?,
@@ -498,12 +495,7 @@ fn fill(base: u64, runs: &[(u64, u64, u64)], pages: i32) -> io::Result<()> {
     Ok(())
 }
 
-fn make_sysv(
-    id: i32,
-    o: &crate::restore::ShmPlan,
-    sv: &SysvShm,
-    pages: i32,
-) -> std::result::Result<(), String> {
+fn make_sysv(id: i32, o: &ShmPlan, sv: &SysvShm, pages: i32) -> std::result::Result<(), String> {
     let err = |what: &str| {
         format!(
             "System V segment {id}: {what}: {}",
@@ -570,7 +562,7 @@ fn make_sysv(
     r.map_err(|e| format!("System V segment {id}: filling: {e}"))
 }
 
-fn make_anon(o: &crate::restore::ShmPlan, pages: i32) -> std::result::Result<i32, String> {
+fn make_anon(o: &ShmPlan, pages: i32) -> std::result::Result<i32, String> {
     let len = o.size.div_ceil(PAGE) * PAGE;
     let err = |what: &str, e: io::Error| format!("shared memory {:?}: {what}: {e}", o.id);
     // SAFETY: a fresh shared anonymous mapping of our own, unmapped below.
@@ -603,6 +595,38 @@ fn make_anon(o: &crate::restore::ShmPlan, pages: i32) -> std::result::Result<i32
     // SAFETY: unmapping our own mapping made above (the descriptor keeps the object).
     unsafe { libc::munmap(at, len as usize) };
     r
+}
+
+/// A shared memory object for the restore child to make: System V segments in the sandbox's
+/// IPC namespace with their id, anonymous ones as a descriptor of a fresh shmem file that the
+/// restorer maps shared.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ShmPlan {
+    pub id: ShmId,
+    pub size: u64,
+    pub sysv: Option<SysvShm>,
+    /// (offset in the object, length, offset in the pages descriptor).
+    pub runs: Vec<(u64, u64, u64)>,
+    /// Anonymous objects: the number its descriptor is made at (after the executable's, or
+    /// in a tree's shared block); -1 for a System V segment.
+    pub fd: RawFd,
+}
+
+impl ShmPlan {
+    /// Object `o`, its runs read at `pages_offset` in the pages descriptor, made at `fd`.
+    pub(crate) fn of(o: &ShmObject, pages_offset: u64, fd: RawFd) -> ShmPlan {
+        ShmPlan {
+            id: o.id,
+            size: o.size,
+            sysv: o.sysv.clone(),
+            runs: o
+                .runs
+                .iter()
+                .map(|r| (r.addr, r.len, pages_offset + r.data_off))
+                .collect(),
+            fd,
+        }
+    }
 }
 
 #[cfg(test)]

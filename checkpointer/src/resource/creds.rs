@@ -4,8 +4,8 @@
 //! when the status lines change or on a refresh. Restored by the restorer, in each thread, as
 //! its last step before the threads resume (see `restorer/main.rs`, `drop_creds`).
 
-use crate::capture::{CaptureError, proc_err};
 use crate::image::Credentials;
+use crate::os::error::{CaptureError, proc_err};
 use crate::procfs::{self, MapEntry, Proc};
 use crate::ptrace::Stopped;
 use crate::sys::Pid;

@@ -637,6 +637,7 @@ impl EpochLoop {
                 }
             }
             crate::tree::share(&mut main.meta, &mut refs, &hosts, groups)?;
+            main.tcp_reset += crate::tcp::keep_carried(&main.meta.fds, &mut main.meta.tcp);
         }
         // Nothing fails from here on.
         let mut out = self.encode(main, te, epoch, interval, quiesce, pause, ended_by);

@@ -430,5 +430,21 @@ pub fn reset_at_restore() -> u64 {
 mod reader;
 pub use reader::{Captured, Connections};
 
+/// Drops from `tcp` the connections whose descriptor is no longer a connected TCP socket of
+/// its own among `fds` (an image's): one a process tree's processes share (a PostgreSQL postmaster
+/// between its `accept` and its child's taking the connection) became a shared description
+/// after it was read (`tree::share`), which a restore does not carry on. Returns how many
+/// (their sockets are reset by a restore, as before).
+pub fn keep_carried(fds: &[FdImage], tcp: &mut Vec<TcpConn>) -> u64 {
+    let before = tcp.len();
+    tcp.retain(|c| {
+        fds.iter().any(|f| {
+            f.fd == c.fd
+                && matches!(&f.kind, FdKind::Socket(s) if s.state == SocketState::ConnectedTcp)
+        })
+    });
+    (before - tcp.len()) as u64
+}
+
 #[cfg(test)]
 mod tests;

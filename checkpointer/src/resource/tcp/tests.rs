@@ -280,3 +280,32 @@ fn the_reader_reads_a_connection_again_only_when_it_moved() {
     // A descriptor that is gone is forgotten.
     assert!(r.capture(me, &[]).conns.is_empty());
 }
+
+/// A connection whose descriptor became a description the tree's processes share is not
+/// carried (the PostgreSQL lab test's backup refused such checkpoints before: "descriptor 8 has
+/// a TCP connection but is no connected TCP socket").
+#[test]
+fn a_shared_connection_is_not_carried() {
+    let (_c, s) = pair("127.0.0.1:0");
+    let conn = TcpConn {
+        fd: 8,
+        ..capture(8, s.as_raw_fd()).unwrap()
+    };
+    let fds = vec![
+        FdImage {
+            fd: 8,
+            cloexec: false,
+            flags: 2,
+            kind: FdKind::Shared(0),
+        },
+        FdImage {
+            fd: 9,
+            cloexec: false,
+            flags: 2,
+            kind: FdKind::Socket(image_of(&s)),
+        },
+    ];
+    let mut tcp = vec![conn.clone(), TcpConn { fd: 9, ..conn }];
+    assert_eq!(keep_carried(&fds, &mut tcp), 1);
+    assert_eq!(tcp.iter().map(|c| c.fd).collect::<Vec<_>>(), vec![9]);
+}

@@ -229,16 +229,19 @@ fn profile_verdict() {
 
     // 100 MB/s of writes, every page changing each lap, on a 1 Mbit/s link: poor. The
     // verdict needs a few epochs to rate: on a loaded machine one second once held a single
-    // 1.7 s epoch (its pause alone 170 ms), so a run with fewer than three is run again.
+    // 1.7 s epoch (its pause alone 170 ms), and under a CPU hog on each core five runs of a
+    // second held two each (pauses of 235-458 ms), so a run with fewer than three is run
+    // again, twice as long each time (1, 2, 4, 8, 16 s).
     let (busy, _) = dirtier_manifest(&scratch.0, "busy", "100");
     let mut runs = 0;
     let s = loop {
+        let secs = format!("{}s", 1u32 << runs);
         let (_, s) = profile_json(
             &scratch.0,
             &busy,
             &[
                 "--duration",
-                "1s",
+                &secs,
                 "--link-bandwidth",
                 "1Mbit/s",
                 "--cap-pages",
@@ -252,7 +255,7 @@ fn profile_verdict() {
     };
     assert!(
         u(&s, "epochs") >= 3,
-        "five runs of a second, none with three epochs: {s}"
+        "five runs of 1 to 16 s, none with three epochs: {s}"
     );
     assert_eq!(u(&s, "link_bandwidth_bps"), 1_000_000);
     assert_eq!(s["good"], false, "{s}");

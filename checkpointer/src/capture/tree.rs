@@ -473,6 +473,9 @@ pub(crate) fn share(
     // A pipe end a process still holds privately would carry bytes another process's entry
     // also carries: every end of such a pipe is shared above, so none is left.
     root.shared_files = shared;
+    // A connection read from a descriptor that is now a shared description is not carried
+    // (a restore makes shared descriptions without their connections: reset, as before).
+    crate::tcp::keep_carried(&root.fds, &mut root.tcp);
     Ok(())
 }
 

@@ -482,7 +482,6 @@ impl EpochLoop {
             let hosts: Vec<Pid> = loops.iter().map(|l| l.proc.pid).collect();
             let mut refs: Vec<&mut ProcessImage> = rest.iter_mut().map(|(i, _)| i).collect();
             crate::tree::share(&mut image, &mut refs, &hosts, groups)?;
-            crate::tcp::keep_carried(&image.fds, &mut image.tcp);
             crate::tree::check_groups((image.pid, image.pgid, image.sid), None)?;
             for (k, ((img, d), parent)) in rest.into_iter().zip(&parents[1..]).enumerate() {
                 let parent_img = if *parent == 0 {

@@ -636,8 +636,9 @@ impl EpochLoop {
                     }
                 }
             }
+            let read = main.meta.tcp.len();
             crate::tree::share(&mut main.meta, &mut refs, &hosts, groups)?;
-            main.tcp_reset += crate::tcp::keep_carried(&main.meta.fds, &mut main.meta.tcp);
+            main.tcp_reset += (read - main.meta.tcp.len()) as u64;
         }
         // Nothing fails from here on.
         let mut out = self.encode(main, te, epoch, interval, quiesce, pause, ended_by);

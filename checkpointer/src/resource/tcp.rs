@@ -88,6 +88,12 @@ fn set(s: RawFd, name: i32, v: i32, what: &'static str) -> Result<(), TcpError> 
     sys::setsockopt_int(s, libc::IPPROTO_TCP, name, v).map_err(io_err(what))
 }
 
+/// Selects the queue (`TCP_RECV_QUEUE`, `TCP_SEND_QUEUE`, `TCP_NO_QUEUE`) that the next
+/// repair-mode call on `s` reads or writes.
+fn select(s: RawFd, queue: i32) -> Result<(), TcpError> {
+    set(s, libc::TCP_REPAIR_QUEUE, queue, "selecting a repair queue")
+}
+
 fn get(s: RawFd, name: i32, what: &'static str) -> Result<i32, TcpError> {
     sys::getsockopt_int(s, libc::IPPROTO_TCP, name).map_err(io_err(what))
 }
@@ -183,23 +189,13 @@ pub fn capture(fd: i32, s: RawFd) -> Result<TcpConn, TcpError> {
     set(s, libc::TCP_REPAIR, TCP_REPAIR_ON, "TCP_REPAIR on")?;
     let _off = Repairing(s);
 
-    set(
-        s,
-        libc::TCP_REPAIR_QUEUE,
-        TCP_RECV_QUEUE,
-        "select the receive queue",
-    )?;
+    select(s, TCP_RECV_QUEUE)?;
     let rcv_nxt = get(s, libc::TCP_QUEUE_SEQ, "receive sequence")? as u32;
     let inq = ioctl_int(s, SIOCINQ, "unread bytes")?;
     let recv_queue = peek(s, inq, "reading the receive queue")?;
     let mss = get(s, libc::TCP_MAXSEG, "MSS clamp")? as u32;
 
-    set(
-        s,
-        libc::TCP_REPAIR_QUEUE,
-        TCP_SEND_QUEUE,
-        "select the send queue",
-    )?;
+    select(s, TCP_SEND_QUEUE)?;
     let write_seq = get(s, libc::TCP_QUEUE_SEQ, "send sequence")? as u32;
     let outq = ioctl_int(s, SIOCOUTQ, "unacknowledged bytes")?;
     let unsent = ioctl_int(s, SIOCOUTQNSD, "unsent bytes")?;
@@ -302,31 +298,16 @@ pub fn restore(img: &SocketImage, c: &TcpConn, probe: bool) -> Result<OwnedFd, T
     // SAFETY: `local` and `peer` hold sockaddrs of their own length, as the kernel gave them.
     check(unsafe { libc::bind(fd, img.local.as_ptr().cast(), img.local.len() as u32) })
         .map_err(io_err("bind"))?;
-    set(
-        fd,
-        libc::TCP_REPAIR_QUEUE,
-        TCP_SEND_QUEUE,
-        "select the send queue",
-    )?;
+    select(fd, TCP_SEND_QUEUE)?;
     set(fd, libc::TCP_QUEUE_SEQ, c.send_seq as i32, "send sequence")?;
-    set(
-        fd,
-        libc::TCP_REPAIR_QUEUE,
-        TCP_RECV_QUEUE,
-        "select the receive queue",
-    )?;
+    select(fd, TCP_RECV_QUEUE)?;
     set(
         fd,
         libc::TCP_QUEUE_SEQ,
         c.recv_seq as i32,
         "receive sequence",
     )?;
-    set(
-        fd,
-        libc::TCP_REPAIR_QUEUE,
-        TCP_NO_QUEUE,
-        "deselect the queues",
-    )?;
+    select(fd, TCP_NO_QUEUE)?;
     // SAFETY: as above.
     check(unsafe { libc::connect(fd, img.peer.as_ptr().cast(), img.peer.len() as u32) })
         .map_err(io_err("connect"))?;
@@ -356,20 +337,10 @@ pub fn restore(img: &SocketImage, c: &TcpConn, probe: bool) -> Result<OwnedFd, T
         set(fd, libc::TCP_TIMESTAMP, ts as i32, "TCP_TIMESTAMP")?;
     }
 
-    set(
-        fd,
-        libc::TCP_REPAIR_QUEUE,
-        TCP_RECV_QUEUE,
-        "select the receive queue",
-    )?;
+    select(fd, TCP_RECV_QUEUE)?;
     fill(fd, &c.recv_queue, "refilling the receive queue")?;
     let sent = c.send_queue.len() - (c.unsent as usize).min(c.send_queue.len());
-    set(
-        fd,
-        libc::TCP_REPAIR_QUEUE,
-        TCP_SEND_QUEUE,
-        "select the send queue",
-    )?;
+    select(fd, TCP_SEND_QUEUE)?;
     fill(fd, &c.send_queue[..sent], "refilling the send queue")?;
     // SAFETY: `window` is a struct tcp_repair_window (five u32s).
     check(unsafe {
@@ -382,12 +353,7 @@ pub fn restore(img: &SocketImage, c: &TcpConn, probe: bool) -> Result<OwnedFd, T
         )
     })
     .map_err(io_err("TCP_REPAIR_WINDOW"))?;
-    set(
-        fd,
-        libc::TCP_REPAIR_QUEUE,
-        TCP_NO_QUEUE,
-        "deselect the queues",
-    )?;
+    select(fd, TCP_NO_QUEUE)?;
     let off = if probe {
         TCP_REPAIR_OFF
     } else {

@@ -105,18 +105,15 @@ impl Connections {
                             self.seen.remove(&key);
                             let conn = capture(f.fd, dup.as_raw_fd())?;
                             out.read += 1;
-                            // Read again to be sure nothing moved while it was read (a packet
-                            // can arrive meanwhile): the next pause compares with this.
-                            let (_, after) = signature(dup.as_raw_fd())?;
-                            if after == sig {
-                                self.seen.insert(
-                                    key,
-                                    Seen {
-                                        signature: sig,
-                                        conn: conn.clone(),
-                                    },
-                                );
-                            }
+                            // Remembered with the signature taken before the read: anything
+                            // that moves during the read or after it changes the next one.
+                            self.seen.insert(
+                                key,
+                                Seen {
+                                    signature: sig,
+                                    conn: conn.clone(),
+                                },
+                            );
                             Ok(conn)
                         }
                     }

@@ -100,7 +100,9 @@ impl Connections {
                 .and_then(|dup| {
                     let (state, sig) = signature(dup.as_raw_fd())?;
                     match self.seen.get(&key) {
-                        Some(s) if state == ESTABLISHED && s.signature == sig => Ok(s.conn.clone()),
+                        Some(s) if s.conn.state == state && s.signature == sig => {
+                            Ok(s.conn.clone())
+                        }
                         _ => {
                             self.seen.remove(&key);
                             let conn = capture(f.fd, dup.as_raw_fd())?;

@@ -186,9 +186,15 @@ impl Drop for Repairing {
 /// taken while the process is stopped). The socket is left as it was: repair mode is turned
 /// off again without a probe, and nothing is consumed.
 pub fn capture(fd: i32, s: RawFd) -> Result<TcpConn, TcpError> {
-    let (state, options, snd_ws, rcv_ws) = info(s)?;
     let family =
         sys::getsockopt_int(s, libc::SOL_SOCKET, libc::SO_DOMAIN).map_err(io_err("SO_DOMAIN"))?;
+    capture_as(fd, s, family)
+}
+
+/// [`capture`] of a socket whose address family the caller knows (one call fewer: the epoch
+/// loop's reader has it from the descriptor's image).
+pub(crate) fn capture_as(fd: i32, s: RawFd, family: i32) -> Result<TcpConn, TcpError> {
+    let (state, options, snd_ws, rcv_ws) = info(s)?;
     if !fin::carried(state, family) {
         return Err(TcpError::State(state));
     }

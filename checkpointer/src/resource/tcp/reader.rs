@@ -105,7 +105,11 @@ impl Connections {
                         }
                         _ => {
                             self.seen.remove(&key);
-                            let conn = capture(f.fd, dup.as_raw_fd())?;
+                            let family = match &f.kind {
+                                FdKind::Socket(sock) => sock.family,
+                                _ => libc::AF_UNSPEC,
+                            };
+                            let conn = capture_as(f.fd, dup.as_raw_fd(), family)?;
                             out.read += 1;
                             // Remembered with the signature taken before the read: anything
                             // that moves during the read or after it changes the next one.

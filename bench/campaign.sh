@@ -25,7 +25,7 @@
 # (Porcupine's visualizations). Not part of the test suite: it holds the lab for a long time.
 #
 # Usage: bench/campaign.sh [--trials N] [--faults primary,backup,...] [--service redis|memcached]
-#                          [--backups N] [--clients N] [--recovery-timeout S] [--seed N]
+#                          [--backups N] [--clients N] [--recovery-timeout 20s] [--seed N]
 #                          [--keep-histories] [--stamp STAMP]
 #        (default 5 trials per fault; issue 26 asks for 100: about 6 s per trial)
 # Run as root (namespaces, sandboxes). Needs go (>= 1.21), redis-server and memcached.

@@ -70,7 +70,8 @@ fi
 
 STAMP="$(date -u +%Y%m%d-%H%M%S)"
 OUT="$OUT_DIR/replication-$STAMP.md"
-COMMON=(--tardi "${TARDI:-$TARGET/release/tardi}" --dirtier "$DIRTIER" --wait-quiet "${WAIT_QUIET:-0}" --stamp "$STAMP")
+COMMON=(--tardi "${TARDI:-$TARGET/release/tardi}" --dirtier "$DIRTIER" --stamp "$STAMP")
+[[ "${WAIT_QUIET:-0}" == 0 ]] || COMMON+=(--wait-quiet "${WAIT_QUIET}s")
 
 {
     echo "# Tardi replication benchmarks ($STAMP)"

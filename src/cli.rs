@@ -134,12 +134,14 @@ pub struct RunArgs {
     pub json: bool,
 }
 
-/// Write a full checkpoint of a running sandbox to a file; the service keeps running.
+/// Write a full checkpoint of a running sandbox to a file; the service keeps running (or, with
+/// --stop, ends with it, its TCP connections kept for `tardi restore`).
 ///
 /// The service is paused only while its state is captured (the pause is printed). The file is
 /// versioned and checksummed; it is written atomically (no partial file on failure).
 ///
-/// Example: tardi snapshot redis -o /tmp/redis.tardi
+/// Examples: tardi snapshot redis -o /tmp/redis.tardi
+///           tardi snapshot redis -o /tmp/redis.tardi --stop && tardi restore /tmp/redis.tardi
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct SnapshotArgs {
@@ -148,6 +150,14 @@ pub struct SnapshotArgs {
     /// Where to write the checkpoint.
     #[arg(short, long)]
     pub output: PathBuf,
+    /// End the service with this checkpoint, keeping its TCP connections: they are carried in
+    /// the file and closed without a word to their clients, so that `tardi restore FILE` (on
+    /// this machine) carries them on and a client sees a pause, not a reset. The service is
+    /// ended only once the file is safely written; if it cannot be, the service goes on.
+    /// Without --stop the service runs on and its connections are not carried (a restore
+    /// resets them).
+    #[arg(long)]
+    pub stop: bool,
     /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -157,7 +167,9 @@ pub struct SnapshotArgs {
 ///
 /// The process comes back with the same PID and TIDs, memory, registers, signal handlers and file
 /// descriptors, in a fresh sandbox of the same name (which must not be running). Connected TCP
-/// sockets come back as connections reset by the peer; calls like epoll_wait may return EINTR once.
+/// sockets come back carrying on their connections if the file was written by `tardi snapshot
+/// --stop`, and as connections reset by the peer otherwise; calls like epoll_wait may return
+/// EINTR once.
 /// The file is verified (magic, version, length, checksum, mapped files' content hashes) before
 /// anything starts: a corrupted or truncated file is refused and nothing is started.
 ///

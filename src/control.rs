@@ -15,7 +15,13 @@ pub const SOCKET: &str = "control.sock";
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum Request {
-    Snapshot { path: PathBuf },
+    Snapshot {
+        path: PathBuf,
+        /// End the service once the checkpoint is written, carrying its connections
+        /// (`tardi snapshot --stop`).
+        #[serde(default)]
+        stop: bool,
+    },
     Status,
 }
 
@@ -72,14 +78,31 @@ pub fn call(name: &str, req: &Request) -> anyhow::Result<Reply> {
 }
 
 /// Answers requests on `listener` for the service `service` from a thread of its own, one more
-/// thread per connection, until the process exits.
-pub fn spawn_server(listener: UnixListener, status: StatusReply, service: ServiceHandle) {
+/// thread per connection, until the process exits. Returns what a `tardi snapshot --stop`
+/// leaves for the supervisor, which sees the service end.
+pub fn spawn_server(
+    listener: UnixListener,
+    status: StatusReply,
+    service: ServiceHandle,
+) -> Arc<Mutex<Option<Ended>>> {
+    let ended = Arc::new(Mutex::new(None));
     let st = Arc::new(Server {
         status,
         service,
         lock: Mutex::new(()),
+        ended: ended.clone(),
     });
     std::thread::spawn(move || serve(listener, st));
+    ended
+}
+
+/// A service ended by `tardi snapshot --stop`: the checkpoint it ended with, and the gate that
+/// holds the packets to its sandbox until the sandbox is torn down (its connections' sockets
+/// are gone: a packet reaching the sandbox before then would draw a reset from its kernel).
+pub struct Ended {
+    pub path: PathBuf,
+    /// Never read: it holds the packets until it is dropped.
+    _gate: Arc<tardi_netfilter::Gate>,
 }
 
 struct Server {
@@ -87,6 +110,7 @@ struct Server {
     service: ServiceHandle,
     /// One checkpoint at a time (a process has one tracer).
     lock: Mutex<()>,
+    ended: Arc<Mutex<Option<Ended>>>,
 }
 
 fn serve(listener: UnixListener, st: Arc<Server>) {
@@ -100,9 +124,9 @@ fn serve(listener: UnixListener, st: Arc<Server>) {
             }
             let reply = match serde_json::from_str::<Request>(&line) {
                 Ok(Request::Status) => Reply::Status(st.status.clone()),
-                Ok(Request::Snapshot { path }) => match snapshot_to(&st, &path) {
+                Ok(Request::Snapshot { path, stop }) => match snapshot_to(&st, &path, stop) {
                     Ok(r) => Reply::Snapshot(r),
-                    Err(e) => Reply::Error(crate::output::describe(&e.into())),
+                    Err(e) => Reply::Error(crate::output::describe(&e)),
                 },
                 Err(e) => Reply::Error(format!("bad request: {e}")),
             };
@@ -113,12 +137,37 @@ fn serve(listener: UnixListener, st: Arc<Server>) {
     }
 }
 
-/// Takes a full checkpoint and writes it atomically to `path`.
-fn snapshot_to(st: &Server, path: &Path) -> Result<SnapshotReply, tardi_service::Error> {
+/// Takes a full checkpoint and writes it atomically to `path`; with `stop`, one that carries
+/// the connections, and the service ends (see [`tardi_service::snapshot_to_file_and_end`]).
+fn snapshot_to(st: &Server, path: &Path, stop: bool) -> anyhow::Result<SnapshotReply> {
     // The lock guards no data (it only serialises checkpoints): a panic elsewhere while
     // holding it leaves nothing inconsistent, so a poisoned lock is taken as it is.
     let _one = st.lock.lock().unwrap_or_else(|e| e.into_inner());
-    let (bytes, stats) = tardi_service::snapshot_to_file(&st.service, path)?;
+    if lock(&st.ended).is_some() {
+        bail!("the service has ended (tardi snapshot --stop)");
+    }
+    let (bytes, stats) = if stop {
+        // Packets to the sandbox wait from before the connections are read until the sandbox
+        // is gone; if the checkpoint is not kept, they go on to the service, in order.
+        let gate = hold_input(st.service.config().link_index.unwrap_or_default())
+            .context("holding the packets to the sandbox")?;
+        match tardi_service::snapshot_to_file_and_end(&st.service, path) {
+            Ok(r) => {
+                *lock(&st.ended) = Some(Ended {
+                    path: path.to_path_buf(),
+                    _gate: gate,
+                });
+                r
+            }
+            Err(e) => {
+                gate.hold_input(false)
+                    .context("letting the packets to the sandbox through again")?;
+                return Err(e.into());
+            }
+        }
+    } else {
+        tardi_service::snapshot_to_file(&st.service, path)?
+    };
     Ok(SnapshotReply {
         path: path.to_path_buf(),
         bytes,
@@ -128,4 +177,25 @@ fn snapshot_to(st: &Server, path: &Path) -> Result<SnapshotReply, tardi_service:
         threads: stats.threads,
         memory_bytes: stats.saved_bytes,
     })
+}
+
+/// The lock, taken as it is if poisoned (what it guards is replaced whole).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A gate on the sandbox of link `link_index` that holds the packets *to* it (until
+/// `hold_input(false)`, or dropped with the gate) and lets its output pass: what `tardi
+/// snapshot --stop` and `tardi restore` of its file need around the sandbox's connections.
+/// Queue numbers as the instance's gates (`tardi_instance::primary::open_gate`): from the
+/// link index, unique on a machine.
+pub fn hold_input(link_index: u32) -> anyhow::Result<Arc<tardi_netfilter::Gate>> {
+    let mut cfg = tardi_netfilter::GateConfig::new(
+        tardi_sandbox::net::host_if(link_index),
+        (2 * link_index) as u16,
+    );
+    cfg.mode = tardi_netfilter::Mode::Pass;
+    let gate = tardi_netfilter::Gate::new(cfg)?;
+    gate.hold_input(true)?;
+    Ok(Arc::new(gate))
 }

@@ -6,7 +6,8 @@ use anyhow::bail;
 
 pub fn snapshot(a: SnapshotArgs) -> anyhow::Result<()> {
     let path = std::path::absolute(&a.output)?;
-    match control::call(&a.name, &Request::Snapshot { path })? {
+    let stop = a.stop;
+    match control::call(&a.name, &Request::Snapshot { path, stop })? {
         Reply::Snapshot(r) => {
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);
@@ -22,6 +23,13 @@ pub fn snapshot(a: SnapshotArgs) -> anyhow::Result<()> {
                     r.quiesce_us as f64 / 1e3,
                     r.memory_copy_us as f64 / 1e3
                 );
+                if stop {
+                    println!(
+                        "{:?} ended with it, its connections kept: tardi restore {} carries them on",
+                        a.name,
+                        r.path.display()
+                    );
+                }
             }
             Ok(())
         }

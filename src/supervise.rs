@@ -37,7 +37,7 @@ pub fn supervise(s: Supervised, signals: libc::sigset_t) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&sock_path);
     let listener = UnixListener::bind(&sock_path)
         .with_context(|| format!("creating the control socket {}", sock_path.display()))?;
-    control::spawn_server(listener, status.clone(), service.handle().clone());
+    let ended = control::spawn_server(listener, status.clone(), service.handle().clone());
     if json {
         let mut v = serde_json::to_value(&status)?;
         v["event"] = "started".into();
@@ -76,13 +76,24 @@ pub fn supervise(s: Supervised, signals: libc::sigset_t) -> anyhow::Result<()> {
             break format!("stopped by signal {sig}");
         }
         match service.try_wait() {
-            Ok(Some(exit)) => break exit.to_string(),
+            Ok(Some(exit)) => match ended.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                Some(e) => {
+                    break format!(
+                        "ended by tardi snapshot --stop; its connections wait in {} (tardi restore {0})",
+                        e.path.display()
+                    );
+                }
+                None => break exit.to_string(),
+            },
             Ok(None) => {}
             Err(e) => break format!("lost the sandbox: {e}"),
         }
     };
     let _ = std::fs::remove_file(&sock_path);
     let torn = service.teardown();
+    // The packets held for an ended service's connections are dropped only now that its
+    // sandbox (and every socket its kernel could answer with a reset) is gone.
+    drop(ended.lock().unwrap_or_else(|e| e.into_inner()).take());
     if json {
         println!(
             "{}",

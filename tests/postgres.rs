@@ -409,6 +409,36 @@ fn wait_answering(addr: Ipv4Addr, secs: u64) {
     }
 }
 
+/// PostgreSQL deployed on a lab of two machines with one backup, its first view active.
+struct Deployed {
+    scratch: Scratch,
+    name: String,
+    c: common::cluster::Cluster,
+    primary: String,
+    backup: String,
+    addr: Ipv4Addr,
+}
+
+/// [`Deployed`], named after `tag`.
+fn deployed(tag: &str) -> Deployed {
+    let scratch = Scratch::new(tag);
+    let name = format!("{tag}-{}", std::process::id() % 10000);
+    let m = setup(&scratch.0, &name);
+    let c = common::cluster::Cluster::up(2, &[]);
+    let (primary, backup, to) = c.deploy_active(&m, 1, &name, 5432);
+    let std::net::IpAddr::V4(addr) = to.ip() else {
+        unreachable!("the lab's addresses are IPv4")
+    };
+    Deployed {
+        scratch,
+        name,
+        c,
+        primary,
+        backup,
+        addr,
+    }
+}
+
 /// Replicated PostgreSQL on the lab (`tardi deploy` with one backup; the data directory seeded
 /// from the manifest's on the primary, then carried by the checkpoints): clients write rows,
 /// one connection per row (a backend forked and gone each time: the epoch loop follows the
@@ -416,15 +446,14 @@ fn wait_answering(addr: Ipv4Addr, secs: u64) {
 /// every acknowledged row (each reply waited for its epoch to be decided) and takes new ones.
 #[test]
 fn replicated_postgres_keeps_every_acknowledged_row_across_a_failover() {
-    let scratch = Scratch::new("pg-rep");
-    let name = format!("pg-rep-{}", std::process::id() % 10000);
-    let m = setup(&scratch.0, &name);
-    let mut c = common::cluster::Cluster::up(2, &[]);
-    c.deploy(&m, 1);
-    let svc = c.wait_active(&name, Duration::from_secs(60), |_| true);
-    let primary = svc["primary"].as_str().unwrap().to_string();
-    let backup = svc["backups"][0].as_str().unwrap().to_string();
-    let addr: Ipv4Addr = svc["address"].as_str().unwrap().parse().unwrap();
+    let Deployed {
+        scratch: _scratch,
+        name,
+        mut c,
+        primary,
+        backup,
+        addr,
+    } = deployed("pg-rep");
     let acked = c
         .lab
         .in_node("client", || {
@@ -455,12 +484,7 @@ fn replicated_postgres_keeps_every_acknowledged_row_across_a_failover() {
     }
     assert!(failures.len() <= 5, "inserts kept failing: {failures:#?}");
     assert_eq!(acked, 40, "every insert acknowledged before the power cut");
-    let svc = c.service(&name);
-    assert_eq!(
-        (svc["view"].as_u64(), svc["primary"].as_str()),
-        (Some(1), Some(primary.as_str())),
-        "no failure before the power cut (a broken chain would have moved the service): {svc}"
-    );
+    c.assert_first_view(&name, &primary);
     c.lab.kill(&primary).unwrap();
     let (rows, later) = c
         .lab
@@ -477,6 +501,135 @@ fn replicated_postgres_keeps_every_acknowledged_row_across_a_failover() {
         "every acknowledged row after the failover"
     );
     assert!(later.is_ok(), "a new row after the failover: {later:?}");
+    let svc = c.wait_active(&name, Duration::from_secs(20), |s| {
+        s["primary"] == backup.as_str()
+    });
+    assert_eq!(svc["view"].as_u64(), Some(2), "one view change: {svc}");
+}
+
+/// A `psql` session on one connection, driven line by line: every statement is followed by a
+/// marker query whose answer says the statement's output is complete.
+struct Session {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+    marks: u32,
+}
+
+impl Session {
+    /// Connects to `addr` (call it in the client's node: the process keeps its namespace).
+    fn open(addr: Ipv4Addr) -> Session {
+        use std::io::BufRead;
+        let mut child = Command::new("psql")
+            .args(["-h", &addr.to_string(), "-U", "postgres", "-qAt"])
+            .args(["-v", "ON_ERROR_STOP=1"])
+            .env("PGCONNECT_TIMEOUT", "10")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("psql");
+        let input = child.stdin.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        for out in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                    let _ = tx.send(l);
+                }
+            });
+        }
+        Session {
+            child,
+            input,
+            lines,
+            marks: 0,
+        }
+    }
+
+    /// Runs `sql` and returns its output lines, or what came instead (an error, the session's
+    /// end, nothing within `wait`).
+    fn run(&mut self, sql: &str, wait: Duration) -> Result<Vec<String>, String> {
+        use std::io::Write;
+        self.marks += 1;
+        let mark = format!("mark-{}", self.marks);
+        writeln!(self.input, "{sql}\nselect '{mark}';").map_err(|e| format!("write: {e}"))?;
+        let deadline = Instant::now() + wait;
+        let mut out = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l == mark => return Ok(out),
+                Ok(l) => out.push(l),
+                Err(e) => return Err(format!("{e} after {out:?}")),
+            }
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A PostgreSQL session with a transaction open keeps its connection, and its transaction,
+/// through a power cut of the primary's machine (issue 28): the backend that serves it is a
+/// process of the tree whose connection the checkpoint carries; after the takeover the same
+/// transaction (same id) goes on, commits, and its rows are there for a new connection.
+#[test]
+fn a_postgres_transaction_open_across_a_failover_commits() {
+    let Deployed {
+        scratch: _scratch,
+        name,
+        mut c,
+        primary,
+        backup,
+        addr,
+    } = deployed("pg-txn");
+    let wait = Duration::from_secs(20);
+    let mut s = c
+        .lab
+        .in_node("client", || {
+            wait_answering(addr, 60);
+            psql(addr, "create table t (id int primary key, v text)").unwrap();
+            Session::open(addr)
+        })
+        .unwrap();
+    let txid = s
+        .run(
+            "begin; insert into t values (1, 'before'); select txid_current();",
+            wait,
+        )
+        .unwrap_or_else(|e| panic!("the transaction before the power cut: {e}\n{}", c.logs()));
+    assert_eq!(txid.len(), 1, "one transaction id: {txid:?}");
+    // The backend's state is in a decided checkpoint (its reply was released, so it is): the
+    // power cut with the transaction open.
+    c.assert_first_view(&name, &primary);
+    c.lab.kill(&primary).unwrap();
+    let after = s
+        .run(
+            "insert into t values (2, 'after'); select txid_current();",
+            Duration::from_secs(60),
+        )
+        .unwrap_or_else(|e| panic!("the session after the takeover: {e}\n{}", c.logs()));
+    assert_eq!(
+        after, txid,
+        "the same transaction goes on after the takeover"
+    );
+    s.run("commit;", wait)
+        .unwrap_or_else(|e| panic!("the commit after the takeover: {e}\n{}", c.logs()));
+    let rows = c
+        .lab
+        .in_node("client", || {
+            psql(addr, "select string_agg(id || v, ',' order by id) from t")
+        })
+        .unwrap();
+    assert_eq!(rows.as_deref(), Ok("1before,2after"), "the committed rows");
     let svc = c.wait_active(&name, Duration::from_secs(20), |s| {
         s["primary"] == backup.as_str()
     });

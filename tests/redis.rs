@@ -148,3 +148,65 @@ fn redis_100k_keys_survive_snapshot_kill_restore() {
     let out = cur.stop();
     assert!(out.contains("\"stopped\""), "{out}");
 }
+
+/// `tardi snapshot --stop` then `tardi restore`: a client pipelining on one connection keeps it
+/// (issue 28). The snapshot carries the connection and ends the service without a word to the
+/// client (its socket closed in repair mode, the packets to the sandbox held until it is gone);
+/// the restore carries the connection on (the packets held until the socket is back): every
+/// write acknowledged before the snapshot is read back on the same connection, and writes go
+/// on, with no reconnect.
+#[test]
+fn a_client_keeps_its_connection_through_snapshot_stop_and_restore() {
+    let scratch = Scratch::new("redis-keep");
+    let name = format!("redis-keep-{}", std::process::id() % 100000);
+    let run = Running::run(&manifest(&scratch.0, &name)).expect("tardi run redis");
+    let addr = SocketAddr::new(run.address.into(), 6379);
+    let mut c = Conn::connect_retry(addr, Duration::from_secs(10));
+    let batch = |from: usize| -> Vec<Vec<String>> {
+        (from..from + 10)
+            .map(|i| vec!["SET".into(), format!("k:{i}"), value(i)])
+            .collect()
+    };
+    for b in 0..20 {
+        let replies = c
+            .pipeline(&batch(b * 10))
+            .expect("a batch before the snapshot");
+        assert!(replies.iter().all(|r| *r == Reply::Status("OK".into())));
+    }
+    let file = scratch.0.join("redis-keep.tardi");
+    let snap = run
+        .snapshot_with(&file, &["--stop"])
+        .unwrap_or_else(|e| panic!("snapshot --stop: {e}"));
+    assert!(snap["bytes"].as_u64().unwrap() > 0, "{snap}");
+    let out = run.wait_exit(Duration::from_secs(20));
+    assert!(
+        out.contains("tardi snapshot --stop"),
+        "the service ended with the snapshot: {out}"
+    );
+    let image = tardi_checkpointer::image::Checkpoint::from_bytes(std::fs::read(&file).unwrap())
+        .unwrap()
+        .image;
+    assert_eq!(
+        image.tcp.len(),
+        1,
+        "the checkpoint carries the client's connection"
+    );
+    let pending = batch(200);
+    let restored = Running::restore(&file).unwrap_or_else(|e| panic!("restore: {e}"));
+    let replies = c
+        .pipeline(&pending)
+        .unwrap_or_else(|e| panic!("the connection after the restore: {e}"));
+    assert!(
+        replies.iter().all(|r| *r == Reply::Status("OK".into())),
+        "{replies:?}"
+    );
+    for i in 0..210 {
+        assert_eq!(
+            c.cmd(&["GET", &format!("k:{i}")]).unwrap(),
+            Reply::Bulk(Some(value(i).into_bytes())),
+            "key {i} on the same connection"
+        );
+    }
+    let out = restored.stop();
+    assert!(out.contains("\"stopped\""), "{out}");
+}

@@ -30,6 +30,24 @@ pub const VMA_SHM_RDONLY: u32 = 256;
 /// from then on and only get their protection.
 pub const VMA_SYSV: u32 = 512;
 
+/// `struct clone_args` of `clone3(2)`, version 2 (with `set_tid` and `cgroup`): the restorer is
+/// freestanding and cannot use the `libc` crate's, so it has its own copy; a test in the
+/// checkpointer crate holds it to libc's layout.
+#[repr(C)]
+pub struct CloneArgs {
+    pub flags: u64,
+    pub pidfd: u64,
+    pub child_tid: u64,
+    pub parent_tid: u64,
+    pub exit_signal: u64,
+    pub stack: u64,
+    pub stack_size: u64,
+    pub tls: u64,
+    pub set_tid: u64,
+    pub set_tid_size: u64,
+    pub cgroup: u64,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct PlanHeader {

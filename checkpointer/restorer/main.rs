@@ -458,20 +458,6 @@ unsafe extern "C" fn stage1(plan: u64, base: u64, total: u64) -> ! {
         for i in 1..h.nr_threads {
             let t: &ThreadDesc = at(plan, h.threads_off, i);
             let tid: i64 = t.tid as i64;
-            #[repr(C)]
-            struct CloneArgs {
-                flags: u64,
-                pidfd: u64,
-                child_tid: u64,
-                parent_tid: u64,
-                exit_signal: u64,
-                stack: u64,
-                stack_size: u64,
-                tls: u64,
-                set_tid: u64,
-                set_tid_size: u64,
-                cgroup: u64,
-            }
             // CLONE_VM|FS|FILES|SIGHAND|THREAD|SYSVSEM
             let args = CloneArgs {
                 flags: 0x100 | 0x200 | 0x400 | 0x800 | 0x10000 | 0x40000,

@@ -58,7 +58,7 @@ pub use resource::{creds, fds, files, inotify, seccomp, shm, tcp, timers, unix};
 
 pub use tardi_image::{delta, image, store};
 
-pub use capture::{CaptureError, CaptureStats, checkpoint};
+pub use capture::{CaptureError, CaptureStats, Handover, checkpoint, checkpoint_and_end};
 pub use image::{Checkpoint, FormatError};
 
 // The image crate validates thread state against the restorer's XSAVE buffer size.

@@ -32,14 +32,19 @@
 //!
 //! Run through `bench/campaign.sh` (builds tardi, this and the checker), or
 //! `fault_campaign --checker PATH [--trials N] [--faults primary,backup,...] [--service
-//! redis|memcached] [--backups N] [--clients N] [--recovery-timeout S] [--seed N]
-//! [--keep-histories] [--lock-wait S] [--tardi PATH] [--out DIR] [--stamp STAMP]`.
+//! redis|memcached] [--backups N] [--clients N] [--recovery-timeout 20s] [--seed N]
+//! [--keep-histories] [--lock-wait 30m] [--tardi PATH] [--out DIR] [--stamp STAMP]`.
 
 mod client;
 mod faults;
 mod history;
 mod lab;
 mod trial;
+
+/// The duration syntax of every `tardi` flag (`500ms`, `20s`, `30m`), shared with the CLI.
+#[path = "../../src/parse.rs"]
+#[allow(dead_code)]
+mod parse;
 
 use anyhow::{Context, Result, bail};
 use client::Kind;
@@ -60,6 +65,57 @@ const ORCHESTRATORS: usize = 3;
 // Options
 // ---------------------------------------------------------------------------------------------
 
+/// Trials of faults injected into a protected service on the lab, its clients' histories
+/// checked for linearizability and lost acknowledged writes.
+#[derive(Debug, clap::Parser)]
+#[command(name = "fault_campaign", about, long_about = None)]
+struct Args {
+    /// The service: redis or memcached.
+    #[arg(long = "service", default_value = "redis", value_parser = parse_kind)]
+    kind: Kind,
+    /// Backups of the service (1 to 3); the lab has one machine more, a spare.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
+    backups: u8,
+    /// The `tardi` binary (default: `tardi` in the directory above this example's).
+    #[arg(long)]
+    tardi: Option<PathBuf>,
+    /// The linearizability checker (`cd bench/linearizability && go build`).
+    #[arg(long)]
+    checker: PathBuf,
+    /// Where the campaign's directory goes (default: bench/out).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Trials of each fault.
+    #[arg(long, default_value_t = 5)]
+    trials: usize,
+    /// The faults, comma-separated (default: every one, taken in turn).
+    #[arg(long, value_delimiter = ',')]
+    faults: Vec<String>,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
+    clients: u16,
+    /// How long a trial may take to recover before it counts as not recovered.
+    #[arg(long, default_value = "20s", value_parser = parse::parse_duration)]
+    recovery_timeout: Duration,
+    /// The random seed (default: the clock).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Keep every trial's history, not only those that failed a check.
+    #[arg(long)]
+    keep_histories: bool,
+    /// How long to wait for another user's lab to go.
+    #[arg(long, default_value = "30m", value_parser = parse::parse_duration)]
+    lock_wait: Duration,
+    /// The results' time stamp (default: now, UTC).
+    #[arg(long)]
+    stamp: Option<String>,
+}
+
+fn parse_kind(s: &str) -> Result<Kind, String> {
+    Kind::parse(s).ok_or_else(|| format!("unknown service {s:?} (redis or memcached)"))
+}
+
+/// The options, defaults filled in.
 #[derive(Debug, Clone)]
 struct Opts {
     kind: Kind,
@@ -75,17 +131,8 @@ struct Opts {
     keep_histories: bool,
     lock_wait: Duration,
     stamp: Option<String>,
+    /// The command line, for the record.
     command: String,
-}
-
-fn usage() -> ! {
-    eprintln!(
-        "usage: fault_campaign --checker PATH [--trials N] [--faults {}] \
-         [--service redis|memcached] [--backups N] [--clients N] [--recovery-timeout S] [--seed N] [--keep-histories] [--lock-wait S] \
-         [--tardi PATH] [--out DIR] [--stamp STAMP]",
-        FAULTS.join(",")
-    );
-    std::process::exit(2)
 }
 
 impl Opts {
@@ -95,67 +142,50 @@ impl Opts {
     }
 
     fn parse() -> Result<Opts> {
-        let root = root();
-        let exe = std::env::current_exe().context("current exe")?;
-        // target/release/examples/fault_campaign -> target/release/tardi
-        let tardi = exe
-            .parent()
-            .and_then(|p| p.parent())
-            .map(|p| p.join("tardi"))
-            .context("the target directory")?;
-        let mut o = Opts {
-            kind: Kind::Redis,
-            backups: 1,
-            tardi,
-            checker: PathBuf::new(),
-            out: root.join("bench/out"),
-            trials: 5,
-            faults: FAULTS.iter().map(|s| s.to_string()).collect(),
-            clients: 4,
-            recovery_timeout: Duration::from_secs(20),
-            seed: now_unix_us(),
-            keep_histories: false,
-            lock_wait: Duration::from_secs(1800),
-            stamp: None,
-            command: std::env::args().collect::<Vec<_>>().join(" "),
+        let a = <Args as clap::Parser>::parse();
+        let tardi = match a.tardi {
+            Some(t) => t,
+            // target/release/examples/fault_campaign -> target/release/tardi
+            None => std::env::current_exe()
+                .context("current exe")?
+                .parent()
+                .and_then(|p| p.parent())
+                .map(|p| p.join("tardi"))
+                .context("the target directory")?,
         };
-        let mut args = std::env::args().skip(1);
-        while let Some(k) = args.next() {
-            if k == "--keep-histories" {
-                o.keep_histories = true;
-                continue;
-            }
-            let v = args.next().unwrap_or_else(|| usage());
-            let num = |v: &str| v.parse::<u64>().unwrap_or_else(|_| usage());
-            match k.as_str() {
-                "--service" => o.kind = Kind::parse(&v).unwrap_or_else(|| usage()),
-                "--backups" => o.backups = (num(&v) as usize).clamp(1, 3),
-                "--tardi" => o.tardi = v.into(),
-                "--checker" => o.checker = v.into(),
-                "--out" => o.out = v.into(),
-                "--trials" => o.trials = num(&v) as usize,
-                "--faults" => o.faults = v.split(',').map(str::to_string).collect(),
-                "--clients" => o.clients = num(&v).max(1) as usize,
-                "--recovery-timeout" => o.recovery_timeout = Duration::from_secs(num(&v)),
-                "--seed" => o.seed = num(&v),
-                "--lock-wait" => o.lock_wait = Duration::from_secs(num(&v)),
-                "--stamp" => o.stamp = Some(v),
-                _ => usage(),
-            }
-        }
-        if let Some(f) = o.faults.iter().find(|f| !FAULTS.contains(&f.as_str())) {
+        let faults = if a.faults.is_empty() {
+            FAULTS.iter().map(|s| s.to_string()).collect()
+        } else {
+            a.faults
+        };
+        if let Some(f) = faults.iter().find(|f| !FAULTS.contains(&f.as_str())) {
             bail!("unknown fault {f:?} (known: {})", FAULTS.join(", "));
         }
-        if !o.tardi.is_file() {
-            bail!("no tardi binary at {}", o.tardi.display());
+        if !tardi.is_file() {
+            bail!("no tardi binary at {}", tardi.display());
         }
-        if !o.checker.is_file() {
+        if !a.checker.is_file() {
             bail!(
                 "no checker at {:?} (cd bench/linearizability && go build)",
-                o.checker
+                a.checker
             );
         }
-        Ok(o)
+        Ok(Opts {
+            kind: a.kind,
+            backups: a.backups as usize,
+            tardi,
+            checker: a.checker,
+            out: a.out.unwrap_or_else(|| root().join("bench/out")),
+            trials: a.trials,
+            faults,
+            clients: a.clients as usize,
+            recovery_timeout: a.recovery_timeout,
+            seed: a.seed.unwrap_or_else(now_unix_us),
+            keep_histories: a.keep_histories,
+            lock_wait: a.lock_wait,
+            stamp: a.stamp,
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+        })
     }
 }
 

@@ -42,7 +42,7 @@ impl Cluster {
         let kit = tardi_testkit::cluster::Cluster::builder(&env.o.tardi)
             .machines(machines)
             .instance_args(&instance)
-            .queue(Duration::from_secs(env.o.lock_wait))
+            .queue(env.o.lock_wait)
             .register_wait(Some(Duration::from_secs(30)))
             .try_up()
             .unwrap_or_else(|e| panic!("{e:#}"));

@@ -21,19 +21,23 @@
 //! Every loop is bounded by a count and a time limit. Traffic goes only to the lab's addresses
 //! (10.77.0.0/24 and the services' 10.213.0.0/16 inside the lab's namespaces). The lab is held
 //! only while a case measures (one lab per case, except the failover trials, which reuse one);
-//! if another user's lab is up, it waits (up to `--lock-wait` seconds). Before each case the
+//! if another user's lab is up, it waits (up to `--lock-wait`, 30m). Before each case the
 //! CPUs' busy share over 1 s and the load average are recorded; nothing about timings is
 //! asserted.
 //!
 //! Run through `bench/replication.sh` (builds everything first), or:
 //! `cargo run --release --example replication_bench -- SUBCOMMAND [--option value]...`
-//! (options: see `Opts`).
+//! (`--help` lists the options).
 //!
 //! Over a thousand lines: the benchmark's subcommands and their report tables (the lab driving
 //! is in `lab.rs` and the kit); it is a driver, not product code.
 
 mod floor;
 mod lab;
+/// The duration and bandwidth syntax of every `tardi` flag (`30m`, `1gbit`), shared with the CLI.
+#[path = "../../src/parse.rs"]
+#[allow(dead_code)]
+mod parse;
 #[path = "../../src/plot_font.rs"]
 mod plot_font;
 use lab::Cluster;
@@ -57,130 +61,153 @@ use tardi_testkit::{root, sh};
 // ---------------------------------------------------------------------------------------------
 
 /// Command-line options (`--name value`).
-#[derive(Debug, Clone)]
-struct Opts {
-    /// The `tardi` binary (default: `release/tardi` beside this example's directory).
-    tardi: PathBuf,
+/// Replication benchmarks on the lab, each replicated case against the same service
+/// unreplicated in the same run (see this example's module doc, or `bench/replication.sh`).
+#[derive(Debug, clap::Parser)]
+#[command(name = "replication_bench", about, long_about = None)]
+struct Args {
+    /// ping, dirty, backups, failover, redis, floor or all; or `plot RESULT.json...` to redraw
+    /// the plots of earlier results.
+    part: String,
+    /// `plot`: the results to redraw.
+    results: Vec<String>,
+    /// The `tardi` binary (default: `tardi` in the directory above this example's).
+    #[arg(long)]
+    tardi: Option<PathBuf>,
     /// The dirtier binary (default: `target/tardi-test-programs/dirtier` in the workspace).
-    dirtier: PathBuf,
+    #[arg(long)]
+    dirtier: Option<PathBuf>,
     /// Raw results (default `bench/out`).
-    out: PathBuf,
+    #[arg(long)]
+    out: Option<PathBuf>,
     /// Plots (default `docs/img`).
-    img: PathBuf,
+    #[arg(long)]
+    img: Option<PathBuf>,
     /// `ping`: pings per case.
+    #[arg(long, default_value_t = 10_000)]
     pings: usize,
     /// `dirty`, `backups`: pings per case.
+    #[arg(long, default_value_t = 3_000)]
     dirty_pings: usize,
-    /// `dirty`: dirtying rates, MB/s.
+    /// `dirty`: dirtying rates, MB/s, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [0.0, 12.5, 25.0, 37.5, 50.0, 62.5])]
     rates: Vec<f64>,
-    /// `backups`: dirtying rates, MB/s.
+    /// `backups`: dirtying rates, MB/s, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [0.0, 12.5, 25.0])]
     backup_rates: Vec<f64>,
     /// `failover`: trials per fault.
+    #[arg(long, default_value_t = 20)]
     trials: usize,
     /// `failover`: the dirtier's rate, MB/s.
+    #[arg(long, default_value_t = 10.0)]
     failover_rate: f64,
     /// `failover`: the dirtier's region, MiB.
+    #[arg(long, default_value_t = 100)]
     failover_mb: u32,
-    /// `failover`: fresh lab per trial instead of restarting the killed machine.
+    /// `failover`: a fresh lab per trial instead of restarting the killed machine.
+    #[arg(long)]
     fresh_lab: bool,
-    /// Before each case, wait up to this many seconds for the CPUs to be at most 20% busy.
+    /// Before each case, wait up to this long for the CPUs to be at most 20% busy (default: do
+    /// not wait; the busy share is recorded either way).
+    #[arg(long, value_parser = parse::parse_duration)]
+    wait_quiet: Option<Duration>,
+    /// `redis`, `floor`: redis-benchmark's requests per test, unpipelined.
+    #[arg(long, default_value_t = 100_000)]
+    redis_n: u64,
+    /// `redis`, `floor`: redis-benchmark's requests per test with `-P 16`.
+    #[arg(long, default_value_t = 1_000_000)]
+    redis_np: u64,
+    /// How long to wait for another user's lab to go.
+    #[arg(long, default_value = "30m", value_parser = parse::parse_duration)]
+    lock_wait: Duration,
+    /// `dirty`, `backups`: the instances' `--link-bandwidth` (the syntax of `tardi`'s).
+    #[arg(long, default_value = "1gbit")]
+    link: String,
+    /// `dirty`, `backups`: `bench/page_dirtier` (whole pages of random bytes) instead of the
+    /// dirtier; results and plots get the suffix `-full`.
+    #[arg(long)]
+    full_pages: Option<PathBuf>,
+    /// The dirtier's epoch interval, `[tardi.epoch] interval_ms` (default: the manifest's, 10ms).
+    #[arg(long, value_parser = parse::parse_duration)]
+    interval: Option<Duration>,
+    /// The results' time stamp (default: now, UTC).
+    #[arg(long)]
+    stamp: Option<String>,
+}
+
+/// The options, defaults filled in.
+#[derive(Debug, Clone)]
+struct Opts {
+    tardi: PathBuf,
+    dirtier: PathBuf,
+    out: PathBuf,
+    img: PathBuf,
+    pings: usize,
+    dirty_pings: usize,
+    rates: Vec<f64>,
+    backup_rates: Vec<f64>,
+    trials: usize,
+    failover_rate: f64,
+    failover_mb: u32,
+    fresh_lab: bool,
+    /// Seconds (0: do not wait).
     wait_quiet: u64,
-    /// `redis`: requests per test, unpipelined and pipelined.
     redis_n: u64,
     redis_np: u64,
-    /// Seconds to wait for another user's lab to go.
-    lock_wait: u64,
-    /// Link bandwidth for `dirty` and `backups`.
+    lock_wait: Duration,
     link: String,
-    /// `bench/page_dirtier` (whole pages of random bytes) instead of the dirtier, for `dirty`
-    /// and `backups`: results and plots get the suffix `-full`.
+    /// The link's bandwidth in bits per second.
+    link_bps: u64,
     full_pages: Option<PathBuf>,
     /// The dirtier's `[tardi.epoch] interval_ms` (default: the manifest's, 10).
     interval_ms: Option<f64>,
-    /// The results' time stamp (default: now, UTC).
     stamp: Option<String>,
     /// The command line, for the record.
     command: String,
 }
 
 impl Opts {
-    fn parse() -> (String, Opts) {
+    fn from(a: Args) -> Opts {
         let root = root();
-        let exe = std::env::current_exe().expect("current exe");
         // target/release/examples/replication_bench -> target/release/tardi
-        let tardi = exe
-            .parent()
-            .and_then(|p| p.parent())
-            .map(|p| p.join("tardi"))
-            .expect("target directory");
-        let mut o = Opts {
+        let tardi = a.tardi.unwrap_or_else(|| {
+            let exe = std::env::current_exe().expect("current exe");
+            exe.parent()
+                .and_then(|p| p.parent())
+                .map(|p| p.join("tardi"))
+                .expect("target directory")
+        });
+        let link_bps = parse::parse_bandwidth(&a.link).unwrap_or_else(|e| {
+            eprintln!("replication_bench: --link: {e}");
+            std::process::exit(2)
+        });
+        Opts {
             tardi,
-            dirtier: root.join("target/tardi-test-programs/dirtier"),
-            out: root.join("bench/out"),
-            img: root.join("docs/img"),
-            pings: 10_000,
-            dirty_pings: 3_000,
-            rates: vec![0.0, 12.5, 25.0, 37.5, 50.0, 62.5],
-            backup_rates: vec![0.0, 12.5, 25.0],
-            trials: 20,
-            failover_rate: 10.0,
-            failover_mb: 100,
-            fresh_lab: false,
-            wait_quiet: 0,
-            redis_n: 100_000,
-            redis_np: 1_000_000,
-            lock_wait: 1800,
-            link: "1gbit".into(),
-            stamp: None,
-            interval_ms: None,
-            full_pages: None,
+            dirtier: a
+                .dirtier
+                .unwrap_or_else(|| root.join("target/tardi-test-programs/dirtier")),
+            out: a.out.unwrap_or_else(|| root.join("bench/out")),
+            img: a.img.unwrap_or_else(|| root.join("docs/img")),
+            pings: a.pings,
+            dirty_pings: a.dirty_pings,
+            rates: a.rates,
+            backup_rates: a.backup_rates,
+            trials: a.trials,
+            failover_rate: a.failover_rate,
+            failover_mb: a.failover_mb,
+            fresh_lab: a.fresh_lab,
+            wait_quiet: a.wait_quiet.map_or(0, |d| d.as_secs().max(1)),
+            redis_n: a.redis_n,
+            redis_np: a.redis_np,
+            lock_wait: a.lock_wait,
+            link: a.link,
+            link_bps,
+            full_pages: a.full_pages,
+            interval_ms: a.interval.map(|d| d.as_secs_f64() * 1e3),
+            stamp: a.stamp,
             command: std::env::args().collect::<Vec<_>>().join(" "),
-        };
-        let mut args = std::env::args().skip(1);
-        let cmd = args.next().unwrap_or_else(|| usage());
-        while let Some(k) = args.next() {
-            if k == "--fresh-lab" {
-                o.fresh_lab = true;
-                continue;
-            }
-            let v = args.next().unwrap_or_else(|| usage());
-            let num = |v: &str| v.parse::<f64>().unwrap_or_else(|_| usage());
-            let list = |v: &str| v.split(',').map(num).collect::<Vec<f64>>();
-            match k.as_str() {
-                "--tardi" => o.tardi = v.into(),
-                "--dirtier" => o.dirtier = v.into(),
-                "--out" => o.out = v.into(),
-                "--img" => o.img = v.into(),
-                "--pings" => o.pings = num(&v) as usize,
-                "--dirty-pings" => o.dirty_pings = num(&v) as usize,
-                "--rates" => o.rates = list(&v),
-                "--backup-rates" => o.backup_rates = list(&v),
-                "--trials" => o.trials = num(&v) as usize,
-                "--failover-rate" => o.failover_rate = num(&v),
-                "--failover-mb" => o.failover_mb = num(&v) as u32,
-                "--wait-quiet" => o.wait_quiet = num(&v) as u64,
-                "--redis-n" => o.redis_n = num(&v) as u64,
-                "--redis-np" => o.redis_np = num(&v) as u64,
-                "--lock-wait" => o.lock_wait = num(&v) as u64,
-                "--link" => o.link = v,
-                "--stamp" => o.stamp = Some(v),
-                "--interval-ms" => o.interval_ms = Some(num(&v)),
-                "--full-pages" => o.full_pages = Some(v.into()),
-                _ => usage(),
-            }
         }
-        (cmd, o)
     }
-}
-
-fn usage() -> ! {
-    eprintln!(
-        "usage: replication_bench plot RESULT.json... | replication_bench ping|dirty|backups|failover|redis|floor|all [--pings N] [--dirty-pings N] \
-         [--rates MB/s,...] [--backup-rates MB/s,...] [--trials N] [--failover-rate MB/s] [--failover-mb MiB] [--fresh-lab] [--wait-quiet S] \
-         [--redis-n N] [--redis-np N] [--lock-wait S] [--link 1gbit] [--tardi PATH] [--dirtier PATH] \
-         [--out DIR] [--img DIR] [--stamp STAMP] [--interval-ms MS] [--full-pages PAGE_DIRTIER]"
-    );
-    std::process::exit(2)
 }
 
 /// What every case needs.
@@ -745,7 +772,7 @@ fn bench_ping(env: &Env) -> Value {
 
 fn bench_dirty(env: &Env) -> Value {
     let link = format!("--link-bandwidth={}", env.o.link);
-    let link_mbs = link_mb_per_s(&env.o.link);
+    let link_mbs = env.o.link_bps as f64 / 8e6;
     let mut cases = Vec::new();
     let mut raws = Vec::new();
     for &rate in &env.o.rates {
@@ -823,21 +850,9 @@ fn workload_of(v: &Value) -> (&'static str, &'static str) {
     }
 }
 
-fn link_mb_per_s(link: &str) -> f64 {
-    let l = link.to_ascii_lowercase();
-    let (num, mul) = if let Some(n) = l.strip_suffix("gbit") {
-        (n, 1e9)
-    } else if let Some(n) = l.strip_suffix("mbit") {
-        (n, 1e6)
-    } else {
-        (l.as_str(), 1.0)
-    };
-    num.parse::<f64>().unwrap_or(1.0) * mul / 8e6
-}
-
 fn bench_backups(env: &Env) -> Value {
     let link = format!("--link-bandwidth={}", env.o.link);
-    let link_mbs = link_mb_per_s(&env.o.link);
+    let link_mbs = env.o.link_bps as f64 / 8e6;
     let mut cases = Vec::new();
     let mut series = Vec::new();
     for &rate in &env.o.backup_rates {
@@ -1363,7 +1378,9 @@ fn replot(img: &Path, files: &[String]) {
             }
             Some("dirty") => {
                 let (tag, workload) = workload_of(&v);
-                let link = link_mb_per_s(v["link"].as_str().unwrap_or("1gbit"));
+                let link = parse::parse_bandwidth(v["link"].as_str().unwrap_or("1gbit"))
+                    .unwrap_or(1_000_000_000) as f64
+                    / 8e6;
                 let cases = v["cases"].as_array().cloned().unwrap_or_default();
                 let p1 = img.join(format!("replication-dirty{tag}-latency.png"));
                 let p2 = img.join(format!("replication-dirty{tag}-checkpoint.png"));
@@ -1612,12 +1629,13 @@ fn wait_tcp(c: &Cluster, a: &str, port: u16) {
 }
 
 fn main() {
-    if std::env::args().nth(1).as_deref() == Some("plot") {
-        let files: Vec<String> = std::env::args().skip(2).collect();
-        replot(&root().join("docs/img"), &files);
+    let a = <Args as clap::Parser>::parse();
+    if a.part == "plot" {
+        replot(&root().join("docs/img"), &a.results);
         return;
     }
-    let (cmd, o) = Opts::parse();
+    let cmd = a.part.clone();
+    let o = Opts::from(a);
     WAIT_QUIET_S.store(o.wait_quiet, Ordering::Relaxed);
     let env = Env::new(o);
     eprintln!(
@@ -1629,7 +1647,12 @@ fn main() {
     let parts: Vec<&str> = match cmd.as_str() {
         "all" => vec!["failover", "redis", "ping", "dirty", "backups"],
         "ping" | "dirty" | "backups" | "failover" | "redis" | "floor" => vec![cmd.as_str()],
-        _ => usage(),
+        _ => {
+            eprintln!(
+                "replication_bench: unknown part {cmd:?} (ping, dirty, backups, failover, redis, floor, all or plot)"
+            );
+            std::process::exit(2)
+        }
     };
     for part in parts {
         let mut v = match part {

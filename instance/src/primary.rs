@@ -209,6 +209,7 @@ impl Primary {
         if let Some(img) = from.as_mut().filter(|_| ctx.opts.fault_drop_tcp) {
             tracing::warn!(service = %target.name, "restoring without the checkpoint's TCP connections on purpose (--fault-drop-tcp)");
             img.meta.tcp.clear();
+            img.meta.tree.iter_mut().for_each(|m| m.image.tcp.clear());
         }
         match Self::start_from(ctx, target, from.as_ref(), required, gate) {
             Ok(p) => {

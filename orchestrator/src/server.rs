@@ -458,7 +458,7 @@ fn assignments(views: &Views, machine: &str) -> pb::Assignments {
                 manifest_path: s.manifest_path.clone(),
                 link_index: s.link_index,
                 view: Some(to_pb(v)),
-                fresh: v.fresh,
+                fresh: s.starts_fresh(),
                 backups_wanted: s.backups_wanted,
             })
         })

@@ -128,6 +128,14 @@ pub struct Service {
 }
 
 impl Service {
+    /// Whether its primary starts it from its manifest: its latest view is fresh and no view
+    /// of it was ever active. Once one was, the service has state (it served), and a primary
+    /// that holds none (a machine that came back from a power cut with the whole cluster)
+    /// must say so rather than serve an empty service under the old view.
+    pub fn starts_fresh(&self) -> bool {
+        self.active.is_none() && self.latest().is_some_and(|v| v.fresh)
+    }
+
     /// The view instances act on: the proposed one if any, else the active one.
     pub fn latest(&self) -> Option<&View> {
         self.proposed.as_ref().or(self.active.as_ref())

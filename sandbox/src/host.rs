@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::error::{Result, SandboxError};
 use crate::net::{self, Link};
 use crate::proto::{self, InitSpec, Next, Report, StatusReader};
-use crate::sys::{self, ChildStatus, CloneArgs};
+use crate::sys::{self, ChildStatus};
 use crate::{ExitInfo, INIT_SUBCOMMAND, SandboxConfig, Start};
 
 /// How long the init may take to read its spec.
@@ -736,11 +736,11 @@ impl InitExec {
             | libc::CLONE_NEWUTS
             | libc::CLONE_NEWIPC
             | libc::CLONE_PIDFD;
-        let mut args = CloneArgs {
+        let mut args = libc::clone_args {
             flags: flags as u64,
             pidfd: &mut pidfd as *mut libc::c_int as u64,
             exit_signal: libc::SIGCHLD as u64,
-            ..CloneArgs::default()
+            ..sys::clone_args()
         };
         // SAFETY: `args.pidfd` points to a live int. The child (below) only makes raw system
         // calls on memory prepared before the clone (`keep_fds`, `exe`, `argv`, `envp`, a stack

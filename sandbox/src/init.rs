@@ -15,7 +15,7 @@ use tardi_manifest::MountKind;
 
 use crate::error::{Result, SandboxError};
 use crate::proto::{self, InitSpec, Report};
-use crate::sys::{self, ChildStatus, CloneArgs};
+use crate::sys::{self, ChildStatus};
 use crate::{ExitInfo, SandboxConfig, Start};
 
 /// The hook that turns the service's first process into the checkpointed one (see
@@ -696,11 +696,11 @@ fn spawn_restore(
     limits: Limits,
 ) -> Result<i32> {
     let tid = [pid as libc::pid_t];
-    let mut args = CloneArgs {
+    let mut args = libc::clone_args {
         exit_signal: libc::SIGCHLD as u64,
         set_tid: tid.as_ptr() as u64,
         set_tid_size: 1,
-        ..CloneArgs::default()
+        ..sys::clone_args()
     };
     // SAFETY: `set_tid` points to a live one-element array. The init is single-threaded, so the
     // child is a complete copy of it (see RestoreHook for glibc's stale thread id).

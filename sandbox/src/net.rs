@@ -56,7 +56,7 @@ impl Link {
 }
 
 /// The host side's interface name of link `index`.
-pub(crate) fn host_if(index: u32) -> String {
+pub fn host_if(index: u32) -> String {
     format!("td{index}h")
 }
 

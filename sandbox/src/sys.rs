@@ -8,21 +8,11 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-/// `struct clone_args` of `clone3(2)` (version 2, 88 bytes: with `set_tid` and `cgroup`).
-#[repr(C)]
-#[derive(Debug, Default)]
-pub(crate) struct CloneArgs {
-    pub flags: u64,
-    pub pidfd: u64,
-    pub child_tid: u64,
-    pub parent_tid: u64,
-    pub exit_signal: u64,
-    pub stack: u64,
-    pub stack_size: u64,
-    pub tls: u64,
-    pub set_tid: u64,
-    pub set_tid_size: u64,
-    pub cgroup: u64,
+/// A `struct clone_args` for `clone3(2)` (libc's: version 2, with `set_tid` and `cgroup`) with
+/// every field zero, the kernel's "not set": callers fill in what they use with `..clone_args()`.
+pub(crate) fn clone_args() -> libc::clone_args {
+    // SAFETY: the struct is plain unsigned integers, for which all-zero bytes are a valid value.
+    unsafe { std::mem::zeroed() }
 }
 
 /// A raw system call's return value: the error in `errno` if negative. Async-signal-safe.
@@ -44,14 +34,14 @@ fn cvt(ret: impl Into<i64>) -> io::Result<i64> {
 /// child must restrict itself to async-signal-safe operations (raw system calls; no allocation,
 /// no locks, no `std` I/O) until it calls `execve` or `_exit`. Every pointer in `args` must be
 /// valid for the kernel to read (or, for `pidfd`, write) during the call.
-pub(crate) unsafe fn clone3(args: &mut CloneArgs) -> io::Result<libc::pid_t> {
+pub(crate) unsafe fn clone3(args: &mut libc::clone_args) -> io::Result<libc::pid_t> {
     // SAFETY: the caller guarantees the pointers in `args` are valid and that the child behaves;
     // the size passed matches the struct.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_clone3,
-            args as *mut CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
+            args as *mut libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
         )
     };
     cvt(ret).map(|pid| pid as libc::pid_t)

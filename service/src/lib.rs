@@ -12,7 +12,7 @@
 //!   backup's in-memory image) or [`Service::restore_held`] (held stopped, for verification).
 //!   [`Service::try_wait`] says whether it ended; [`Service::teardown`] ends it.
 //! - [`ServiceHandle`]: what another thread needs to checkpoint or inspect the service while the
-//!   owner watches it; [`snapshot`] and [`snapshot_to_file`] take one.
+//!   owner watches it; [`snapshot`], [`snapshot_to_file`] and [`snapshot_to_file_and_end`] take one.
 //! - [`Error`]: every failure, with the message a user reads.
 //!
 //! Binaries that start services must call [`run_sandbox_init_if_asked`] first thing in `main`:
@@ -32,7 +32,7 @@ pub use epochs::epoch_config;
 pub use error::{Error, Result};
 pub use restore::RestoreTimings;
 pub use service::{Service, ServiceHandle, private_dirs};
-pub use snapshot::{snapshot, snapshot_to_file};
+pub use snapshot::{snapshot, snapshot_to_file, snapshot_to_file_and_end};
 
 pub use tardi_checkpointer::{CaptureStats, Checkpoint};
 pub use tardi_manifest::Manifest;

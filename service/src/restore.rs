@@ -42,6 +42,19 @@ impl Service {
         path: &Path,
         config: Option<SandboxConfig>,
     ) -> Result<(Service, RestoreTimings)> {
+        Self::restore_file_with(path, config, |_, _| Ok(()))
+    }
+
+    /// [`Service::restore_file`], calling `before` once the file is verified, with the sandbox's
+    /// configuration and whether the checkpoint carries TCP connections (`tardi snapshot
+    /// --stop`), before the sandbox exists: a caller holds the packets to the sandbox from
+    /// then until the restore is done, so that none meets a socket not yet recreated and draws
+    /// a reset. If it returns an error, nothing is started ([`Error::Aborted`]).
+    pub fn restore_file_with(
+        path: &Path,
+        config: Option<SandboxConfig>,
+        before: impl FnOnce(&SandboxConfig, bool) -> std::result::Result<(), String>,
+    ) -> Result<(Service, RestoreTimings)> {
         let t0 = Instant::now();
         let ck = CheckpointFile::open(path).map_err(|source| Error::Open {
             path: path.to_path_buf(),
@@ -61,6 +74,13 @@ impl Service {
             }
             None => serde_json::from_slice(&ck.image.sandbox).map_err(Error::SandboxDescription)?,
         };
+        let connections = std::iter::once(&ck.image)
+            .chain(ck.image.tree.iter().map(|m| &m.image))
+            .any(|p| !p.tcp.is_empty());
+        before(&config, connections).map_err(|why| Error::Aborted {
+            name: config.name.clone(),
+            why,
+        })?;
         let read = t0.elapsed();
         let prep = restore::prepare_file(ck, &|p| config.host_path(p)).map_err(|source| {
             Error::Prepare {

@@ -271,7 +271,8 @@ impl Cluster {
         port: u16,
     ) -> (String, String, std::net::SocketAddr) {
         self.deploy(manifest, backups);
-        let svc = self.wait_active(service, Duration::from_secs(30), |_| true);
+        // Generous: a service with many files (PostgreSQL) on a loaded machine.
+        let svc = self.wait_active(service, Duration::from_secs(60), |_| true);
         let to = format!("{}:{port}", svc["address"].as_str().unwrap())
             .parse()
             .unwrap();
@@ -280,6 +281,17 @@ impl Cluster {
             svc["backups"][0].as_str().unwrap().to_string(),
             to,
         )
+    }
+
+    /// Asserts that `service` is still in its first view with `primary`: nothing failed before
+    /// a fault a test injects (a chain that broke would have moved the service).
+    pub fn assert_first_view(&self, service: &str, primary: &str) {
+        let svc = self.service(service);
+        assert_eq!(
+            (svc["view"].as_u64(), svc["primary"].as_str()),
+            (Some(1), Some(primary)),
+            "no failure before the fault: {svc}"
+        );
     }
 
     // -----------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 //!   integration tests, the fault campaign and the replication benchmark;
 //! * [`programs`]: the builder of the C test programs in `tests/programs/` and their protocol
 //!   helpers (the `statemachine` digest, UDP requests);
+//! * [`driven`]: a process (a test program, a few lines of Python) driven one command a line;
 //! * [`resp`] and [`memcache`]: small Redis and memcached clients (with the failover writers
 //!   and checkers the tests share);
 //! * [`stats`]: the percentiles (two definitions, named apart) and the mean;
@@ -18,6 +19,7 @@
 //! integration tests have it: they pass the binary's path in, see [`cluster::Cluster::builder`]).
 
 pub mod cluster;
+pub mod driven;
 pub mod memcache;
 pub mod programs;
 pub mod resp;

@@ -3,9 +3,8 @@
 //! `tardi-testkit` (re-exported here under their old names); what needs `CARGO_BIN_EXE_tardi`
 //! or drives only these tests stays here.
 pub mod cluster;
-pub mod driven;
 pub mod tardi;
 
 // Not every test binary uses it.
 #[allow(unused_imports)]
-pub use tardi_testkit::{memcache, programs, resp};
+pub use tardi_testkit::{driven, memcache, programs, resp};

@@ -81,6 +81,11 @@ impl Running {
 
     /// `tardi snapshot NAME -o FILE --json`.
     pub fn snapshot(&self, file: &Path) -> Result<serde_json::Value, String> {
+        self.snapshot_with(file, &[])
+    }
+
+    /// [`Running::snapshot`] with more arguments (`--stop`).
+    pub fn snapshot_with(&self, file: &Path, extra: &[&str]) -> Result<serde_json::Value, String> {
         let out = Command::new(tardi())
             .args([
                 "snapshot",
@@ -89,6 +94,7 @@ impl Running {
                 file.to_str().unwrap(),
                 "--json",
             ])
+            .args(extra)
             .output()
             .map_err(|e| e.to_string())?;
         if !out.status.success() {

@@ -16,6 +16,7 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
+mod end;
 mod memory;
 mod process;
 mod signals;
@@ -31,6 +32,7 @@ pub use crate::os::error::CaptureError;
 pub(crate) use crate::os::error::proc_err;
 use crate::os::filehash::cached_hash;
 use crate::os::ranges::PAGE;
+pub use end::Handover;
 
 type Result<T> = std::result::Result<T, CaptureError>;
 
@@ -61,21 +63,52 @@ pub fn checkpoint(
         .map_err(proc_err(pid, "the sandbox's view"))?
 }
 
+/// Takes a full checkpoint of process `pid` (and its tree) that carries its TCP connections,
+/// and ends the service (see [`end`]): `handover` gets the checkpoint while every process is
+/// still stopped; once it returns `Ok`, the connections are silenced and the processes
+/// killed, so that a restore of the checkpoint carries the connections on. If it fails, the
+/// service resumes untouched and the error is returned.
+///
+/// The caller must hold the packets *to* the service from before this call until it returns
+/// (the instance's output gate does, with `Gate::hold_input`): the kernel acknowledges what
+/// arrives, and an acknowledgement sent after the connections were read would be a promise
+/// the checkpoint does not keep.
+pub fn checkpoint_and_end(
+    pid: Pid,
+    private_dirs: &[String],
+    handover: Handover,
+) -> Result<(Checkpoint, CaptureStats)> {
+    procfs::in_view(pid, |proc| attempts(proc, 0, private_dirs, Some(handover)))
+        .map_err(proc_err(pid, "the sandbox's view"))?
+}
+
 /// [`checkpoint`] for a caller already inside [`procfs::in_view`].
 pub fn checkpoint_in_view(
     proc: &Proc,
     epoch: u64,
     private_dirs: &[String],
 ) -> Result<(Checkpoint, CaptureStats)> {
+    attempts(proc, epoch, private_dirs, None)
+}
+
+/// A one-shot checkpoint, tried again while a signal or an inotify event arrives at the stop
+/// (or the process forks between the look and the stop); ending the service if `end` is given.
+fn attempts(
+    proc: &Proc,
+    epoch: u64,
+    private_dirs: &[String],
+    mut end: Option<Handover>,
+) -> Result<(Checkpoint, CaptureStats)> {
     let mut attempt = 0;
     loop {
         // A service without children takes the single-process path; one that forks between
         // this look and the stop is refused there by name and tried again as a tree.
         let forked = !children_of(proc, &proc.tids().unwrap_or_default()).is_empty();
+        let once = end.as_mut().map(|h| &mut **h as Handover);
         let r = if forked {
-            tree::checkpoint_tree(proc, epoch, private_dirs)
+            tree::checkpoint_tree(proc, epoch, private_dirs, once)
         } else {
-            checkpoint_once(proc, epoch, private_dirs)
+            checkpoint_once(proc, epoch, private_dirs, once)
         };
         match r {
             Err(CaptureError::PendingSignals(_) | CaptureError::QueuedEvents(_))
@@ -99,6 +132,7 @@ fn checkpoint_once(
     proc: &Proc,
     epoch: u64,
     private_dirs: &[String],
+    end: Option<Handover>,
 ) -> Result<(Checkpoint, CaptureStats)> {
     let mut stats = CaptureStats::default();
     // The copy destination is faulted in before the pause: a fresh 100 MB buffer would otherwise
@@ -108,16 +142,33 @@ fn checkpoint_once(
     let mut st = Stopped::stop(proc)?;
     stats.quiesce = t0.elapsed();
     stats.threads = st.tids.len();
+    let ending = end.is_some();
     let captured = capture_stopped(proc, &mut st, &mut stats, buf, false).and_then(|(mut c, _)| {
         // Inside the pause: the files consistent with the memory.
         c.0.private_files = private_tree(proc, private_dirs)?;
-        // No connections (`image.tcp` stays empty: a restore resets them, as it always
-        // did): the process this checkpoint is taken of runs on, and whatever it then sends
-        // or closes its clients see, which a restore of this moment would contradict. Only the
-        // epoch loop carries them, whose output gate holds everything sent after the
+        // The connections only when the service ends here (`end`). Otherwise `image.tcp`
+        // stays empty (a restore resets them): the process runs on, and whatever it then
+        // sends or closes its clients see, which a restore of this moment would contradict.
+        // The epoch loop carries them, whose output gate holds everything sent after the
         // checkpoint (see `crate::tcp`).
+        if ending {
+            c.0.tcp = crate::tcp::Connections::default()
+                .capture(proc.pid, &c.0.fds)
+                .conns;
+        }
         Ok(c)
     });
+    if let Some(handover) = end {
+        // Still stopped: finish the checkpoint, hand it over, then end the service.
+        let ck = captured.and_then(|(mut image, mut data, file_ids)| {
+            finish_full(proc, &mut image, &mut data, file_ids)?;
+            stats.saved_bytes = data.len() as u64;
+            Ok(Checkpoint::full(epoch, image, data))
+        });
+        let r = end::hand_over(&[proc], vec![st], ck, handover);
+        stats.pause = t0.elapsed();
+        return r.map(|ck| (ck, stats));
+    }
     let resumed = st.resume();
     stats.pause = t0.elapsed();
     let (mut image, mut data, file_ids) = captured?;

@@ -45,6 +45,7 @@ pub(crate) fn checkpoint_tree(
     root: &Proc,
     epoch: u64,
     private_dirs: &[String],
+    end: Option<capture::Handover>,
 ) -> Result<(Checkpoint, CaptureStats)> {
     let mut stats = CaptureStats::default();
     let buf = prefaulted_buffer(estimate_private_bytes(root));
@@ -85,8 +86,28 @@ pub(crate) fn checkpoint_tree(
         stats.memory_copy += tm.elapsed();
         // Inside the pause: the files consistent with the memory.
         out[0].0.private_files = capture::private_tree(root, private_dirs)?;
+        // Every process's connections when the service ends here (see `checkpoint_once`).
+        if end.is_some() {
+            for (p, c) in procs.iter().zip(out.iter_mut()) {
+                c.0.tcp = crate::tcp::Connections::default()
+                    .capture(p.pid, &c.0.fds)
+                    .conns;
+            }
+        }
         Ok((out, groups))
     });
+    if let Some(handover) = end {
+        // Still stopped: finish the checkpoint, hand it over, then end the service.
+        let procs: Vec<&Proc> = std::iter::once(root)
+            .chain(members.iter().map(|(p, _)| p))
+            .collect();
+        let ck = captured.and_then(|(captured, groups)| {
+            assemble(root, epoch, &members, zombies, captured, groups, &mut stats)
+        });
+        let r = capture::end::hand_over(&procs, stopped, ck, handover);
+        stats.pause = t0.elapsed();
+        return r.map(|ck| (ck, stats));
+    }
     // Children first, so that no parent runs while a child it might signal is still held.
     let mut resumed = Ok(());
     for st in stopped.into_iter().rev() {
@@ -98,7 +119,22 @@ pub(crate) fn checkpoint_tree(
     stats.pause = t0.elapsed();
     let (captured, groups) = captured?;
     resumed?;
+    let ck = assemble(root, epoch, &members, zombies, captured, groups, &mut stats)?;
+    Ok((ck, stats))
+}
 
+/// The tree's checkpoint from what the pause captured of each process (`captured`, the main
+/// process's first): files identified, the shared descriptions moved to the main image, each
+/// member and zombie placed under its parent.
+fn assemble(
+    root: &Proc,
+    epoch: u64,
+    members: &[(Proc, usize)],
+    zombies: Vec<(Zombie, usize, Pid)>,
+    captured: Vec<Captured>,
+    groups: Vec<FileGroup>,
+    stats: &mut CaptureStats,
+) -> Result<Checkpoint> {
     let mut it = captured.into_iter();
     let (mut image, mut data, files) = it.next().expect("the main process is always captured");
     finish_full(root, &mut image, &mut data, files)?;
@@ -117,7 +153,7 @@ pub(crate) fn checkpoint_tree(
         .collect();
     let ids = |img: &ProcessImage| (img.pid, img.pgid, img.sid);
     check_groups(ids(&image), None)?;
-    for ((img, d), (_, parent)) in images.into_iter().zip(&members) {
+    for ((img, d), (_, parent)) in images.into_iter().zip(members) {
         let parent_img = if *parent == 0 {
             &image
         } else {
@@ -144,7 +180,7 @@ pub(crate) fn checkpoint_tree(
         image.zombies.push(z);
     }
     stats.saved_bytes = data.len() as u64;
-    Ok((Checkpoint::full(epoch, image, data), stats))
+    Ok(Checkpoint::full(epoch, image, data))
 }
 
 /// Stops `root`, then every descendant top-down, recording each member with its parent's
@@ -476,6 +512,9 @@ pub(crate) fn share(
     // A connection read from a descriptor that is now a shared description is not carried
     // (a restore makes shared descriptions without their connections: reset, as before).
     crate::tcp::keep_carried(&root.fds, &mut root.tcp);
+    for m in members.iter_mut() {
+        crate::tcp::keep_carried(&m.fds, &mut m.tcp);
+    }
     Ok(())
 }
 

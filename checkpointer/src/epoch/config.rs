@@ -296,5 +296,8 @@ impl EpochStats {
         self.fds_reused &= s.fds_reused;
         self.processes += s.processes;
         self.whole_processes += s.whole_processes;
+        self.tcp_conns += s.tcp_conns;
+        self.tcp_reset += s.tcp_reset;
+        self.tcp_read += s.tcp_read;
     }
 }

@@ -263,12 +263,30 @@ impl EpochLoop {
             h(epoch);
         }
         let hook = th.elapsed();
-        // The connections, after the gate's boundary (see `crate::tcp`): still stopped.
+        // Every process's connections, after the gate's boundary (see `crate::tcp`): still
+        // stopped. (Each process's loop remembers its own, to skip those that did not move.)
         let tt = Instant::now();
         let tcp = self.tcp.capture(self.proc.pid, &c.main.meta.fds);
         c.main.meta.tcp = tcp.conns;
         c.main.tcp_reset = tcp.reset;
         c.main.tcp_read = tcp.read;
+        for (m, mc) in self.members.iter_mut().zip(&mut c.members) {
+            match (mc, &mut m.fresh) {
+                (Some(mc), _) => {
+                    let tcp = m.lp.tcp.capture(m.lp.proc.pid, &mc.meta.fds);
+                    mc.meta.tcp = tcp.conns;
+                    mc.tcp_reset = tcp.reset;
+                    mc.tcp_read = tcp.read;
+                }
+                (None, Some(f)) => {
+                    let tcp = m.lp.tcp.capture(m.lp.proc.pid, &f.image.fds);
+                    f.image.tcp = tcp.conns;
+                    c.main.tcp_reset += tcp.reset;
+                    c.main.tcp_read += tcp.read;
+                }
+                (None, None) => {}
+            }
+        }
         c.main.parts.tcp = tt.elapsed();
         if hold {
             let r = self.finish(c, epoch, interval, quiesce, t0.elapsed(), ended_by);

@@ -437,11 +437,13 @@ impl EpochLoop {
             if let Some(h) = hook.as_mut() {
                 h(0);
             }
-            // The main process's connections, after the gate's boundary (see `crate::tcp`).
-            let main = &mut firsts[0].img.image;
-            main.tcp = crate::tcp::Connections::default()
-                .capture(procs[0].pid, &main.fds)
-                .conns;
+            // Every process's connections, after the gate's boundary (see `crate::tcp`).
+            for (proc, f) in procs.iter().zip(firsts.iter_mut()) {
+                let img = &mut f.img.image;
+                img.tcp = crate::tcp::Connections::default()
+                    .capture(proc.pid, &img.fds)
+                    .conns;
+            }
         }
         let resumed = resume_all(sts);
         let pause = pause_since(t0, &resumed);

@@ -238,7 +238,8 @@ struct EpochLoop {
     /// pause digested, until its checkpoint takes them.
     scrubber: Option<crate::scrub::Scrubber>,
     scrub_pages: Option<Vec<tardi_image::scrub::PageDigest>>,
-    /// The main process's TCP connections, read in every pause (the members' are not yet).
+    /// This process's TCP connections, read in every pause (each process of a tree by its own
+    /// loop, which remembers them to skip those that did not move).
     tcp: crate::tcp::Connections,
     /// Periodic full reads that found a layout change no call was counted for.
     layout_missed: u64,

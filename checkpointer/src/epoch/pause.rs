@@ -636,9 +636,14 @@ impl EpochLoop {
                     }
                 }
             }
-            let read = main.meta.tcp.len();
+            // Connections of descriptors that became shared descriptions are not carried
+            // (`tcp::keep_carried`): counted with the main process's as reset.
+            let carried = |main: &ProcessImage, refs: &[&mut ProcessImage]| {
+                main.tcp.len() + refs.iter().map(|r| r.tcp.len()).sum::<usize>()
+            };
+            let read = carried(&main.meta, &refs);
             crate::tree::share(&mut main.meta, &mut refs, &hosts, groups)?;
-            main.tcp_reset += (read - main.meta.tcp.len()) as u64;
+            main.tcp_reset += (read - carried(&main.meta, &refs)) as u64;
         }
         // Nothing fails from here on.
         let mut out = self.encode(main, te, epoch, interval, quiesce, pause, ended_by);

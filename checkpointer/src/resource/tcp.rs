@@ -3,23 +3,27 @@
 //! makes a fresh socket carry on the same connection without a handshake, so neither end sees
 //! a reset.
 //!
-//! Where it runs: the epoch loop reads the main process's connections ([`Connections`])
-//! inside every pause *after* the output gate's epoch boundary (`EpochHooks::on_pause`), so
-//! that every acknowledgement released with this epoch acknowledges bytes the checkpoint
-//! holds (in memory, or in a receive queue read after it). A one-shot checkpoint (`tardi
-//! snapshot`) carries none: without a gate, the process goes on after it and its clients see
-//! what it sends and closes, which a restore of that moment would contradict (a restored
-//! socket whose peer already took its FIN waits forever). The restore child recreates each
-//! connection with [`restore`] (`fds::recreate`).
+//! Where it runs: the epoch loop reads every process's connections ([`Connections`], one per
+//! process of a tree) inside every pause *after* the output gate's epoch boundary
+//! (`EpochHooks::on_pause`), so that every acknowledgement released with this epoch
+//! acknowledges bytes the checkpoint holds (in memory, or in a receive queue read after it). A
+//! one-shot checkpoint (`tardi snapshot`) carries none: without a gate, the process goes on
+//! after it and its clients see what it sends and closes, which a restore of that moment would
+//! contradict (a restored socket whose peer already took its FIN waits forever). One that ends
+//! the service (`tardi snapshot --stop`, `capture::checkpoint_and_end`) carries them: the
+//! packets to the sandbox are held from before the read, and the sockets are silenced
+//! ([`silence`]) before the processes are killed. The restore child recreates each connection
+//! with [`restore`] (`fds::recreate`).
 //!
-//! Status: **unfinished** (issue 28). Carried: established connections of the main process,
-//! IPv4 and IPv6. Restored as reset by the peer, as before, and counted: other states
-//! (half-closed, closing), connections of a tree's other processes, a socket two descriptors
-//! share, and any connection whose state could not be read or recreated. Not yet: `tardi
-//! snapshot`/`restore` (it needs the snapshot to silence the service's sockets), connections
-//! still in a listener's queue, and a cheap read of a busy connection: one that did not move
-//! since the last pause costs two calls ([`reader`]), one that moved about fifteen, one by one
-//! (batching them, e.g. through io_uring's socket commands, is not done).
+//! Status: **unfinished** (issue 28). Carried: established connections of every process of the
+//! service (an nginx worker's, a PostgreSQL backend's), IPv4 and IPv6, and half-closed ones
+//! (`FIN_WAIT1`, `FIN_WAIT2`, `CLOSE_WAIT`, `LAST_ACK`, `CLOSING`: [`fin`]), IPv4. Restored as
+//! reset by the peer, as before, and counted: a half-closed IPv6 connection, a socket two
+//! processes share (a connection between a PostgreSQL postmaster's `accept` and its child's taking it:
+//! [`keep_carried`]), and any connection whose state could not be read or recreated. Not yet:
+//! connections still in a listener's queue, and a cheap read of a busy connection: one that did
+//! not move since the last pause costs two calls ([`reader`]), one that moved about fifteen, one
+//! by one (batching them, e.g. through io_uring's socket commands, is not done).
 //!
 //! Kernel rules this relies on (Linux `net/ipv4/tcp.c`, `TCP_REPAIR` and friends):
 //! - Repair mode needs `CAP_NET_ADMIN` over the socket's network namespace. While it is on,
@@ -69,9 +73,9 @@ pub use crate::image::TCP_MAX_QUEUE as MAX_QUEUE;
 /// Why a connection's state could not be read or recreated.
 #[derive(Debug, thiserror::Error)]
 pub enum TcpError {
-    /// A state this module does not carry yet (only established connections are): the caller
-    /// falls back to restoring the connection as reset, and says so.
-    #[error("TCP state {0} cannot be carried yet (only established connections are)")]
+    /// A state this module does not carry (see [`fin::carried`]): the caller falls back to
+    /// restoring the connection as reset, and says so.
+    #[error("TCP state {0} cannot be carried (established and half-closed IPv4 ones are)")]
     State(u8),
     #[error("{what}: {source}")]
     Io {
@@ -182,24 +186,38 @@ impl Drop for Repairing {
 /// taken while the process is stopped). The socket is left as it was: repair mode is turned
 /// off again without a probe, and nothing is consumed.
 pub fn capture(fd: i32, s: RawFd) -> Result<TcpConn, TcpError> {
+    let family =
+        sys::getsockopt_int(s, libc::SOL_SOCKET, libc::SO_DOMAIN).map_err(io_err("SO_DOMAIN"))?;
+    capture_as(fd, s, family)
+}
+
+/// [`capture`] of a socket whose address family the caller knows (one call fewer: the epoch
+/// loop's reader has it from the descriptor's image).
+pub(crate) fn capture_as(fd: i32, s: RawFd, family: i32) -> Result<TcpConn, TcpError> {
     let (state, options, snd_ws, rcv_ws) = info(s)?;
-    if state != ESTABLISHED {
+    if !fin::carried(state, family) {
         return Err(TcpError::State(state));
     }
     set(s, libc::TCP_REPAIR, TCP_REPAIR_ON, "TCP_REPAIR on")?;
     let _off = Repairing(s);
 
     select(s, TCP_RECV_QUEUE)?;
+    // Past the peer's FIN, if it came (which `SIOCINQ` does not count: see `fin`).
     let rcv_nxt = get(s, libc::TCP_QUEUE_SEQ, "receive sequence")? as u32;
     let inq = ioctl_int(s, SIOCINQ, "unread bytes")?;
     let recv_queue = peek(s, inq, "reading the receive queue")?;
     let mss = get(s, libc::TCP_MAXSEG, "MSS clamp")? as u32;
+    let their_fin = u32::from(fin::theirs(state));
 
     select(s, TCP_SEND_QUEUE)?;
+    // Past our FIN, if it is queued; the counts include it while it is unacknowledged (and
+    // the unsent one while it is unsent: it is the last thing queued).
     let write_seq = get(s, libc::TCP_QUEUE_SEQ, "send sequence")? as u32;
     let outq = ioctl_int(s, SIOCOUTQ, "unacknowledged bytes")?;
     let unsent = ioctl_int(s, SIOCOUTQNSD, "unsent bytes")?;
-    let send_queue = peek(s, outq, "reading the send queue")?;
+    let our_fin = usize::from(fin::ours_unacked(state));
+    let send_queue = peek(s, outq.saturating_sub(our_fin), "reading the send queue")?;
+    let unsent = unsent.saturating_sub(our_fin);
 
     // struct tcp_repair_window: five u32s.
     let mut raw = [0u8; 20];
@@ -215,9 +233,9 @@ pub fn capture(fd: i32, s: RawFd) -> Result<TcpConn, TcpError> {
         fd,
         state,
         send_seq: write_seq.wrapping_sub(outq as u32),
+        unsent: unsent.min(send_queue.len()) as u32,
         send_queue,
-        unsent: unsent.min(outq) as u32,
-        recv_seq: rcv_nxt.wrapping_sub(inq as u32),
+        recv_seq: rcv_nxt.wrapping_sub(inq as u32).wrapping_sub(their_fin),
         recv_queue,
         mss,
         wscale: (options & TCPI_OPT_WSCALE != 0).then_some((snd_ws, rcv_ws)),
@@ -261,7 +279,7 @@ fn room(s: RawFd, get_opt: i32, force_opt: i32, bytes: usize) -> Result<(), TcpE
 /// `probe`: leave repair mode with a window probe, so that the peer acknowledges at once and
 /// both ends resume without waiting for a retransmission timeout.
 pub fn restore(img: &SocketImage, c: &TcpConn, probe: bool) -> Result<OwnedFd, TcpError> {
-    if c.state != ESTABLISHED {
+    if !fin::carried(c.state, img.family) {
         return Err(TcpError::State(c.state));
     }
     // SAFETY: plain socket creation; the descriptor is owned at once.
@@ -299,7 +317,14 @@ pub fn restore(img: &SocketImage, c: &TcpConn, probe: bool) -> Result<OwnedFd, T
     check(unsafe { libc::bind(fd, img.local.as_ptr().cast(), img.local.len() as u32) })
         .map_err(io_err("bind"))?;
     select(fd, TCP_SEND_QUEUE)?;
-    set(fd, libc::TCP_QUEUE_SEQ, c.send_seq as i32, "send sequence")?;
+    // An acknowledged FIN of ours is put back as sent and then acknowledged (`fin`): the
+    // queue starts at it, one before the first unacknowledged sequence number.
+    let send_start = if fin::ours_acked(c.state) {
+        c.send_seq.wrapping_sub(1)
+    } else {
+        c.send_seq
+    };
+    set(fd, libc::TCP_QUEUE_SEQ, send_start as i32, "send sequence")?;
     select(fd, TCP_RECV_QUEUE)?;
     set(
         fd,
@@ -342,14 +367,21 @@ pub fn restore(img: &SocketImage, c: &TcpConn, probe: bool) -> Result<OwnedFd, T
     let sent = c.send_queue.len() - (c.unsent as usize).min(c.send_queue.len());
     select(fd, TCP_SEND_QUEUE)?;
     fill(fd, &c.send_queue[..sent], "refilling the send queue")?;
+    // The peer's FIN is not in `rcv_nxt` until it is played (`fin::put_back`): neither in the
+    // window's `rcv_wup` (its right edge stays).
+    let mut window = c.window;
+    if fin::theirs(c.state) {
+        window[4] = window[4].wrapping_sub(1);
+        window[3] = window[3].wrapping_add(1);
+    }
     // SAFETY: `window` is a struct tcp_repair_window (five u32s).
     check(unsafe {
         libc::setsockopt(
             fd,
             libc::IPPROTO_TCP,
             libc::TCP_REPAIR_WINDOW,
-            c.window.as_ptr().cast(),
-            std::mem::size_of_val(&c.window) as libc::socklen_t,
+            window.as_ptr().cast(),
+            std::mem::size_of_val(&window) as libc::socklen_t,
         )
     })
     .map_err(io_err("TCP_REPAIR_WINDOW"))?;
@@ -359,9 +391,22 @@ pub fn restore(img: &SocketImage, c: &TcpConn, probe: bool) -> Result<OwnedFd, T
     } else {
         TCP_REPAIR_OFF_NO_WP
     };
+    if c.state == ESTABLISHED {
+        set(fd, libc::TCP_REPAIR, off, "TCP_REPAIR off")?;
+        // The bytes never sent go out as any write would.
+        fill(fd, &c.send_queue[sent..], "sending the unsent bytes")?;
+        return Ok(s);
+    }
+    // Half-closed: the bytes never sent come before our FIN, so they are queued first (out of
+    // repair mode for the write, which may send them: they were never sent, so any time is
+    // theirs), then the FINs are put back in repair mode.
+    if sent < c.send_queue.len() {
+        set(fd, libc::TCP_REPAIR, TCP_REPAIR_OFF_NO_WP, "TCP_REPAIR off")?;
+        fill(fd, &c.send_queue[sent..], "sending the unsent bytes")?;
+        set(fd, libc::TCP_REPAIR, TCP_REPAIR_ON, "TCP_REPAIR on")?;
+    }
+    fin::put_back(fd, c, &img.local, &img.peer)?;
     set(fd, libc::TCP_REPAIR, off, "TCP_REPAIR off")?;
-    // The bytes never sent go out as any write would.
-    fill(fd, &c.send_queue[sent..], "sending the unsent bytes")?;
     Ok(s)
 }
 
@@ -379,6 +424,40 @@ pub fn close_silently(s: OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Puts the sockets of `conns` (descriptors of process `pid`, host PID) in repair mode, so that
+/// their closing, when the process ends, says nothing to their peers. Returns the descriptors
+/// that could not be (their peers will see them close).
+pub fn silence(pid: Pid, conns: &[TcpConn]) -> Vec<(i32, io::Error)> {
+    if conns.is_empty() {
+        return Vec::new();
+    }
+    let pidfd = match sys::pidfd_open(pid) {
+        Ok(p) => p,
+        Err(e) => {
+            return conns
+                .iter()
+                .map(|c| (c.fd, io::Error::new(e.kind(), e.to_string())))
+                .collect();
+        }
+    };
+    conns
+        .iter()
+        .filter_map(|c| {
+            sys::pidfd_getfd(&pidfd, c.fd)
+                .and_then(|s| {
+                    sys::setsockopt_int(
+                        s.as_raw_fd(),
+                        libc::IPPROTO_TCP,
+                        libc::TCP_REPAIR,
+                        TCP_REPAIR_ON,
+                    )
+                })
+                .err()
+                .map(|e| (c.fd, e))
+        })
+        .collect()
+}
+
 /// Connections restores reset because they could not carry them on, since this process
 /// started (the instance's `tardi_instance_tcp_reset_at_restore_total`).
 static RESET_AT_RESTORE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -393,6 +472,7 @@ pub fn reset_at_restore() -> u64 {
     RESET_AT_RESTORE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+mod fin;
 mod reader;
 pub use reader::{Captured, Connections};
 

@@ -250,11 +250,13 @@ pub(super) fn make_shared(p: &ChildPlan) -> std::result::Result<(), String> {
 /// PID in the parent.
 pub(super) fn fork_with_pid(pid: i32) -> io::Result<libc::c_long> {
     let tid = [pid as libc::pid_t];
-    let args = CloneArgs {
+    // SAFETY: `clone_args` is plain unsigned integers; all zero is the kernel's "not set".
+    let unset: libc::clone_args = unsafe { std::mem::zeroed() };
+    let args = libc::clone_args {
         exit_signal: libc::SIGCHLD as u64,
         set_tid: tid.as_ptr() as u64,
         set_tid_size: 1,
-        ..CloneArgs::default()
+        ..unset
     };
     // SAFETY: a fork-like clone3 (no CLONE_VM: the child has its own copy of this
     // single-threaded process and returns here with 0); `args` and the one-element `set_tid`
@@ -262,30 +264,14 @@ pub(super) fn fork_with_pid(pid: i32) -> io::Result<libc::c_long> {
     let child = unsafe {
         libc::syscall(
             libc::SYS_clone3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
+            &args as *const libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
         )
     };
     if child < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(child)
-}
-
-/// `struct clone_args` of `clone3(2)` (the fields up to `set_tid_size`).
-#[repr(C)]
-#[derive(Default)]
-pub(super) struct CloneArgs {
-    pub(super) flags: u64,
-    pub(super) pidfd: u64,
-    pub(super) child_tid: u64,
-    pub(super) parent_tid: u64,
-    pub(super) exit_signal: u64,
-    pub(super) stack: u64,
-    pub(super) stack_size: u64,
-    pub(super) tls: u64,
-    pub(super) set_tid: u64,
-    pub(super) set_tid_size: u64,
 }
 
 /// Sets everything up and execs the restorer; returns only on failure.

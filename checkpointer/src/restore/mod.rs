@@ -699,6 +699,25 @@ fn verify_files(
 mod tests {
     use super::*;
 
+    /// The restorer's own `clone_args` (it cannot link libc) is the kernel's, as libc has it.
+    #[test]
+    fn the_restorers_clone_args_are_laid_out_as_libcs() {
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(
+            size_of::<crate::abi::CloneArgs>(),
+            size_of::<libc::clone_args>()
+        );
+        assert!(align_of::<crate::abi::CloneArgs>() <= align_of::<libc::clone_args>());
+        assert_eq!(
+            offset_of!(crate::abi::CloneArgs, set_tid),
+            offset_of!(libc::clone_args, set_tid)
+        );
+        assert_eq!(
+            offset_of!(crate::abi::CloneArgs, cgroup),
+            offset_of!(libc::clone_args, cgroup)
+        );
+    }
+
     /// The plan of process `pid` whose own descriptors start at `base`.
     fn plan(pid: i32, ppid: i32, base: RawFd) -> ChildPlan {
         ChildPlan {

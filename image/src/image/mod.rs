@@ -870,8 +870,11 @@ pub struct SocketImage {
     pub options: Vec<(i32, i32, i32)>,
 }
 
-/// `tcpi_state` of an established connection, the one state a [`TcpConn`] carries yet.
+/// `tcpi_state` of an established connection.
 pub const TCP_ESTABLISHED: u8 = 1;
+/// The states a [`TcpConn`] carries: established, and the half-closed ones a process can hold
+/// (`FIN_WAIT1`, `FIN_WAIT2`, `CLOSE_WAIT`, `LAST_ACK`, `CLOSING`).
+pub const TCP_CARRIED_STATES: [u8; 6] = [TCP_ESTABLISHED, 4, 5, 8, 9, 11];
 /// The most bytes a [`TcpConn`] queue may hold (a socket buffer's ceiling is a few MiB).
 pub const TCP_MAX_QUEUE: usize = 64 << 20;
 
@@ -882,9 +885,10 @@ pub const TCP_MAX_QUEUE: usize = 64 << 20;
 pub struct TcpConn {
     /// The descriptor that holds the socket (a [`SocketState::ConnectedTcp`] socket).
     pub fd: i32,
-    /// `tcpi_state` (1 = established).
+    /// `tcpi_state`: one of [`TCP_CARRIED_STATES`] (1 = established).
     pub state: u8,
-    /// Sequence number of the first byte of `send_queue` (the oldest unacknowledged one).
+    /// Sequence number of the first byte of `send_queue` (the oldest unacknowledged one; past
+    /// our FIN once it was acknowledged).
     pub send_seq: u32,
     /// Bytes written and not yet acknowledged by the peer: sent ones first, then `unsent`
     /// bytes never sent.
@@ -892,7 +896,8 @@ pub struct TcpConn {
     pub send_queue: Vec<u8>,
     /// How many bytes at the end of `send_queue` were never sent.
     pub unsent: u32,
-    /// Sequence number of the first byte of `recv_queue` (the oldest unread one).
+    /// Sequence number of the first byte of `recv_queue` (the oldest unread one). The peer's
+    /// FIN, in a state that received it, follows the queue's last byte.
     pub recv_seq: u32,
     /// Bytes received and acknowledged, not yet read by the process.
     #[serde(with = "crate::bytes")]

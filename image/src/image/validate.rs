@@ -648,9 +648,9 @@ impl ProcessImage {
             ));
         }
         for t in &self.tcp {
-            if t.state != TCP_ESTABLISHED {
+            if !TCP_CARRIED_STATES.contains(&t.state) {
                 return bad(format!(
-                    "the connection of descriptor {} is in TCP state {}, not established",
+                    "the connection of descriptor {} is in TCP state {}, which no restore carries",
                     t.fd, t.state
                 ));
             }

@@ -154,20 +154,26 @@ pub(super) fn epoch_thread(
     result
 }
 
-/// The (service side, client side) addresses of the image's connected TCP sockets.
+/// The (service side, client side) addresses of the connected TCP sockets a restore of the
+/// image resets: of every process of its tree, those whose connection it does not carry.
 pub(super) fn tcp_connections(
     img: &tardi_checkpointer::image::ProcessImage,
 ) -> Vec<(std::net::SocketAddr, std::net::SocketAddr)> {
     use tardi_checkpointer::image::{FdKind, SocketState};
-    img.fds
-        .iter()
-        // A connection the checkpoint carries is restored, not reset (see `tardi_checkpointer::tcp`).
-        .filter(|f| !img.tcp.iter().any(|c| c.fd == f.fd))
-        .filter_map(|f| match &f.kind {
-            FdKind::Socket(s) if s.state == SocketState::ConnectedTcp => {
-                Some((sockaddr(&s.local)?, sockaddr(&s.peer)?))
-            }
-            _ => None,
+    std::iter::once(img)
+        .chain(img.tree.iter().map(|m| &m.image))
+        .flat_map(|p| {
+            p.fds
+                .iter()
+                // A connection the checkpoint carries is restored, not reset (see
+                // `tardi_checkpointer::tcp`).
+                .filter(|f| !p.tcp.iter().any(|c| c.fd == f.fd))
+                .filter_map(|f| match &f.kind {
+                    FdKind::Socket(s) if s.state == SocketState::ConnectedTcp => {
+                        Some((sockaddr(&s.local)?, sockaddr(&s.peer)?))
+                    }
+                    _ => None,
+                })
         })
         .collect()
 }

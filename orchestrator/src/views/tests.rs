@@ -658,3 +658,20 @@ fn failure_reports_are_checked() {
         Err(ViewError::Stale { .. })
     ));
 }
+
+/// A service whose first view was active has state: its primary no longer starts it from its
+/// manifest, even in that same view (a whole-cluster power cut brought its primary back with
+/// nothing, and it served an empty redis under view 1 before: `tests/cluster_power_cut.rs`).
+#[test]
+fn a_service_that_was_active_never_starts_fresh_again() {
+    let (mut v, alive) = cluster(3);
+    deploy(&mut v, &alive, 1);
+    assert!(v.services["redis"].starts_fresh(), "deployed, never active");
+    activate_latest(&mut v);
+    let s = &v.services["redis"];
+    assert!(
+        latest(&v).fresh && latest(&v).active,
+        "the view itself stays as proposed"
+    );
+    assert!(!s.starts_fresh(), "active once: it has state");
+}

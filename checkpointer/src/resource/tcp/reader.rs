@@ -100,10 +100,16 @@ impl Connections {
                 .and_then(|dup| {
                     let (state, sig) = signature(dup.as_raw_fd())?;
                     match self.seen.get(&key) {
-                        Some(s) if state == ESTABLISHED && s.signature == sig => Ok(s.conn.clone()),
+                        Some(s) if s.conn.state == state && s.signature == sig => {
+                            Ok(s.conn.clone())
+                        }
                         _ => {
                             self.seen.remove(&key);
-                            let conn = capture(f.fd, dup.as_raw_fd())?;
+                            let family = match &f.kind {
+                                FdKind::Socket(sock) => sock.family,
+                                _ => libc::AF_UNSPEC,
+                            };
+                            let conn = capture_as(f.fd, dup.as_raw_fd(), family)?;
                             out.read += 1;
                             // Remembered with the signature taken before the read: anything
                             // that moves during the read or after it changes the next one.

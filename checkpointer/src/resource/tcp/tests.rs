@@ -309,3 +309,114 @@ fn a_shared_connection_is_not_carried() {
     assert_eq!(keep_carried(&fds, &mut tcp), 1);
     assert_eq!(tcp.iter().map(|c| c.fd).collect::<Vec<_>>(), vec![9]);
 }
+
+/// `tcpi_state` of `s`.
+fn state(s: &TcpStream) -> u8 {
+    info(s.as_raw_fd()).unwrap().0
+}
+
+/// Waits (5 s at most) until `s` is in state `want`.
+fn wait_state(s: &TcpStream, want: u8) {
+    let t0 = Instant::now();
+    while state(s) != want {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "state {} instead of {want}",
+            state(s)
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A connection whose peer shut down its writing (CLOSE_WAIT: a client that sent its request
+/// and waits for the reply) carries on: the new socket holds the unread request and then the
+/// end of the stream, and the reply and the server's own FIN reach the client. Restored as
+/// reset before (only established connections were carried).
+#[test]
+fn a_connection_whose_peer_shut_down_carries_on() {
+    let (mut c, s, _listener) = pair_listening("127.0.0.1:0");
+    c.write_all(b"request").unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    wait_state(&s, fin::CLOSE_WAIT);
+    let (conn, mut s) = move_connection(s, true);
+    assert_eq!(conn.state, fin::CLOSE_WAIT);
+    assert_eq!(conn.recv_queue, b"request");
+    assert_eq!(state(&s), fin::CLOSE_WAIT, "restored in its state");
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"request", "the request, then the end of the stream");
+    s.write_all(b"reply").unwrap();
+    drop(s);
+    let mut back = Vec::new();
+    c.read_to_end(&mut back)
+        .expect("an orderly end, not a reset");
+    assert_eq!(back, b"reply");
+}
+
+/// A connection that shut down its own writing, its FIN acknowledged (FIN_WAIT2: a server's
+/// lingering close), carries on: the peer's later bytes and its FIN reach the new socket.
+#[test]
+fn a_connection_that_shut_down_its_writing_carries_on() {
+    let (mut c, mut s, _listener) = pair_listening("127.0.0.1:0");
+    s.write_all(b"answer").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    c.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"answer");
+    wait_state(&s, fin::FIN_WAIT2);
+    let (conn, mut s) = move_connection(s, true);
+    assert_eq!((conn.state, conn.send_queue.len()), (fin::FIN_WAIT2, 0));
+    assert_eq!(state(&s), fin::FIN_WAIT2, "restored in its state");
+    c.write_all(b"more").unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut more = Vec::new();
+    s.read_to_end(&mut more)
+        .expect("an orderly end, not a reset");
+    assert_eq!(more, b"more");
+}
+
+/// Bytes and a FIN sent but not acknowledged (FIN_WAIT1; the peer's acknowledgements dropped
+/// until the restore, as the gate holds a primary's packets): the new socket sends them again,
+/// the peer reads each byte once, and the connection goes on half-closed.
+#[test]
+fn unacknowledged_bytes_and_fin_are_sent_again_and_read_once() {
+    std::thread::spawn(|| {
+        // SAFETY: unshare on this thread only (a new network namespace for it alone).
+        check(unsafe { libc::unshare(libc::CLONE_NEWNET) }).unwrap();
+        sh("ip link set lo up");
+        let (mut c, mut s, _listener) = pair_listening("127.0.0.1:0");
+        let cport = c.local_addr().unwrap().port();
+        sh(&format!(
+            "nft add table inet tardi_f && nft add chain inet tardi_f in \
+             '{{ type filter hook input priority 0; }}' && \
+             nft add rule inet tardi_f in tcp sport {cport} drop"
+        ));
+        let data: Vec<u8> = (0..10_000).map(|i| (i % 251) as u8).collect();
+        s.write_all(&data).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        c.read_to_end(&mut got).unwrap();
+        assert_eq!(got, data);
+        wait_state(&s, fin::FIN_WAIT1);
+        let img = image_of(&s);
+        let conn = capture(3, s.as_raw_fd()).expect("capture");
+        assert_eq!(conn.state, fin::FIN_WAIT1);
+        assert_eq!(
+            conn.send_queue, data,
+            "the unacknowledged bytes, without the FIN"
+        );
+        sh("nft delete table inet tardi_f");
+        close_silently(OwnedFd::from(s)).unwrap();
+        let mut s = TcpStream::from(restore(&img, &conn, true).expect("restore"));
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        wait_state(&s, fin::FIN_WAIT2);
+        c.write_all(b"bye").unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut back = Vec::new();
+        s.read_to_end(&mut back)
+            .expect("an orderly end, not a reset");
+        assert_eq!(back, b"bye");
+    })
+    .join()
+    .unwrap();
+}

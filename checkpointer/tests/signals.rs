@@ -3,9 +3,6 @@
 //! than one signal per capture round used to make every round start over); a signal pending
 //! (blocked) at a pause is recorded until it is delivered.
 
-mod common;
-
-use common::driven::Driven;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -13,6 +10,8 @@ use tardi_checkpointer::epoch::{EpochConfig, Epochs};
 use tardi_checkpointer::image::{Checkpoint, PendingSignal};
 use tardi_checkpointer::store::Image;
 use tardi_checkpointer::track::TrackerKind;
+use tardi_testkit::driven::Driven;
+use tardi_testkit::programs;
 
 fn roundtrip(ck: &Checkpoint) -> Checkpoint {
     Checkpoint::from_bytes(ck.to_bytes()).expect("a checkpoint parses back")
@@ -211,7 +210,7 @@ for line in sys.stdin:
 /// `mode` is `sigstream`'s: `wait` (blocked, taken with `sigwaitinfo` by a thread of its own,
 /// so the queue holds a few at each pause) or `handler` (unblocked, taken by a handler).
 fn stream_of_signals(mode: &str, tracker: TrackerKind) {
-    let bin = common::programs::build("sigstream");
+    let bin = programs::build("sigstream");
     let mut svc = Driven::program(&bin, &[mode]);
     let pid = svc.pid();
     let cfg = EpochConfig {
@@ -307,7 +306,7 @@ fn a_stream_of_handled_signals_cannot_starve_a_pause_mprotect() {
 /// the final check cannot take as sent from outside (a timer's signal and its re-arming go
 /// together), still leave every epoch to complete, and the ticks go on.
 fn timer_every_millisecond(tracker: TrackerKind) {
-    let bin = common::programs::build("sigstream");
+    let bin = programs::build("sigstream");
     let mut svc = Driven::program(&bin, &["timer"]);
     let cfg = EpochConfig {
         interval: Duration::from_millis(2),

@@ -135,6 +135,59 @@ fn workers(addr: SocketAddr, want: usize) -> BTreeSet<i32> {
     seen
 }
 
+/// The PIDs in the sandbox (the last of `NSpid`) of machine `m`'s nginx processes.
+fn nginx_pids_on(c: &common::cluster::Cluster, m: &str) -> BTreeSet<i32> {
+    c.service_pids(m, "nginx")
+        .into_iter()
+        .filter_map(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()?
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))?
+                .split_whitespace()
+                .last()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// What each nginx process of machine `m` is doing (state, wait channel, system call, its
+/// descriptors), for a failure's message.
+fn processes(c: &common::cluster::Cluster, m: &str) -> String {
+    let mut out = String::new();
+    for pid in c.service_pids(m, "nginx") {
+        let read =
+            |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
+        let state = read("status")
+            .lines()
+            .find(|l| l.starts_with("State:"))
+            .unwrap_or_default()
+            .to_string();
+        let fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| {
+                        let to = std::fs::read_link(e.path()).unwrap_or_default();
+                        format!("{}->{}", e.file_name().to_string_lossy(), to.display())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "pid {pid} {} {state} wchan {} syscall {} fds {fds:?}\n",
+            read("comm").trim(),
+            read("wchan"),
+            read("syscall").trim()
+        ));
+        for f in fds.iter().filter(|f| f.contains("eventpoll")) {
+            let n = f.split("->").next().unwrap_or_default();
+            out.push_str(&format!("  epoll {n}: {}\n", read(&format!("fdinfo/{n}"))));
+        }
+    }
+    out
+}
+
 /// The tree under host PID `root`: (PID in the sandbox, host PID) of each process, the root
 /// first, then its children.
 fn tree(root: i32) -> Vec<(i32, i32)> {
@@ -340,9 +393,16 @@ fn profile_under_load(tag: &str, prefix: &str, tracker_args: &[&str]) -> Vec<ser
 
 /// Replicated nginx on the lab (`tardi deploy` with one backup; the epoch loop tracks the
 /// master and both workers, their listening socket and shared zone): the primary's machine
-/// loses power, and the backup's restored tree serves on, the same workers answering and the
-/// request count in the shared zone going on from the decided state (the requests answered
-/// before the power cut are all counted: their replies waited for their epoch to be decided).
+/// loses power, and the backup's restored tree serves on: the same master and workers (their
+/// PIDs in the sandbox), answering, and the request count in the shared zone going on from the
+/// decided state (the requests answered before the power cut are all counted: their replies
+/// waited for their epoch to be decided).
+///
+/// Which worker takes a connection is the kernel's choice (`EPOLLEXCLUSIVE` wakes the first
+/// idle waiter of the listener): on one CPU, the restored tree's first waiter can take every
+/// connection of fifty rounds while the other waits, registered and idle (seen with `taskset
+/// -c 0`). So the test asks the restored processes who they are, and that the workers that
+/// answer are among them, not that the balance reaches both.
 #[test]
 fn replicated_nginx_fails_over_to_its_backup() {
     let scratch = Scratch::new("nginx-rep");
@@ -376,9 +436,16 @@ fn replicated_nginx_fails_over_to_its_backup() {
     });
     assert_ne!(svc["primary"], primary.as_str());
     assert_eq!(svc["view"].as_u64(), Some(2), "one view change: {svc}");
-    assert_eq!(
-        served_after, served,
-        "the same workers serve after the failover"
+    let restored = nginx_pids_on(&c, &backup);
+    assert!(
+        served.iter().all(|w| restored.contains(w)) && restored.len() == served.len() + 1,
+        "the master and the same workers run after the failover: {restored:?}, workers before \
+         {served:?}\n{}",
+        processes(&c, &backup)
+    );
+    assert!(
+        !served_after.is_empty() && served_after.is_subset(&served),
+        "the restored workers answer: {served_after:?} of {served:?}"
     );
     // Between the two counts: at least the pages checked after the failover (3) and the
     // /worker rounds; none of the counted requests before it is lost.

@@ -173,6 +173,17 @@ fn a_client_keeps_its_connection_through_snapshot_stop_and_restore() {
             .expect("a batch before the snapshot");
         assert!(replies.iter().all(|r| *r == Reply::Status("OK".into())));
     }
+    // Refused before anything is paused (no such directory): the service goes on, and the
+    // connection with it.
+    let bad = run.snapshot_with(Path::new("/no-such-dir/redis.tardi"), &["--stop"]);
+    assert!(
+        bad.as_ref().is_err_and(|e| e.contains("no-such-dir")),
+        "{bad:?}"
+    );
+    assert_eq!(
+        c.cmd(&["SET", "still", "here"]).unwrap(),
+        Reply::Status("OK".into())
+    );
     let file = scratch.0.join("redis-keep.tardi");
     let snap = run
         .snapshot_with(&file, &["--stop"])

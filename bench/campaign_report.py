@@ -29,8 +29,8 @@ def main(paths):
     faults.sort(key=lambda f: order.index(f) if f in order else len(order))
     print()
     print("| fault | trials | recovered | lost writes | linearizability violations | not checked "
-          "| gap p50 ms | p90 | p99 | max |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| connections kept | gap p50 ms | p90 | p99 | max |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for f in faults:
         ts = [t for t in trials if t["fault"] == f and t.get("started")]
         rec = [t for t in ts if t["recovered"]]
@@ -38,8 +38,12 @@ def main(paths):
         lost = sum(t.get("lost_writes", 0) for t in ts)
         checked = [t for t in ts if t.get("checked")]
         viol = sum(1 for t in checked if not t["linearizable"])
+        # Clients that never had to open a second connection (older results lack the count).
+        kept = [(t["clients"] - t["clients_reconnected"], t["clients"])
+                for t in ts if "clients_reconnected" in t]
+        kept = f"{sum(k for k, _ in kept)}/{sum(n for _, n in kept)}" if kept else "—"
         print(f"| {f} | {len(ts)} | {len(rec)} | {lost} | {viol} | {len(ts) - len(checked)} "
-              f"| {pct(gaps, .5):.0f} | {pct(gaps, .9):.0f} | {pct(gaps, .99):.0f} "
+              f"| {kept} | {pct(gaps, .5):.0f} | {pct(gaps, .9):.0f} | {pct(gaps, .99):.0f} "
               f"| {max(gaps, default=float('nan')):.0f} |")
     print()
     print("| fault | client operations (acknowledged / outcome unknown / error reply) | recovered after, p50 / max ms "

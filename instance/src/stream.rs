@@ -24,11 +24,7 @@
 //! it dialled. The stream carries the service's whole memory and the backup applies it, so an
 //! unauthenticated peer must not get past the handshake. The sockets keep `TCP_NODELAY`; each
 //! write of the framing becomes TLS records sent at once (`docs/BENCHMARKS.md`, "Transport
-//! round trip": the cost per round trip). A lost segment must not hold the primary's output for
-//! long: TCP's retransmission timeout doubles with each loss (a 3 s episode of 30% loss held
-//! the output for up to 14 s in the fault campaign), so the sockets retransmit at linear
-//! intervals while few segments are in flight (`TCP_THIN_LINEAR_TIMEOUTS`) and never wait
-//! more than 1 s (`TCP_RTO_MAX_MS`, Linux 6.15, whose floor is 1 s) ([`tune`]).
+//! round trip": the cost per round trip).
 //!
 //! Owns: framing, the hello and the TLS session. Must not touch: what a checkpoint means (the
 //! backup checks it).
@@ -82,40 +78,6 @@ pub enum StreamError {
 type Result<T> = std::result::Result<T, StreamError>;
 
 /// The socket address of an instance that registered `api` (`host:port`).
-/// `TCP_RTO_MAX_MS` (Linux 6.15; not in the `libc` crate yet) and the ceiling set with it.
-const TCP_RTO_MAX_MS: libc::c_int = 44;
-const RTO_MAX_MS: libc::c_int = 1000;
-
-/// Sets a stream socket's options (see the module doc): `TCP_NODELAY`, linear retransmission
-/// timeouts, and a 1 s ceiling on the retransmission timeout where the kernel has one (older
-/// kernels refuse the option: the default ceiling, 120 s, then stays, and a debug line says so).
-fn tune(sock: &TcpStream) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    sock.set_nodelay(true)?;
-    let set = |name: libc::c_int, v: libc::c_int| {
-        // SAFETY: passes a pointer to a live int and its size.
-        let r = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                name,
-                (&raw const v).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    };
-    set(libc::TCP_THIN_LINEAR_TIMEOUTS, 1)?;
-    if let Err(e) = set(TCP_RTO_MAX_MS, RTO_MAX_MS) {
-        tracing::debug!(error = %e, "no ceiling on the stream's retransmission timeout");
-    }
-    Ok(())
-}
-
 pub fn stream_addr(api: &str) -> Result<SocketAddr> {
     let bad = || StreamError::BadAddress(api.to_string());
     api.to_socket_addrs()
@@ -299,7 +261,7 @@ impl Connection {
         let addr = stream_addr(api)?;
         let mut sock = TcpStream::connect_timeout(&addr, timeout)
             .map_err(|source| StreamError::Connect { addr, source })?;
-        tune(&sock)?;
+        sock.set_nodelay(true)?;
         // The handshake and hello must not hang on a peer that accepts and says nothing.
         sock.set_read_timeout(Some(timeout))?;
         sock.set_write_timeout(Some(timeout))?;
@@ -453,7 +415,7 @@ impl Accepted {
         tls: Option<Arc<rustls::ServerConfig>>,
         timeout: Duration,
     ) -> Result<Accepted> {
-        tune(&sock)?;
+        sock.set_nodelay(true)?;
         sock.set_read_timeout(Some(timeout))?;
         sock.set_write_timeout(Some(timeout))?;
         let mut io = match tls {
@@ -526,38 +488,6 @@ mod tests {
             run: 2,
             data: data.into(),
         }
-    }
-
-    /// Both ends of a stream retransmit at linear intervals and wait at most 1 s.
-    #[test]
-    fn stream_sockets_retransmit_without_long_backoff() {
-        use std::os::fd::AsRawFd;
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        tune(&c).unwrap();
-        let get = |name: libc::c_int| {
-            let mut v: libc::c_int = 0;
-            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            // SAFETY: `v`/`len` describe a writable int.
-            let r = unsafe {
-                libc::getsockopt(
-                    c.as_raw_fd(),
-                    libc::IPPROTO_TCP,
-                    name,
-                    (&raw mut v).cast(),
-                    &mut len,
-                )
-            };
-            assert_eq!(r, 0, "getsockopt {name}");
-            v
-        };
-        assert_eq!(get(libc::TCP_NODELAY), 1);
-        assert_eq!(get(libc::TCP_THIN_LINEAR_TIMEOUTS), 1);
-        assert_eq!(
-            get(TCP_RTO_MAX_MS),
-            RTO_MAX_MS,
-            "this kernel (6.15+) has the ceiling"
-        );
     }
 
     #[test]

@@ -118,17 +118,22 @@ pub fn transient(fault: &str) -> Option<Duration> {
 /// The cgroup-v1 `cpu` group a slowed machine's processes go to.
 const SLOW_CGROUP: &str = "/sys/fs/cgroup/cpu/tardi-campaign-slow";
 
-fn iptables(c: &Cluster, node: &str, args: &[&str]) -> Result<()> {
-    let mut argv = vec!["iptables"];
+/// `program ARGS` in `node`; its error output if it fails.
+fn run_in(c: &Cluster, node: &str, program: &str, args: &[&str]) -> Result<()> {
+    let mut argv = vec![program];
     argv.extend_from_slice(args);
     let out = c.lab.exec(node, &argv)?;
     if !out.status.success() {
         bail!(
-            "iptables {args:?} in {node}: {}",
+            "{program} {args:?} in {node}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
     Ok(())
+}
+
+fn iptables(c: &Cluster, node: &str, args: &[&str]) -> Result<()> {
+    run_in(c, node, "iptables", args)
 }
 
 /// The iptables rule (after `-I`/`-D CHAIN`) of `lossy` and `asym`.
@@ -210,16 +215,7 @@ pub fn inject(c: &mut Cluster, fault: &str, victim: &str, r: &Roles) -> Result<V
 
 /// `tc ARGS` in `node` (the lab's link of a node is its `eth0`).
 fn tc(c: &Cluster, node: &str, args: &[&str]) -> Result<()> {
-    let mut argv = vec!["tc"];
-    argv.extend_from_slice(args);
-    let out = c.lab.exec(node, &argv)?;
-    if !out.status.success() {
-        bail!(
-            "tc {args:?} in {node}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
+    run_in(c, node, "tc", args)
 }
 
 /// `slow-link`: the primary's machine sends at most 10 Mbit/s (a token bucket on its link): its

@@ -185,17 +185,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A gate on the sandbox of link `link_index` that holds the packets *to* it (until
-/// `hold_input(false)`, or dropped with the gate) and lets its output pass: what `tardi
-/// snapshot --stop` and `tardi restore` of its file need around the sandbox's connections.
-/// Queue numbers as the instance's gates (`tardi_instance::primary::open_gate`): from the
-/// link index, unique on a machine.
+/// `hold_input(false)`, or dropped with the gate) and lets its output pass.
 pub fn hold_input(link_index: u32) -> anyhow::Result<Arc<tardi_netfilter::Gate>> {
-    let mut cfg = tardi_netfilter::GateConfig::new(
-        tardi_sandbox::net::host_if(link_index),
-        (2 * link_index) as u16,
-    );
-    cfg.mode = tardi_netfilter::Mode::Pass;
-    let gate = tardi_netfilter::Gate::new(cfg)?;
-    gate.hold_input(true)?;
-    Ok(Arc::new(gate))
+    tardi_instance::primary::open_gate_in(link_index, tardi_netfilter::Mode::Pass)
 }

@@ -208,8 +208,7 @@ impl Primary {
         let mut from = from;
         if let Some(img) = from.as_mut().filter(|_| ctx.opts.fault_drop_tcp) {
             tracing::warn!(service = %target.name, "restoring without the checkpoint's TCP connections on purpose (--fault-drop-tcp)");
-            img.meta.tcp.clear();
-            img.meta.tree.iter_mut().for_each(|m| m.image.tcp.clear());
+            img.meta.drop_connections();
         }
         match Self::start_from(ctx, target, from.as_ref(), required, gate) {
             Ok(p) => {
@@ -595,10 +594,18 @@ fn injected_fault(file: &std::path::Path) -> Option<String> {
 /// machine. Creating it runs `nft` and `iptables` (tens of milliseconds): backups do it in
 /// advance, off the failover path.
 pub fn open_gate(link_index: u32) -> anyhow::Result<Arc<Gate>> {
-    let gate = Gate::new(GateConfig::new(
-        format!("td{link_index}h"),
+    open_gate_in(link_index, tardi_netfilter::Mode::Hold)
+}
+
+/// [`open_gate`] with its output in `mode` (`Pass`: only the input is held, as `tardi snapshot
+/// --stop` and `tardi restore` of its file need around the sandbox's connections).
+pub fn open_gate_in(link_index: u32, mode: tardi_netfilter::Mode) -> anyhow::Result<Arc<Gate>> {
+    let mut cfg = GateConfig::new(
+        tardi_sandbox::net::host_if(link_index),
         (2 * link_index) as u16,
-    ))?;
+    );
+    cfg.mode = mode;
+    let gate = Gate::new(cfg)?;
     gate.hold_input(true)?;
     Ok(Arc::new(gate))
 }

@@ -74,9 +74,7 @@ impl Service {
             }
             None => serde_json::from_slice(&ck.image.sandbox).map_err(Error::SandboxDescription)?,
         };
-        let connections = std::iter::once(&ck.image)
-            .chain(ck.image.tree.iter().map(|m| &m.image))
-            .any(|p| !p.tcp.is_empty());
+        let connections = ck.image.processes().any(|p| !p.tcp.is_empty());
         before(&config, connections).map_err(|why| Error::Aborted {
             name: config.name.clone(),
             why,

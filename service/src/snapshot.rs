@@ -15,18 +15,9 @@ use tardi_checkpointer::{CaptureStats, Checkpoint};
 /// checkpoint while the owner watches the [`crate::Service`]; one checkpoint of a process at a
 /// time (a process has one tracer): callers serialize.
 pub fn snapshot(svc: &ServiceHandle) -> Result<(Checkpoint, CaptureStats)> {
-    let others = svc.other_processes();
-    if !others.is_empty() {
-        return Err(Error::OtherProcesses {
-            name: svc.name().to_string(),
-            pids: others,
-        });
-    }
-    let (mut ck, stats) = tardi_checkpointer::checkpoint(svc.pid(), 0, &svc.private_dirs())
-        .map_err(|source| Error::Capture {
-            name: svc.name().to_string(),
-            source,
-        })?;
+    alone(svc)?;
+    let (mut ck, stats) =
+        tardi_checkpointer::checkpoint(svc.pid(), 0, &svc.private_dirs()).map_err(capture(svc))?;
     ck.image.sandbox = serde_json::to_vec(svc.config()).map_err(Error::Describe)?;
     Ok((ck, stats))
 }
@@ -49,13 +40,7 @@ pub fn snapshot_to_file(svc: &ServiceHandle, path: &Path) -> Result<(u64, Captur
 /// the sandbox meanwhile (see [`tardi_checkpointer::checkpoint_and_end`]) and tears the sandbox
 /// down after.
 pub fn snapshot_to_file_and_end(svc: &ServiceHandle, path: &Path) -> Result<(u64, CaptureStats)> {
-    let others = svc.other_processes();
-    if !others.is_empty() {
-        return Err(Error::OtherProcesses {
-            name: svc.name().to_string(),
-            pids: others,
-        });
-    }
+    alone(svc)?;
     let sandbox = serde_json::to_vec(svc.config()).map_err(Error::Describe)?;
     // Opened here: the handover runs in the sandbox's view of the file system, where only
     // descriptors reach this one.
@@ -70,11 +55,26 @@ pub fn snapshot_to_file_and_end(svc: &ServiceHandle, path: &Path) -> Result<(u64
     };
     let (_, stats) =
         tardi_checkpointer::checkpoint_and_end(svc.pid(), &svc.private_dirs(), &mut handover)
-            .map_err(|source| Error::Capture {
-                name: svc.name().to_string(),
-                source,
-            })?;
+            .map_err(capture(svc))?;
     Ok((bytes, stats))
+}
+
+/// Refuses, before anything is paused, a sandbox that runs other processes besides the service.
+fn alone(svc: &ServiceHandle) -> Result<()> {
+    let others = svc.other_processes();
+    if others.is_empty() {
+        return Ok(());
+    }
+    Err(Error::OtherProcesses {
+        name: svc.name().to_string(),
+        pids: others,
+    })
+}
+
+/// The error of a capture of `svc`.
+fn capture(svc: &ServiceHandle) -> impl FnOnce(tardi_checkpointer::CaptureError) -> Error {
+    let name = svc.name().to_string();
+    move |source| Error::Capture { name, source }
 }
 
 /// A checkpoint file being written: a temporary file next to its final name, made through

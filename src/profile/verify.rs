@@ -29,8 +29,7 @@ pub(super) fn verify(
     let mut full = image.to_full();
     // The second sandbox has an address of its own: the service's connections cannot be
     // carried there: they come back reset, as they always did there, without a warning each.
-    full.image.tcp.clear();
-    full.image.tree.iter_mut().for_each(|m| m.image.tcp.clear());
+    full.image.drop_connections();
     let name = format!("{}-verify", config.name);
     let cfg2 = SandboxConfig {
         run_dir: Path::new(tardi_sandbox::RUN_ROOT).join(&name),

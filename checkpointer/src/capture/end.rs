@@ -45,8 +45,7 @@ pub(super) fn hand_over(
             return Err(e);
         }
     };
-    let images = std::iter::once(&ck.image).chain(ck.image.tree.iter().map(|m| &m.image));
-    for (p, img) in procs.iter().zip(images) {
+    for (p, img) in procs.iter().zip(ck.image.processes()) {
         for (fd, e) in crate::tcp::silence(p.pid, &img.tcp) {
             // Its peer sees it closed as the process dies: a restore finds it reset.
             tracing::warn!(pid = p.pid, fd, "a connection could not be silenced: {e}");

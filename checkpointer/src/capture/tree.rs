@@ -363,12 +363,15 @@ pub(crate) fn find_shared(procs: &[&Proc]) -> Result<Vec<FileGroup>> {
 /// that spans processes. A pipe's buffered bytes, which each process's capture read, are kept
 /// once. Refused by name: an epoll instance held by several processes (its interest list names
 /// descriptors of the process that added them).
+///
+/// Returns how many connections it dropped: those of descriptors that became shared
+/// descriptions (a restore resets them, see [`crate::tcp::keep_carried`]).
 pub(crate) fn share(
     root: &mut ProcessImage,
     members: &mut [&mut ProcessImage],
     hosts: &[Pid],
     groups: Vec<FileGroup>,
-) -> Result<()> {
+) -> Result<u64> {
     let nprocs = members.len() + 1;
     // Descriptions to share, by holders; the first holder names a description.
     let mut chosen: Vec<Vec<Holder>> = Vec::new();
@@ -443,7 +446,7 @@ pub(crate) fn share(
         }
     }
     if chosen.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
 
     // The entries, then each holder's descriptor naming its entry.
@@ -511,11 +514,11 @@ pub(crate) fn share(
     root.shared_files = shared;
     // A connection read from a descriptor that is now a shared description is not carried
     // (a restore makes shared descriptions without their connections: reset, as before).
-    crate::tcp::keep_carried(&root.fds, &mut root.tcp);
+    let mut dropped = crate::tcp::keep_carried(&root.fds, &mut root.tcp);
     for m in members.iter_mut() {
-        crate::tcp::keep_carried(&m.fds, &mut m.tcp);
+        dropped += crate::tcp::keep_carried(&m.fds, &mut m.tcp);
     }
-    Ok(())
+    Ok(dropped)
 }
 
 /// Refuses a group or session that phase 1 cannot recreate: a process leads its session (and

@@ -267,17 +267,10 @@ impl EpochLoop {
         // stopped. (Each process's loop remembers its own, to skip those that did not move.)
         let tt = Instant::now();
         let tcp = self.tcp.capture(self.proc.pid, &c.main.meta.fds);
-        c.main.meta.tcp = tcp.conns;
-        c.main.tcp_reset = tcp.reset;
-        c.main.tcp_read = tcp.read;
+        c.main.set_tcp(tcp);
         for (m, mc) in self.members.iter_mut().zip(&mut c.members) {
             match (mc, &mut m.fresh) {
-                (Some(mc), _) => {
-                    let tcp = m.lp.tcp.capture(m.lp.proc.pid, &mc.meta.fds);
-                    mc.meta.tcp = tcp.conns;
-                    mc.tcp_reset = tcp.reset;
-                    mc.tcp_read = tcp.read;
-                }
+                (Some(mc), _) => mc.set_tcp(m.lp.tcp.capture(m.lp.proc.pid, &mc.meta.fds)),
                 (None, Some(f)) => {
                     let tcp = m.lp.tcp.capture(m.lp.proc.pid, &f.image.fds);
                     f.image.tcp = tcp.conns;

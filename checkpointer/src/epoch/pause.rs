@@ -636,14 +636,9 @@ impl EpochLoop {
                     }
                 }
             }
-            // Connections of descriptors that became shared descriptions are not carried
-            // (`tcp::keep_carried`): counted with the main process's as reset.
-            let carried = |main: &ProcessImage, refs: &[&mut ProcessImage]| {
-                main.tcp.len() + refs.iter().map(|r| r.tcp.len()).sum::<usize>()
-            };
-            let read = carried(&main.meta, &refs);
-            crate::tree::share(&mut main.meta, &mut refs, &hosts, groups)?;
-            main.tcp_reset += (read - carried(&main.meta, &refs)) as u64;
+            // Connections of descriptors that became shared descriptions are not carried:
+            // counted with the main process's as reset.
+            main.tcp_reset += crate::tree::share(&mut main.meta, &mut refs, &hosts, groups)?;
         }
         // Nothing fails from here on.
         let mut out = self.encode(main, te, epoch, interval, quiesce, pause, ended_by);
@@ -733,6 +728,15 @@ pub(super) struct FullCapture {
     pub(super) tree: FileChanges,
     pub(super) shm: Vec<ShmObject>,
     pub(super) took: Duration,
+}
+
+impl Captured {
+    /// Takes what the pause read of the process's connections.
+    pub(super) fn set_tcp(&mut self, t: crate::tcp::Captured) {
+        self.meta.tcp = t.conns;
+        self.tcp_reset = t.reset;
+        self.tcp_read = t.read;
+    }
 }
 
 /// What a pause captured of every process of a tree (of the single process: `members`,

@@ -427,33 +427,31 @@ pub fn close_silently(s: OwnedFd) -> io::Result<()> {
 /// Puts the sockets of `conns` (descriptors of process `pid`, host PID) in repair mode, so that
 /// their closing, when the process ends, says nothing to their peers. Returns the descriptors
 /// that could not be (their peers will see them close).
-pub fn silence(pid: Pid, conns: &[TcpConn]) -> Vec<(i32, io::Error)> {
+pub fn silence(pid: Pid, conns: &[TcpConn]) -> Vec<(i32, TcpError)> {
     if conns.is_empty() {
         return Vec::new();
     }
-    let pidfd = match sys::pidfd_open(pid) {
-        Ok(p) => p,
-        Err(e) => {
-            return conns
-                .iter()
-                .map(|c| (c.fd, io::Error::new(e.kind(), e.to_string())))
-                .collect();
-        }
-    };
+    let pidfd = sys::pidfd_open(pid);
     conns
         .iter()
         .filter_map(|c| {
-            sys::pidfd_getfd(&pidfd, c.fd)
-                .and_then(|s| {
-                    sys::setsockopt_int(
-                        s.as_raw_fd(),
-                        libc::IPPROTO_TCP,
-                        libc::TCP_REPAIR,
-                        TCP_REPAIR_ON,
-                    )
-                })
-                .err()
-                .map(|e| (c.fd, e))
+            let r = match &pidfd {
+                Ok(p) => sys::pidfd_getfd(p, c.fd).map_err(io_err("pidfd_getfd")),
+                Err(e) => Err(io_err("pidfd_open")(io::Error::new(
+                    e.kind(),
+                    e.to_string(),
+                ))),
+            };
+            r.and_then(|s| {
+                set(
+                    s.as_raw_fd(),
+                    libc::TCP_REPAIR,
+                    TCP_REPAIR_ON,
+                    "TCP_REPAIR on",
+                )
+            })
+            .err()
+            .map(|e| (c.fd, e))
         })
         .collect()
 }

@@ -409,7 +409,7 @@ fn prepare_tree(
     }
     // The shared memory objects: who maps each. The main process marks for removal the
     // segments it maps and those no process maps (as a single process's restore does).
-    let procs = || std::iter::once(img).chain(img.tree.iter().map(|m| &m.image));
+    let procs = || img.processes();
     let objects: Vec<(ShmPlan, Vec<i32>)> = img
         .shm
         .iter()

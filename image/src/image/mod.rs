@@ -181,6 +181,19 @@ pub struct ProcessImage {
     pub tcp: Vec<TcpConn>,
 }
 
+impl ProcessImage {
+    /// This process and the other processes of its tree (a member's own `tree` is empty).
+    pub fn processes(&self) -> impl Iterator<Item = &ProcessImage> + Clone {
+        std::iter::once(self).chain(self.tree.iter().map(|m| &m.image))
+    }
+
+    /// Drops the connections of every process of the tree: a restore resets them instead.
+    pub fn drop_connections(&mut self) {
+        self.tcp.clear();
+        self.tree.iter_mut().for_each(|m| m.image.tcp.clear());
+    }
+}
+
 /// A child that exited and that its parent (a process of the tree) has not reaped yet: it
 /// holds nothing but its PID, its group and session and its exit status, which the parent
 /// learns when it reaps it. The restore recreates it by forking a child with its PID that

@@ -40,9 +40,7 @@ impl ProcessImage {
         if self.zombies.is_empty() {
             return Ok(());
         }
-        let procs: Vec<&ProcessImage> = std::iter::once(self)
-            .chain(self.tree.iter().map(|m| &m.image))
-            .collect();
+        let procs: Vec<&ProcessImage> = self.processes().collect();
         let mut ids: Vec<i32> = procs
             .iter()
             .flat_map(|p| std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid)))
@@ -445,7 +443,7 @@ impl ProcessImage {
             Err(FormatError::Meta(m))
         }
         // Every descriptor of the tree that names a shared entry: (pid, fd, index).
-        let procs = std::iter::once(self).chain(self.tree.iter().map(|m| &m.image));
+        let procs = self.processes();
         let mut named: Vec<(i32, i32, u32)> = Vec::new();
         for p in procs.clone() {
             for f in &p.fds {

@@ -160,8 +160,7 @@ pub(super) fn tcp_connections(
     img: &tardi_checkpointer::image::ProcessImage,
 ) -> Vec<(std::net::SocketAddr, std::net::SocketAddr)> {
     use tardi_checkpointer::image::{FdKind, SocketState};
-    std::iter::once(img)
-        .chain(img.tree.iter().map(|m| &m.image))
+    img.processes()
         .flat_map(|p| {
             p.fds
                 .iter()

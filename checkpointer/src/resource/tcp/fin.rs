@@ -31,14 +31,11 @@ pub(super) const CLOSE_WAIT: u8 = 8;
 pub(super) const LAST_ACK: u8 = 9;
 pub(super) const CLOSING: u8 = 11;
 
-/// A state a checkpoint carries (`family`: the socket's address family).
+/// A state a checkpoint carries (`family`: the socket's address family): one of the image's
+/// `TCP_CARRIED_STATES`, the half-closed ones over IPv4 only.
 pub(super) fn carried(state: u8, family: i32) -> bool {
     state == ESTABLISHED
-        || (family == libc::AF_INET
-            && matches!(
-                state,
-                FIN_WAIT1 | FIN_WAIT2 | CLOSE_WAIT | LAST_ACK | CLOSING
-            ))
+        || (family == libc::AF_INET && crate::image::TCP_CARRIED_STATES.contains(&state))
 }
 
 /// Our FIN is queued and not yet acknowledged.

@@ -67,39 +67,39 @@ const ORCHESTRATORS: usize = 3;
 
 /// Trials of faults injected into a protected service on the lab, its clients' histories
 /// checked for linearizability and lost acknowledged writes.
-#[derive(Debug, clap::Parser)]
-#[command(name = "fault_campaign", about, long_about = None)]
-struct Args {
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "fault_campaign", long_about = None)]
+struct Opts {
     /// The service: redis or memcached.
     #[arg(long = "service", default_value = "redis", value_parser = parse_kind)]
     kind: Kind,
     /// Backups of the service (1 to 3); the lab has one machine more, a spare.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
-    backups: u8,
+    #[arg(long, default_value_t = 1, value_parser = count(1, 3))]
+    backups: usize,
     /// The `tardi` binary (default: `tardi` in the directory above this example's).
-    #[arg(long)]
-    tardi: Option<PathBuf>,
+    #[arg(long, default_value_os_t = default_tardi())]
+    tardi: PathBuf,
     /// The linearizability checker (`cd bench/linearizability && go build`).
     #[arg(long)]
     checker: PathBuf,
-    /// Where the campaign's directory goes (default: bench/out).
-    #[arg(long)]
-    out: Option<PathBuf>,
+    /// Where the campaign's directory goes.
+    #[arg(long, default_value_os_t = root().join("bench/out"))]
+    out: PathBuf,
     /// Trials of each fault.
     #[arg(long, default_value_t = 5)]
     trials: usize,
-    /// The faults, comma-separated (default: every one, taken in turn).
-    #[arg(long, value_delimiter = ',')]
+    /// The faults, comma-separated, taken in turn.
+    #[arg(long, value_delimiter = ',', default_values_t = FAULTS.map(String::from))]
     faults: Vec<String>,
     /// Concurrent clients.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
-    clients: u16,
+    #[arg(long, default_value_t = 4, value_parser = count(1, 1000))]
+    clients: usize,
     /// How long a trial may take to recover before it counts as not recovered.
     #[arg(long, default_value = "20s", value_parser = parse::parse_duration)]
     recovery_timeout: Duration,
     /// The random seed (default: the clock).
-    #[arg(long)]
-    seed: Option<u64>,
+    #[arg(long, default_value_t = now_unix_us())]
+    seed: u64,
     /// Keep every trial's history, not only those that failed a check.
     #[arg(long)]
     keep_histories: bool,
@@ -109,30 +109,30 @@ struct Args {
     /// The results' time stamp (default: now, UTC).
     #[arg(long)]
     stamp: Option<String>,
+    /// The command line, for the record.
+    #[arg(skip = std::env::args().collect::<Vec<_>>().join(" "))]
+    command: String,
 }
 
 fn parse_kind(s: &str) -> Result<Kind, String> {
     Kind::parse(s).ok_or_else(|| format!("unknown service {s:?} (redis or memcached)"))
 }
 
-/// The options, defaults filled in.
-#[derive(Debug, Clone)]
-struct Opts {
-    kind: Kind,
-    backups: usize,
-    tardi: PathBuf,
-    checker: PathBuf,
-    out: PathBuf,
-    trials: usize,
-    faults: Vec<String>,
-    clients: usize,
-    recovery_timeout: Duration,
-    seed: u64,
-    keep_histories: bool,
-    lock_wait: Duration,
-    stamp: Option<String>,
-    /// The command line, for the record.
-    command: String,
+/// A count from `min` to `max`.
+fn count(min: usize, max: usize) -> impl Fn(&str) -> Result<usize, String> + Clone {
+    move |s| match s.parse::<usize>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?} is not a number from {min} to {max}")),
+    }
+}
+
+/// `tardi` beside this example's directory (target/release/examples/fault_campaign ->
+/// target/release/tardi).
+fn default_tardi() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.parent()?.join("tardi")))
+        .unwrap_or_else(|| PathBuf::from("tardi"))
 }
 
 impl Opts {
@@ -141,51 +141,22 @@ impl Opts {
         self.backups + 2
     }
 
+    /// The command line's options, checked: known faults, the binaries there.
     fn parse() -> Result<Opts> {
-        let a = <Args as clap::Parser>::parse();
-        let tardi = match a.tardi {
-            Some(t) => t,
-            // target/release/examples/fault_campaign -> target/release/tardi
-            None => std::env::current_exe()
-                .context("current exe")?
-                .parent()
-                .and_then(|p| p.parent())
-                .map(|p| p.join("tardi"))
-                .context("the target directory")?,
-        };
-        let faults = if a.faults.is_empty() {
-            FAULTS.iter().map(|s| s.to_string()).collect()
-        } else {
-            a.faults
-        };
-        if let Some(f) = faults.iter().find(|f| !FAULTS.contains(&f.as_str())) {
+        let o = <Opts as clap::Parser>::parse();
+        if let Some(f) = o.faults.iter().find(|f| !FAULTS.contains(&f.as_str())) {
             bail!("unknown fault {f:?} (known: {})", FAULTS.join(", "));
         }
-        if !tardi.is_file() {
-            bail!("no tardi binary at {}", tardi.display());
+        if !o.tardi.is_file() {
+            bail!("no tardi binary at {}", o.tardi.display());
         }
-        if !a.checker.is_file() {
+        if !o.checker.is_file() {
             bail!(
                 "no checker at {:?} (cd bench/linearizability && go build)",
-                a.checker
+                o.checker
             );
         }
-        Ok(Opts {
-            kind: a.kind,
-            backups: a.backups as usize,
-            tardi,
-            checker: a.checker,
-            out: a.out.unwrap_or_else(|| root().join("bench/out")),
-            trials: a.trials,
-            faults,
-            clients: a.clients as usize,
-            recovery_timeout: a.recovery_timeout,
-            seed: a.seed.unwrap_or_else(now_unix_us),
-            keep_histories: a.keep_histories,
-            lock_wait: a.lock_wait,
-            stamp: a.stamp,
-            command: std::env::args().collect::<Vec<_>>().join(" "),
-        })
+        Ok(o)
     }
 }
 

@@ -62,29 +62,28 @@ use tardi_testkit::{root, sh};
 // Options and environment
 // ---------------------------------------------------------------------------------------------
 
-/// Command-line options (`--name value`).
 /// Replication benchmarks on the lab, each replicated case against the same service
 /// unreplicated in the same run (see this example's module doc, or `bench/replication.sh`).
-#[derive(Debug, clap::Parser)]
-#[command(name = "replication_bench", about, long_about = None)]
-struct Args {
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "replication_bench", long_about = None)]
+struct Opts {
     /// ping, dirty, backups, failover, redis, floor or all; or `plot RESULT.json...` to redraw
     /// the plots of earlier results.
     part: String,
     /// `plot`: the results to redraw.
     results: Vec<String>,
     /// The `tardi` binary (default: `tardi` in the directory above this example's).
-    #[arg(long)]
-    tardi: Option<PathBuf>,
-    /// The dirtier binary (default: `target/tardi-test-programs/dirtier` in the workspace).
-    #[arg(long)]
-    dirtier: Option<PathBuf>,
-    /// Raw results (default `bench/out`).
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// Plots (default `docs/img`).
-    #[arg(long)]
-    img: Option<PathBuf>,
+    #[arg(long, default_value_os_t = default_tardi())]
+    tardi: PathBuf,
+    /// The dirtier binary.
+    #[arg(long, default_value_os_t = root().join("target/tardi-test-programs/dirtier"))]
+    dirtier: PathBuf,
+    /// Raw results.
+    #[arg(long, default_value_os_t = root().join("bench/out"))]
+    out: PathBuf,
+    /// Plots.
+    #[arg(long, default_value_os_t = root().join("docs/img"))]
+    img: PathBuf,
     /// `ping`: pings per case.
     #[arg(long, default_value_t = 10_000)]
     pings: usize,
@@ -123,7 +122,7 @@ struct Args {
     #[arg(long, default_value = "30m", value_parser = parse::parse_duration)]
     lock_wait: Duration,
     /// `dirty`, `backups`: the instances' `--link-bandwidth` (the syntax of `tardi`'s).
-    #[arg(long, default_value = "1gbit")]
+    #[arg(long, default_value = "1gbit", value_parser = bandwidth)]
     link: String,
     /// `dirty`, `backups`: `bench/page_dirtier` (whole pages of random bytes) instead of the
     /// dirtier; results and plots get the suffix `-full`.
@@ -135,80 +134,34 @@ struct Args {
     /// The results' time stamp (default: now, UTC).
     #[arg(long)]
     stamp: Option<String>,
-}
-
-/// The options, defaults filled in.
-#[derive(Debug, Clone)]
-struct Opts {
-    tardi: PathBuf,
-    dirtier: PathBuf,
-    out: PathBuf,
-    img: PathBuf,
-    pings: usize,
-    dirty_pings: usize,
-    rates: Vec<f64>,
-    backup_rates: Vec<f64>,
-    trials: usize,
-    failover_rate: f64,
-    failover_mb: u32,
-    fresh_lab: bool,
-    /// Seconds (0: do not wait).
-    wait_quiet: u64,
-    redis_n: u64,
-    redis_np: u64,
-    lock_wait: Duration,
-    link: String,
-    /// The link's bandwidth in bits per second.
-    link_bps: u64,
-    full_pages: Option<PathBuf>,
-    /// The dirtier's `[tardi.epoch] interval_ms` (default: the manifest's, 10).
-    interval_ms: Option<f64>,
-    stamp: Option<String>,
     /// The command line, for the record.
+    #[arg(skip = std::env::args().collect::<Vec<_>>().join(" "))]
     command: String,
 }
 
+/// A bandwidth as `tardi` takes it, kept as written (it is passed on to `tardi instance`).
+fn bandwidth(s: &str) -> Result<String, String> {
+    parse::parse_bandwidth(s).map(|_| s.to_string())
+}
+
+/// `tardi` beside this example's directory (target/release/examples/replication_bench ->
+/// target/release/tardi).
+fn default_tardi() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.parent()?.join("tardi")))
+        .unwrap_or_else(|| PathBuf::from("tardi"))
+}
+
 impl Opts {
-    fn from(a: Args) -> Opts {
-        let root = root();
-        // target/release/examples/replication_bench -> target/release/tardi
-        let tardi = a.tardi.unwrap_or_else(|| {
-            let exe = std::env::current_exe().expect("current exe");
-            exe.parent()
-                .and_then(|p| p.parent())
-                .map(|p| p.join("tardi"))
-                .expect("target directory")
-        });
-        let link_bps = parse::parse_bandwidth(&a.link).unwrap_or_else(|e| {
-            eprintln!("replication_bench: --link: {e}");
-            std::process::exit(2)
-        });
-        Opts {
-            tardi,
-            dirtier: a
-                .dirtier
-                .unwrap_or_else(|| root.join("target/tardi-test-programs/dirtier")),
-            out: a.out.unwrap_or_else(|| root.join("bench/out")),
-            img: a.img.unwrap_or_else(|| root.join("docs/img")),
-            pings: a.pings,
-            dirty_pings: a.dirty_pings,
-            rates: a.rates,
-            backup_rates: a.backup_rates,
-            trials: a.trials,
-            failover_rate: a.failover_rate,
-            failover_mb: a.failover_mb,
-            fresh_lab: a.fresh_lab,
-            wait_quiet: a.wait_quiet.map_or(0, |d| d.as_secs().max(1)),
-            redis_n: a.redis_n,
-            redis_np: a.redis_np,
-            lock_wait: a.lock_wait,
-            link: a.link,
-            link_bps,
-            full_pages: a.full_pages,
-            interval_ms: a.interval.map(|d| d.as_secs_f64() * 1e3),
-            stamp: a.stamp,
-            command: std::env::args().collect::<Vec<_>>().join(" "),
-        }
+    /// The link's bandwidth in MB/s.
+    fn link_mb_per_s(&self) -> f64 {
+        parse::parse_bandwidth(&self.link).unwrap_or(1_000_000_000) as f64 / 8e6
+    }
+
+    /// The dirtier's `[tardi.epoch] interval_ms`, if `--interval` set one.
+    fn interval_ms(&self) -> Option<f64> {
+        self.interval.map(|d| d.as_secs_f64() * 1e3)
     }
 }
 
@@ -285,7 +238,7 @@ impl Env {
                 ));
                 argv = true;
             } else if line.starts_with("interval_ms = ")
-                && let Some(ms) = self.o.interval_ms
+                && let Some(ms) = self.o.interval_ms()
             {
                 out.push_str(&format!("interval_ms = {ms}\n"));
             } else if line.starts_with("name = ") {
@@ -759,14 +712,14 @@ fn bench_ping(env: &Env) -> Value {
         f(&r["unreplicated"], "cpu_busy_during_pct"),
         f(&r["replicated"], "cpu_busy_during_pct")
     );
-    let img = env.o.img.join(match env.o.interval_ms {
+    let img = env.o.img.join(match env.o.interval_ms() {
         Some(ms) => format!("replication-ping-cdf-{ms}ms.png"),
         None => "replication-ping-cdf.png".into(),
     });
     plot::ping_cdf(&img, &pc.unrep_ms, &pc.rep_ms, &pc.interval_ms).expect("plot");
     eprintln!("[bench] drew {}", img.display());
     let mut v = env.header("ping");
-    v["interval_ms"] = json!(env.o.interval_ms.unwrap_or(10.0));
+    v["interval_ms"] = json!(env.o.interval_ms().unwrap_or(10.0));
     v["case"] = pc.record;
     v["raw"] = json!({"unreplicated_ms": pc.unrep_ms, "replicated_ms": pc.rep_ms, "epoch_interval_ms": pc.interval_ms});
     v
@@ -774,7 +727,7 @@ fn bench_ping(env: &Env) -> Value {
 
 fn bench_dirty(env: &Env) -> Value {
     let link = format!("--link-bandwidth={}", env.o.link);
-    let link_mbs = env.o.link_bps as f64 / 8e6;
+    let link_mbs = env.o.link_mb_per_s();
     let mut cases = Vec::new();
     let mut raws = Vec::new();
     for &rate in &env.o.rates {
@@ -854,7 +807,7 @@ fn workload_of(v: &Value) -> (&'static str, &'static str) {
 
 fn bench_backups(env: &Env) -> Value {
     let link = format!("--link-bandwidth={}", env.o.link);
-    let link_mbs = env.o.link_bps as f64 / 8e6;
+    let link_mbs = env.o.link_mb_per_s();
     let mut cases = Vec::new();
     let mut series = Vec::new();
     for &rate in &env.o.backup_rates {
@@ -1631,14 +1584,14 @@ fn wait_tcp(c: &Cluster, a: &str, port: u16) {
 }
 
 fn main() {
-    let a = <Args as clap::Parser>::parse();
-    if a.part == "plot" {
-        replot(&root().join("docs/img"), &a.results);
+    let o = <Opts as clap::Parser>::parse();
+    if o.part == "plot" {
+        replot(&root().join("docs/img"), &o.results);
         return;
     }
-    let cmd = a.part.clone();
-    let o = Opts::from(a);
-    WAIT_QUIET_S.store(o.wait_quiet, Ordering::Relaxed);
+    let cmd = o.part.clone();
+    let wait_quiet = o.wait_quiet.map_or(0, |d| d.as_secs().max(1));
+    WAIT_QUIET_S.store(wait_quiet, Ordering::Relaxed);
     let env = Env::new(o);
     eprintln!(
         "[bench] commit {}, stamp {}, scratch {}",

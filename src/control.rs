@@ -142,7 +142,7 @@ fn serve(listener: UnixListener, st: Arc<Server>) {
 fn snapshot_to(st: &Server, path: &Path, stop: bool) -> anyhow::Result<SnapshotReply> {
     // The lock guards no data (it only serialises checkpoints): a panic elsewhere while
     // holding it leaves nothing inconsistent, so a poisoned lock is taken as it is.
-    let _one = st.lock.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = lock(&st.lock);
     if lock(&st.ended).is_some() {
         bail!("the service has ended (tardi snapshot --stop)");
     }
